@@ -1,0 +1,331 @@
+/*
+ * moefuse: fused Mixture-of-Experts kernels (activation + quantization,
+ * merged MoE GEMMs, routing) behind one API on CPU, CUDA and OpenCL.
+ *
+ * Conventions shared by every call:
+ *  - Every entry point returns a moefuse_status. On failure nothing has been
+ *    written to any output, and moefuse_last_error(ctx) says what was wrong.
+ *  - Option structs are zero-initialisable: a field left at 0 takes the
+ *    documented default, so `moefuse_quant_options opt = {0};` is valid.
+ *  - Tensors live where the context's backend wants them: host memory for
+ *    "cpu", CUDA device pointers for "cuda", cl_mem handles plus a byte offset
+ *    for "opencl". moefuse_buffer_* moves data portably for tests and tools.
+ *  - A context is used by one thread at a time (like a CUDA stream).
+ */
+#ifndef MOEFUSE_H
+#define MOEFUSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(MOEFUSE_BUILDING_SHARED)
+#define MOEFUSE_API __declspec(dllexport)
+#elif defined(__GNUC__) && defined(MOEFUSE_BUILDING)
+#define MOEFUSE_API __attribute__((visibility("default")))
+#else
+#define MOEFUSE_API
+#endif
+
+#define MOEFUSE_VERSION_MAJOR 0
+#define MOEFUSE_VERSION_MINOR 1
+#define MOEFUSE_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum moefuse_status {
+    MOEFUSE_OK = 0,
+    MOEFUSE_ERR_NULL_POINTER,        /* a required pointer argument is NULL */
+    MOEFUSE_ERR_INVALID_ARGUMENT,    /* an option or scalar is out of range */
+    MOEFUSE_ERR_SHAPE,               /* ranks or shapes do not fit together */
+    MOEFUSE_ERR_DTYPE,               /* a tensor has a dtype the call cannot take */
+    MOEFUSE_ERR_STRIDE,              /* innermost stride is not 1, or strides overlap rows */
+    MOEFUSE_ERR_ALIGNMENT,           /* data pointer/offset not aligned to its element */
+    MOEFUSE_ERR_WRONG_DEVICE,        /* tensor memory does not belong to this context */
+    MOEFUSE_ERR_UNSUPPORTED,         /* valid request this backend does not implement */
+    MOEFUSE_ERR_BACKEND_UNAVAILABLE, /* backend not built, or no device found */
+    MOEFUSE_ERR_OUT_OF_MEMORY,       /* host or device allocation failed */
+    MOEFUSE_ERR_BACKEND_FAILURE,     /* the device runtime reported an error */
+    MOEFUSE_ERR_INTERNAL,            /* a bug in moefuse */
+    MOEFUSE_STATUS_COUNT_            /* not a status: number of statuses */
+} moefuse_status;
+
+/* "MOEFUSE_ERR_SHAPE" and so on; "unknown status" outside the enum. */
+MOEFUSE_API const char *moefuse_status_name(moefuse_status status);
+
+/* ------------------------------------------------------------------ tensors */
+
+typedef enum moefuse_dtype {
+    MOEFUSE_F32 = 0,
+    MOEFUSE_F16,
+    MOEFUSE_BF16,
+    MOEFUSE_F8_E4M3, /* e4m3fn: max 448, no Inf, NaN = 0x7F / 0xFF */
+    MOEFUSE_I8,
+    MOEFUSE_I32,
+    MOEFUSE_U8,      /* UE8M0 scale exponents (value 2^(e-127)) */
+    MOEFUSE_DTYPE_COUNT_
+} moefuse_dtype;
+
+#define MOEFUSE_MAX_RANK 4
+
+/*
+ * A strided view of memory. Shapes and strides are in elements, 64-bit.
+ * The innermost dimension must have stride 1; outer strides may exceed the
+ * dense ones (padded rows, slices) but rows may not overlap.
+ * `data` is a host pointer, a CUDA device pointer, or a cl_mem; the element
+ * at index i0..i3 sits at byte `offset + sum(i_d * stride[d]) * elem_size`.
+ * A tensor with data == NULL is "absent" where an operand is optional.
+ */
+typedef struct moefuse_tensor {
+    void *data;
+    int64_t offset;                  /* bytes, added to data */
+    moefuse_dtype dtype;
+    int32_t rank;
+    int64_t shape[MOEFUSE_MAX_RANK];
+    int64_t stride[MOEFUSE_MAX_RANK];
+} moefuse_tensor;
+
+/* A dense row-major tensor over `data` (shape[rank-1] contiguous). */
+MOEFUSE_API moefuse_tensor moefuse_tensor_dense(void *data, moefuse_dtype dtype,
+                                                int32_t rank, const int64_t *shape);
+/* Same with explicit strides (elements). */
+MOEFUSE_API moefuse_tensor moefuse_tensor_strided(void *data, moefuse_dtype dtype, int32_t rank,
+                                                  const int64_t *shape, const int64_t *stride);
+/* Number of elements (product of the shape; 1 for rank 0). */
+MOEFUSE_API int64_t moefuse_tensor_numel(const moefuse_tensor *t);
+/* Bytes from the first to one past the last element (0 when empty). */
+MOEFUSE_API int64_t moefuse_tensor_span_bytes(const moefuse_tensor *t);
+MOEFUSE_API size_t moefuse_dtype_size(moefuse_dtype dtype);
+MOEFUSE_API const char *moefuse_dtype_name(moefuse_dtype dtype);
+
+/* ------------------------------------------------------------------ context */
+
+typedef struct moefuse_context moefuse_context;
+
+/*
+ * Create a context on `backend`: "cpu", "cuda", "opencl", or "auto".
+ * NULL means the MOEFUSE_BACKEND environment variable, or "auto" if unset.
+ * "auto" takes CUDA if a device is present, else OpenCL if a GPU platform is
+ * present, else CPU. On failure *out is NULL and moefuse_last_error(NULL)
+ * says why (an unknown or unbuilt name lists the built backends).
+ */
+MOEFUSE_API moefuse_status moefuse_context_create(moefuse_context **out, const char *backend);
+MOEFUSE_API void moefuse_context_destroy(moefuse_context *ctx);
+
+/* "cpu", "cuda" or "opencl". */
+MOEFUSE_API const char *moefuse_backend_name(const moefuse_context *ctx);
+/* Human-readable device ("x86_64 CPU, 2 OpenMP threads", "NVIDIA H100 ..."). */
+MOEFUSE_API const char *moefuse_device_name(const moefuse_context *ctx);
+
+/*
+ * Message of the last failed call on ctx ("" after success). With ctx NULL:
+ * the calling thread's message from moefuse_context_create.
+ */
+MOEFUSE_API const char *moefuse_last_error(const moefuse_context *ctx);
+
+/*
+ * Run on the caller's cudaStream_t (cuda) or cl_command_queue (opencl).
+ * NULL restores the context's own stream/queue. The cpu backend takes only NULL.
+ */
+MOEFUSE_API moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream);
+/* Wait until all work submitted on the context's stream is done. */
+MOEFUSE_API moefuse_status moefuse_synchronize(moefuse_context *ctx);
+
+/* Comma-separated list of the backends compiled into this library. */
+MOEFUSE_API const char *moefuse_built_backends(void);
+
+/* ------------------------------------------------------------------ buffers */
+/* Memory in the backend's address space (host memory for cpu). */
+
+MOEFUSE_API moefuse_status moefuse_buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer);
+MOEFUSE_API moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer);
+/* Copy host -> buffer at byte `offset`, and back. Synchronous. */
+MOEFUSE_API moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
+                                                const void *src, size_t bytes);
+MOEFUSE_API moefuse_status moefuse_buffer_read(moefuse_context *ctx, const void *buffer,
+                                               size_t offset, void *dst, size_t bytes);
+
+/* ------------------------------------------------------------------ options */
+
+typedef enum moefuse_activation {
+    MOEFUSE_ACT_SILU = 0,  /* g / (1 + exp(-g)) */
+    MOEFUSE_ACT_GELU,      /* 0.5 g (1 + erf(g / sqrt 2)) */
+    MOEFUSE_ACT_GELU_TANH, /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+    MOEFUSE_ACT_COUNT_
+} moefuse_activation;
+
+typedef enum moefuse_gate_order {
+    MOEFUSE_GATE_FIRST = 0, /* [gate | up] */
+    MOEFUSE_UP_FIRST,       /* [up | gate] */
+    MOEFUSE_GATE_ORDER_COUNT_
+} moefuse_gate_order;
+
+typedef enum moefuse_rounding {
+    MOEFUSE_ROUND_NONE = 0, /* one f32 value per element */
+    MOEFUSE_ROUND_BF16,     /* act(g) and h rounded to bf16 (RNE), as unfused engines do */
+    MOEFUSE_ROUNDING_COUNT_
+} moefuse_rounding;
+
+/*
+ * Where per-group scales go, for T rows and Gn = H / G groups per row
+ * (Ta = T rounded up to a multiple of 4; in the 3-D layout T is Tmax and each
+ * expert gets its own block, the expert index outermost):
+ *  ROW_MAJOR     scales [T, Gn]            (3-D: [E, Tmax, Gn])   f32, or u8 with ue8m0
+ *  COLUMN_MAJOR  scales [Gn, Ta]           (3-D: [E, Gn, Ta])     f32, or u8 with ue8m0
+ *  PACKED_UE8M0  scales [ceil(Gn/4), Ta]   (3-D: [E, ceil(Gn/4), Ta]) i32, byte g%4 of
+ *                word (g/4, t) holds the exponent; implies ue8m0.
+ * Padding (rows T..Ta-1, unused bytes of the last packed word) is written as 0.
+ */
+typedef enum moefuse_scale_layout {
+    MOEFUSE_SCALE_ROW_MAJOR = 0,
+    MOEFUSE_SCALE_COLUMN_MAJOR,
+    MOEFUSE_SCALE_PACKED_UE8M0,
+    MOEFUSE_SCALE_LAYOUT_COUNT_
+} moefuse_scale_layout;
+
+/* Per-token-group quantization. The output dtype (f8_e4m3 or i8) is q's dtype. */
+typedef struct moefuse_quant_options {
+    int64_t group_size;                /* 32, 64, 128 or H; 0 = 128 */
+    moefuse_scale_layout scale_layout; /* default ROW_MAJOR */
+    int32_t ue8m0;                     /* round scales up to a power of two (FP8 only) */
+    float eps;                         /* floor of amax; 0 = 1e-10 */
+} moefuse_quant_options;
+
+/* The gated activation h = act(g) * u. */
+typedef struct moefuse_act_options {
+    moefuse_activation activation; /* default SILU */
+    moefuse_gate_order order;      /* default GATE_FIRST */
+    float limit;                   /* > 0: g = min(g, limit), u = clamp(u, -limit, limit); 0 = off */
+    moefuse_rounding intermediate; /* default NONE */
+} moefuse_act_options;
+
+typedef struct moefuse_act_quant_options {
+    moefuse_act_options act;
+    moefuse_quant_options quant;
+    int32_t zero_tail; /* masked 3-D only: rows t >= n[e] get q = 0 and scale = 0 */
+} moefuse_act_quant_options;
+
+/* ------------------------------------------- fused activation + quantization */
+
+/*
+ * 2-D: x [T, 2H] f32/f16/bf16 -> q [T, H] f8_e4m3 or i8, scales per layout.
+ * row_scale: optional [T] f32, multiplied into h (router weight folded in).
+ * opt may be NULL (all defaults).
+ */
+MOEFUSE_API moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                                             const moefuse_tensor *row_scale,
+                                             const moefuse_tensor *q, const moefuse_tensor *scales,
+                                             const moefuse_act_quant_options *opt);
+
+/*
+ * 3-D expert-masked: x [E, Tmax, 2H]; counts [E] i32 in the backend's memory,
+ * clamped to [0, Tmax] by the kernel; row_scale optional [E, Tmax] f32;
+ * expert_scale optional [E] f32 or bf16; q [E, Tmax, H]. Rows t >= n[e] are
+ * left untouched unless opt->zero_tail.
+ */
+MOEFUSE_API moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tensor *x,
+                                                    const moefuse_tensor *counts,
+                                                    const moefuse_tensor *row_scale,
+                                                    const moefuse_tensor *expert_scale,
+                                                    const moefuse_tensor *q,
+                                                    const moefuse_tensor *scales,
+                                                    const moefuse_act_quant_options *opt);
+
+/* x [T, 2H] -> out [T, H] in x's dtype (SwiGLU / GeGLU), row_scale optional [T] f32. */
+MOEFUSE_API moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
+                                           const moefuse_tensor *row_scale,
+                                           const moefuse_tensor *out,
+                                           const moefuse_act_options *opt);
+
+/* x [T, H] f32/f16/bf16 -> q [T, H] f8_e4m3 or i8, scales per layout. */
+MOEFUSE_API moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                                         const moefuse_tensor *q, const moefuse_tensor *scales,
+                                         const moefuse_quant_options *opt);
+
+/* q [T, H] with its scales -> out [T, H] f32/f16/bf16 (out = q * s; NaN code -> NaN). */
+MOEFUSE_API moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
+                                           const moefuse_tensor *scales, const moefuse_tensor *out,
+                                           const moefuse_quant_options *opt);
+
+/* ---------------------------------------------------------------------- MoE */
+
+typedef struct moefuse_moe_options {
+    moefuse_activation activation; /* default SILU */
+    moefuse_gate_order order;      /* order of gate/up rows in w1 and b1; default GATE_FIRST */
+    float limit;                   /* clamp as in moefuse_act_options; 0 = off */
+} moefuse_moe_options;
+
+/*
+ * Routing operands shared by the MoE calls.
+ *  topk_ids     [M, k] i32, global expert ids (device data: never trusted)
+ *  topk_weights [M, k] f32 (final/forward only)
+ *  expert_map   optional [E_global] i32: global id -> local id in [0, E), -1 = not here.
+ *               Without it E_global = E.
+ * A slot whose id is < 0, >= E_global, or maps outside [0, E) is invalid: it
+ * reads no weights and contributes nothing; its rows of h and y are written as 0.
+ */
+typedef struct moefuse_routing {
+    moefuse_tensor topk_ids;
+    moefuse_tensor topk_weights;
+    moefuse_tensor expert_map;
+} moefuse_routing;
+
+/*
+ * Gate: for each valid (m, j), a = x[m] @ w1[e]^T + b1[e] in f32, then
+ * h[m, j, :] = act(a_gate) * a_up, rounded once to h's dtype.
+ *  x [M, K] f32/f16/bf16, w1 [E, 2I, K] same dtype as x, b1 optional [E, 2I]
+ *  (f32/f16/bf16), h [M, k, I] f32/f16/bf16.
+ */
+MOEFUSE_API moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
+                                            const moefuse_tensor *w1, const moefuse_tensor *b1,
+                                            const moefuse_routing *routing,
+                                            const moefuse_tensor *h,
+                                            const moefuse_moe_options *opt);
+
+/*
+ * Final: y[m, j, :] = h[m, j] @ w2[e]^T + b2[e] in f32.
+ *  h [M, k, I], w2 [E, K, I] same dtype as h, b2 optional [E, K].
+ *  out [M, K]: sum over j = 0..k-1, in that order, of topk_weights[m, j] * y[m, j, :]
+ *  in f32, rounded once; or out [M, k, K]: the un-reduced y (weights not applied).
+ */
+MOEFUSE_API moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
+                                             const moefuse_tensor *w2, const moefuse_tensor *b2,
+                                             const moefuse_routing *routing,
+                                             const moefuse_tensor *out,
+                                             const moefuse_moe_options *opt);
+
+/*
+ * Whole layer: gate then final, with h kept in x's dtype in scratch memory the
+ * context owns (grown on demand, freed with the context; see
+ * moefuse_moe_forward_workspace_bytes). out [M, K] f32/f16/bf16.
+ */
+MOEFUSE_API moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,
+                                               const moefuse_tensor *w1, const moefuse_tensor *w2,
+                                               const moefuse_tensor *b1, const moefuse_tensor *b2,
+                                               const moefuse_routing *routing,
+                                               const moefuse_tensor *out,
+                                               const moefuse_moe_options *opt);
+
+/* Scratch moe_forward needs for these sizes (bytes of backend memory). */
+MOEFUSE_API size_t moefuse_moe_forward_workspace_bytes(moefuse_context *ctx, int64_t M,
+                                                       int64_t topk, int64_t I,
+                                                       moefuse_dtype act_dtype);
+
+/*
+ * Router: softmax in f32 over logits [M, E] (f32/f16/bf16), then the k largest
+ * probabilities in descending order, ties to the lower expert id, NaN logits
+ * (probability 0) after every number. ids [M, k] i32, weights [M, k] f32.
+ * renormalize != 0 divides the k weights by their sum (when it is > 0).
+ */
+MOEFUSE_API moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *logits,
+                                                int32_t renormalize, const moefuse_tensor *ids,
+                                                const moefuse_tensor *weights);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEFUSE_H */

@@ -1,0 +1,148 @@
+/*
+ * The backend interface. A backend implements `struct moefuse_backend_i` and
+ * nothing else: the core (src/core/ops_*.c) has validated every argument and
+ * filled one of the *_args structs below before a member is called, so a
+ * backend never re-checks shapes, dtypes or strides. Tensors arrive
+ * normalised to a fixed rank (documented per struct) with derived sizes
+ * precomputed. A backend must still treat device-resident data (counts,
+ * expert ids) as untrusted and clamp or skip it as SPEC.md says.
+ */
+#ifndef MOEFUSE_CORE_BACKEND_H
+#define MOEFUSE_CORE_BACKEND_H
+
+#include "moefuse.h"
+
+#include <stdbool.h>
+
+/* --------------------------------------------------------- operation args */
+
+/*
+ * act_quant (2-D and 3-D masked), act_mul, quant: one row-wise shape.
+ * E = 1 for the 2-D calls. All tensors normalised to rank 3 with a leading
+ * expert dimension (stride 0 when E = 1 is implied by the 2-D form).
+ */
+typedef struct mf_rows_args {
+    moefuse_tensor x;            /* [E, T, 2H] (act_*) or [E, T, H] (quant) */
+    moefuse_tensor counts;       /* [E] i32 or absent: all T rows valid */
+    moefuse_tensor row_scale;    /* [E, T] f32 or absent */
+    moefuse_tensor expert_scale; /* [E] f32/bf16 or absent */
+    moefuse_tensor out;          /* q [E, T, H] (f8/i8) or act_mul's out [E, T, H] */
+    moefuse_tensor scales;       /* quantizing ops: see moefuse_scale_layout, rank 3 */
+    int64_t experts;             /* E */
+    int64_t rows;                /* T (Tmax for masked) */
+    int64_t hidden;              /* H, width of out */
+    int64_t group;               /* G (quantizing ops) */
+    int64_t groups;              /* Gn = H / G */
+    int64_t rows_padded;         /* Ta = round_up(T, 4), column-major / packed layouts */
+    bool activate;               /* false for quant: x is h itself */
+    moefuse_act_options act;     /* defaults filled in */
+    moefuse_quant_options quant; /* defaults filled in (group_size, eps) */
+    bool zero_tail;
+} mf_rows_args;
+
+/* dequant: q [T, H] + scales -> out [T, H]. Scales normalised to rank 3, E = 1. */
+typedef struct mf_dequant_args {
+    moefuse_tensor q;      /* [T, H] */
+    moefuse_tensor scales; /* rank 3, E = 1 */
+    moefuse_tensor out;    /* [T, H] */
+    int64_t rows, hidden, group, groups, rows_padded;
+    moefuse_quant_options quant;
+} mf_dequant_args;
+
+/* topk_softmax. */
+typedef struct mf_topk_args {
+    moefuse_tensor logits;  /* [M, E] */
+    moefuse_tensor ids;     /* [M, k] i32 */
+    moefuse_tensor weights; /* [M, k] f32 */
+    int64_t tokens, experts, topk;
+    bool renormalize;
+} mf_topk_args;
+
+/*
+ * MoE gate / final / forward. Absent optional tensors have data == NULL.
+ *  x [M, K], w1 [E, 2I, K], b1 [E, 2I], h [M, k, I], w2 [E, K, I], b2 [E, K],
+ *  topk_ids / topk_weights [M, k], expert_map [E_global],
+ *  out [M, K] (reduce) or [M, k, K] (!reduce).
+ */
+typedef struct mf_moe_args {
+    moefuse_tensor x, w1, b1, h, w2, b2;
+    moefuse_tensor topk_ids, topk_weights, expert_map;
+    moefuse_tensor out;
+    int64_t tokens;         /* M */
+    int64_t model_dim;      /* K */
+    int64_t inter_dim;      /* I */
+    int64_t experts;        /* E, local experts in w1 / w2 */
+    int64_t global_experts; /* E_global: expert_map length, else E */
+    int64_t topk;           /* k */
+    bool reduce;            /* out is [M, K] (true) or [M, k, K] */
+    moefuse_moe_options opt;
+} mf_moe_args;
+
+/* ---------------------------------------------------------------- vtable */
+
+typedef struct moefuse_backend_i moefuse_backend_i;
+
+struct moefuse_backend_i {
+    /* Name used by MOEFUSE_BACKEND and moefuse_backend_name. */
+    const char *name;
+
+    /* Whether a usable device exists, without creating state (for "auto" and `moefuse info`). */
+    bool (*probe)(void);
+
+    /* Create the backend's state for a new context. Report failures with mf_error(ctx, ...). */
+    moefuse_status (*init)(moefuse_context *ctx, void **state);
+    /* Release the state (NULL allowed). */
+    void (*release)(void *state);
+
+    /* Device description, owned by the state. */
+    const char *(*device_name)(void *state);
+
+    /* [optional] attach the caller's stream/queue (NULL = own). Default: only NULL accepted. */
+    moefuse_status (*set_stream)(moefuse_context *ctx, void *state, void *stream);
+    /* [optional] wait for submitted work. Default: nothing to wait for. */
+    moefuse_status (*synchronize)(moefuse_context *ctx, void *state);
+
+    /* Backend memory. */
+    moefuse_status (*buffer_alloc)(moefuse_context *ctx, void *state, size_t bytes, void **buffer);
+    void (*buffer_free)(void *state, void *buffer);
+    moefuse_status (*buffer_write)(moefuse_context *ctx, void *state, void *buffer, size_t offset,
+                                   const void *src, size_t bytes);
+    moefuse_status (*buffer_read)(moefuse_context *ctx, void *state, const void *buffer,
+                                  size_t offset, void *dst, size_t bytes);
+    /* [optional] does `data` belong to this backend's device? Default: any non-NULL pointer. */
+    bool (*owns_pointer)(void *state, const void *data);
+    /* true when tensor.data is an opaque handle (cl_mem): alignment is checked on offset only. */
+    bool data_is_handle;
+
+    /* Operations. Args are validated and normalised; outputs may be written freely. */
+    moefuse_status (*act_quant)(moefuse_context *ctx, void *state, const mf_rows_args *a);
+    moefuse_status (*act_mul)(moefuse_context *ctx, void *state, const mf_rows_args *a);
+    moefuse_status (*quant)(moefuse_context *ctx, void *state, const mf_rows_args *a);
+    moefuse_status (*dequant)(moefuse_context *ctx, void *state, const mf_dequant_args *a);
+    moefuse_status (*topk_softmax)(moefuse_context *ctx, void *state, const mf_topk_args *a);
+    moefuse_status (*moe_gate)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+    moefuse_status (*moe_final)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+    /*
+     * [optional] whole layer; a->h is scratch of [M, k, I] in x's dtype that the
+     * core allocated. Default: moe_gate then moe_final on that scratch.
+     */
+    moefuse_status (*moe_forward)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+};
+
+/* Backends compiled in; each file defines one (NULL-terminated table in registry.c). */
+extern const moefuse_backend_i mf_backend_cpu;
+#ifdef MOEFUSE_WITH_CUDA
+extern const moefuse_backend_i mf_backend_cuda;
+#endif
+#ifdef MOEFUSE_WITH_OPENCL
+extern const moefuse_backend_i mf_backend_opencl;
+#endif
+
+/* Record a formatted error message on ctx (printf-style) and return `status`. */
+moefuse_status mf_error(moefuse_context *ctx, moefuse_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif /* MOEFUSE_CORE_BACKEND_H */

@@ -1,0 +1,141 @@
+/* Context lifetime, backend selection, streams and backend memory. */
+#include "core/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const known_backends[] = {"cpu", "cuda", "opencl"};
+
+static bool is_known_backend(const char *name)
+{
+    for (size_t i = 0; i < sizeof known_backends / sizeof known_backends[0]; i++)
+        if (strcmp(name, known_backends[i]) == 0)
+            return true;
+    return false;
+}
+
+moefuse_status moefuse_context_create(moefuse_context **out, const char *backend)
+{
+    if (!out)
+        return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "context_create: out is NULL");
+    *out = NULL;
+    const char *source = "argument";
+    if (!backend) {
+        backend = getenv("MOEFUSE_BACKEND");
+        source = "MOEFUSE_BACKEND";
+        if (!backend || !*backend)
+            backend = "auto";
+    }
+    const moefuse_backend_i *chosen;
+    if (strcmp(backend, "auto") == 0) {
+        chosen = mf_backend_auto();
+    } else {
+        chosen = mf_backend_find(backend);
+        if (!chosen)
+            return mf_error(NULL, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
+                            "context_create: backend '%s' (from %s) is %s; built backends: %s, or auto",
+                            backend, source,
+                            is_known_backend(backend) ? "not built into this library" : "unknown",
+                            moefuse_built_backends());
+    }
+
+    moefuse_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "context_create: out of host memory");
+    ctx->backend = chosen;
+    moefuse_status status = chosen->init(ctx, &ctx->state);
+    if (status != MOEFUSE_OK) {
+        mf_error(NULL, status, "context_create: %s", ctx->message);
+        free(ctx);
+        return status;
+    }
+    ctx->message[0] = '\0';
+    *out = ctx;
+    return MOEFUSE_OK;
+}
+
+void moefuse_context_destroy(moefuse_context *ctx)
+{
+    if (!ctx)
+        return;
+    if (ctx->workspace)
+        ctx->backend->buffer_free(ctx->state, ctx->workspace);
+    ctx->backend->release(ctx->state);
+    free(ctx);
+}
+
+const char *moefuse_backend_name(const moefuse_context *ctx)
+{
+    return ctx ? ctx->backend->name : "none";
+}
+
+const char *moefuse_device_name(const moefuse_context *ctx)
+{
+    return ctx ? ctx->backend->device_name(ctx->state) : "none";
+}
+
+moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream)
+{
+    moefuse_status status = mf_begin(ctx, "set_stream");
+    if (status != MOEFUSE_OK)
+        return status;
+    if (ctx->backend->set_stream)
+        return ctx->backend->set_stream(ctx, ctx->state, stream);
+    if (stream)
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "set_stream: the %s backend has no streams; pass NULL", ctx->backend->name);
+    return MOEFUSE_OK;
+}
+
+moefuse_status moefuse_synchronize(moefuse_context *ctx)
+{
+    moefuse_status status = mf_begin(ctx, "synchronize");
+    if (status != MOEFUSE_OK || !ctx->backend->synchronize)
+        return status;
+    return ctx->backend->synchronize(ctx, ctx->state);
+}
+
+moefuse_status moefuse_buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer)
+{
+    moefuse_status status = mf_begin(ctx, "buffer_alloc");
+    if (status != MOEFUSE_OK)
+        return status;
+    if (!buffer)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_alloc: buffer is NULL");
+    *buffer = NULL;
+    return ctx->backend->buffer_alloc(ctx, ctx->state, bytes, buffer);
+}
+
+moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer)
+{
+    moefuse_status status = mf_begin(ctx, "buffer_free");
+    if (status == MOEFUSE_OK && buffer)
+        ctx->backend->buffer_free(ctx->state, buffer);
+    return status;
+}
+
+moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
+                                    const void *src, size_t bytes)
+{
+    moefuse_status status = mf_begin(ctx, "buffer_write");
+    if (status != MOEFUSE_OK)
+        return status;
+    if (!buffer || (!src && bytes))
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_write: %s is NULL",
+                        buffer ? "src" : "buffer");
+    return bytes ? ctx->backend->buffer_write(ctx, ctx->state, buffer, offset, src, bytes)
+                 : MOEFUSE_OK;
+}
+
+moefuse_status moefuse_buffer_read(moefuse_context *ctx, const void *buffer, size_t offset,
+                                   void *dst, size_t bytes)
+{
+    moefuse_status status = mf_begin(ctx, "buffer_read");
+    if (status != MOEFUSE_OK)
+        return status;
+    if (!buffer || (!dst && bytes))
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_read: %s is NULL",
+                        buffer ? "dst" : "buffer");
+    return bytes ? ctx->backend->buffer_read(ctx, ctx->state, buffer, offset, dst, bytes)
+                 : MOEFUSE_OK;
+}

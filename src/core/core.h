@@ -1,0 +1,72 @@
+/*
+ * Core internals shared by the files of src/core: the context, and the
+ * validation helpers every public entry point uses before a backend call.
+ */
+#ifndef MOEFUSE_CORE_CORE_H
+#define MOEFUSE_CORE_CORE_H
+
+#include "core/backend.h"
+
+#define MF_MESSAGE_BYTES 1024
+
+struct moefuse_context {
+    const moefuse_backend_i *backend;
+    void *state;                 /* backend's own */
+    char message[MF_MESSAGE_BYTES];
+    void *workspace;             /* moe_forward scratch, backend memory */
+    size_t workspace_bytes;
+};
+
+/* Set of dtypes, for "one of" checks. */
+typedef unsigned mf_dtype_set;
+#define MF_DT(d) (1u << (d))
+#define MF_FLOATS (MF_DT(MOEFUSE_F32) | MF_DT(MOEFUSE_F16) | MF_DT(MOEFUSE_BF16))
+#define MF_QUANTIZED (MF_DT(MOEFUSE_F8_E4M3) | MF_DT(MOEFUSE_I8))
+
+/* Return from the enclosing function when a check fails. */
+#define MF_TRY(expr)                                                                             \
+    do {                                                                                         \
+        moefuse_status mf_status_ = (expr);                                                      \
+        if (mf_status_ != MOEFUSE_OK)                                                            \
+            return mf_status_;                                                                   \
+    } while (0)
+
+/* The status for a vtable member the backend left NULL. */
+moefuse_status mf_unimplemented(moefuse_context *ctx, const char *op);
+
+/* Backend registry (registry.c). */
+const moefuse_backend_i *mf_backend_find(const char *name);
+const moefuse_backend_i *mf_backend_auto(void);
+
+/* Entry-point guard: ctx must be non-NULL; clears the message. */
+moefuse_status mf_begin(moefuse_context *ctx, const char *op);
+
+/* An optional operand is present when the pointer and its data are non-NULL. */
+bool mf_present(const moefuse_tensor *t);
+/* The absent tensor (data NULL). */
+moefuse_tensor mf_absent(void);
+
+/*
+ * Full check of one operand: non-NULL, rank, dtype in `allowed`, dims >= 0,
+ * innermost stride 1 and non-overlapping rows, offset >= 0 and aligned,
+ * 64-bit extent without overflow, memory owned by the backend.
+ */
+moefuse_status mf_check_tensor(moefuse_context *ctx, const char *op, const char *name,
+                               const moefuse_tensor *t, int32_t rank, mf_dtype_set allowed);
+/* The same for an optional operand: absent passes. */
+moefuse_status mf_check_optional(moefuse_context *ctx, const char *op, const char *name,
+                                 const moefuse_tensor *t, int32_t rank, mf_dtype_set allowed);
+/* Shape must equal `want` (rank already checked); `what` explains where want comes from. */
+moefuse_status mf_expect_shape(moefuse_context *ctx, const char *op, const char *name,
+                               const moefuse_tensor *t, const int64_t *want, const char *what);
+
+/* "[8, 2048, 4096]" into buf. */
+const char *mf_shape_str(char *buf, size_t size, int32_t rank, const int64_t *shape);
+
+/* The same view with a leading dimension of size 1 (rank + 1). */
+moefuse_tensor mf_with_leading_unit(const moefuse_tensor *t);
+
+/* Backend scratch owned by the context, grown on demand (ops_moe.c). */
+moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer);
+
+#endif /* MOEFUSE_CORE_CORE_H */

@@ -1,0 +1,183 @@
+/*
+ * Public entry points of the row-wise operations: act_quant (2-D and masked
+ * 3-D), act_mul, quant, dequant. Each validates its operands once, fills an
+ * mf_rows_args / mf_dequant_args with everything normalised, and calls the
+ * backend.
+ */
+#include "core/options.h"
+
+/* x's last dim is 2H for the gated ops (even, > 0) or H for quant (> 0). */
+static moefuse_status row_width(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                bool gated, int64_t *hidden)
+{
+    int64_t width = x->shape[x->rank - 1];
+    if (width == 0 || (gated && width % 2 != 0))
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                        gated ? "%s: x has %lld channels; the gated input needs an even number "
+                                "> 0 ([gate | up], 2H)"
+                              : "%s: x has %lld channels; it needs at least one",
+                        op, (long long)width);
+    *hidden = gated ? width / 2 : width;
+    return MOEFUSE_OK;
+}
+
+/* The 2-D quantizing calls share everything but the activation. */
+static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
+                              const moefuse_tensor *x, const moefuse_tensor *row_scale,
+                              const moefuse_tensor *q, const moefuse_tensor *scales,
+                              const moefuse_act_options *act, const moefuse_quant_options *quant,
+                              mf_rows_args *a)
+{
+    MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS));
+    MF_TRY(row_width(ctx, op, x, gated, &a->hidden));
+    a->experts = 1;
+    a->rows = x->shape[0];
+    MF_TRY(mf_check_tensor(ctx, op, "q", q, 2, MF_QUANTIZED));
+    int64_t q_shape[2] = {a->rows, a->hidden};
+    MF_TRY(mf_expect_shape(ctx, op, "q", q, q_shape, gated ? "x [T, 2H]" : "x [T, H]"));
+    if (gated)
+        MF_TRY(mf_normalize_act(ctx, op, act, &a->act));
+    MF_TRY(mf_normalize_quant(ctx, op, quant, q->dtype, a->hidden, &a->quant));
+    MF_TRY(mf_check_optional(ctx, op, "row_scale", row_scale, 1, MF_DT(MOEFUSE_F32)));
+    if (mf_present(row_scale))
+        MF_TRY(mf_expect_shape(ctx, op, "row_scale", row_scale, &a->rows, "x [T, ...]"));
+    a->group = a->quant.group_size;
+    a->groups = a->hidden / a->group;
+    a->rows_padded = (a->rows + 3) / 4 * 4;
+    MF_TRY(mf_check_scales(ctx, op, scales, &a->quant, false, 1, a->rows, a->groups, &a->scales));
+    a->activate = gated;
+    a->x = mf_with_leading_unit(x);
+    a->out = mf_with_leading_unit(q);
+    a->row_scale = mf_present(row_scale) ? mf_with_leading_unit(row_scale) : mf_absent();
+    a->counts = mf_absent();
+    a->expert_scale = mf_absent();
+    return MOEFUSE_OK;
+}
+
+moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                                 const moefuse_tensor *row_scale, const moefuse_tensor *q,
+                                 const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
+{
+    static const char op[] = "act_quant";
+    MF_TRY(mf_begin(ctx, op));
+    mf_rows_args a = {0};
+    MF_TRY(rows_2d(ctx, op, true, x, row_scale, q, scales, opt ? &opt->act : NULL,
+                  opt ? &opt->quant : NULL, &a));
+    if (!ctx->backend->act_quant)
+        return mf_unimplemented(ctx, op);
+    return ctx->backend->act_quant(ctx, ctx->state, &a);
+}
+
+moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                             const moefuse_tensor *q, const moefuse_tensor *scales,
+                             const moefuse_quant_options *opt)
+{
+    static const char op[] = "quant";
+    MF_TRY(mf_begin(ctx, op));
+    mf_rows_args a = {0};
+    MF_TRY(rows_2d(ctx, op, false, x, NULL, q, scales, NULL, opt, &a));
+    if (!ctx->backend->quant)
+        return mf_unimplemented(ctx, op);
+    return ctx->backend->quant(ctx, ctx->state, &a);
+}
+
+moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tensor *x,
+                                        const moefuse_tensor *counts,
+                                        const moefuse_tensor *row_scale,
+                                        const moefuse_tensor *expert_scale,
+                                        const moefuse_tensor *q, const moefuse_tensor *scales,
+                                        const moefuse_act_quant_options *opt)
+{
+    static const char op[] = "act_quant_masked";
+    MF_TRY(mf_begin(ctx, op));
+    mf_rows_args a = {0};
+    MF_TRY(mf_check_tensor(ctx, op, "x", x, 3, MF_FLOATS));
+    MF_TRY(row_width(ctx, op, x, true, &a.hidden));
+    a.experts = x->shape[0];
+    a.rows = x->shape[1];
+    MF_TRY(mf_check_tensor(ctx, op, "counts", counts, 1, MF_DT(MOEFUSE_I32)));
+    MF_TRY(mf_expect_shape(ctx, op, "counts", counts, &a.experts, "x [E, Tmax, 2H]"));
+    MF_TRY(mf_check_tensor(ctx, op, "q", q, 3, MF_QUANTIZED));
+    int64_t q_shape[3] = {a.experts, a.rows, a.hidden};
+    MF_TRY(mf_expect_shape(ctx, op, "q", q, q_shape, "x [E, Tmax, 2H]"));
+    MF_TRY(mf_normalize_act(ctx, op, opt ? &opt->act : NULL, &a.act));
+    MF_TRY(mf_normalize_quant(ctx, op, opt ? &opt->quant : NULL, q->dtype, a.hidden, &a.quant));
+    MF_TRY(mf_check_optional(ctx, op, "row_scale", row_scale, 2, MF_DT(MOEFUSE_F32)));
+    if (mf_present(row_scale))
+        MF_TRY(mf_expect_shape(ctx, op, "row_scale", row_scale, q_shape, "x [E, Tmax, ...]"));
+    MF_TRY(mf_check_optional(ctx, op, "expert_scale", expert_scale, 1,
+                            MF_DT(MOEFUSE_F32) | MF_DT(MOEFUSE_BF16)));
+    if (mf_present(expert_scale))
+        MF_TRY(mf_expect_shape(ctx, op, "expert_scale", expert_scale, &a.experts, "x [E, ...]"));
+    a.group = a.quant.group_size;
+    a.groups = a.hidden / a.group;
+    a.rows_padded = (a.rows + 3) / 4 * 4;
+    MF_TRY(mf_check_scales(ctx, op, scales, &a.quant, true, a.experts, a.rows, a.groups,
+                          &a.scales));
+    a.activate = true;
+    a.zero_tail = opt && opt->zero_tail;
+    a.x = *x;
+    a.out = *q;
+    a.counts = *counts;
+    a.row_scale = mf_present(row_scale) ? *row_scale : mf_absent();
+    a.expert_scale = mf_present(expert_scale) ? *expert_scale : mf_absent();
+    if (!ctx->backend->act_quant)
+        return mf_unimplemented(ctx, op);
+    return ctx->backend->act_quant(ctx, ctx->state, &a);
+}
+
+moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
+                               const moefuse_tensor *row_scale, const moefuse_tensor *out,
+                               const moefuse_act_options *opt)
+{
+    static const char op[] = "act_mul";
+    MF_TRY(mf_begin(ctx, op));
+    mf_rows_args a = {0};
+    MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS));
+    MF_TRY(row_width(ctx, op, x, true, &a.hidden));
+    a.experts = 1;
+    a.rows = x->shape[0];
+    MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_DT(x->dtype)));
+    int64_t out_shape[2] = {a.rows, a.hidden};
+    MF_TRY(mf_expect_shape(ctx, op, "out", out, out_shape, "x [T, 2H]"));
+    MF_TRY(mf_normalize_act(ctx, op, opt, &a.act));
+    MF_TRY(mf_check_optional(ctx, op, "row_scale", row_scale, 1, MF_DT(MOEFUSE_F32)));
+    if (mf_present(row_scale))
+        MF_TRY(mf_expect_shape(ctx, op, "row_scale", row_scale, &a.rows, "x [T, ...]"));
+    a.activate = true;
+    a.x = mf_with_leading_unit(x);
+    a.out = mf_with_leading_unit(out);
+    a.row_scale = mf_present(row_scale) ? mf_with_leading_unit(row_scale) : mf_absent();
+    a.counts = mf_absent();
+    a.expert_scale = mf_absent();
+    a.scales = mf_absent();
+    if (!ctx->backend->act_mul)
+        return mf_unimplemented(ctx, op);
+    return ctx->backend->act_mul(ctx, ctx->state, &a);
+}
+
+moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
+                               const moefuse_tensor *scales, const moefuse_tensor *out,
+                               const moefuse_quant_options *opt)
+{
+    static const char op[] = "dequant";
+    MF_TRY(mf_begin(ctx, op));
+    mf_dequant_args a = {0};
+    MF_TRY(mf_check_tensor(ctx, op, "q", q, 2, MF_QUANTIZED));
+    a.rows = q->shape[0];
+    a.hidden = q->shape[1];
+    if (a.hidden == 0)
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: q has 0 channels; it needs at least one", op);
+    MF_TRY(mf_normalize_quant(ctx, op, opt, q->dtype, a.hidden, &a.quant));
+    MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
+    MF_TRY(mf_expect_shape(ctx, op, "out", out, q->shape, "q [T, H]"));
+    a.group = a.quant.group_size;
+    a.groups = a.hidden / a.group;
+    a.rows_padded = (a.rows + 3) / 4 * 4;
+    MF_TRY(mf_check_scales(ctx, op, scales, &a.quant, false, 1, a.rows, a.groups, &a.scales));
+    a.q = *q;
+    a.out = *out;
+    if (!ctx->backend->dequant)
+        return mf_unimplemented(ctx, op);
+    return ctx->backend->dequant(ctx, ctx->state, &a);
+}

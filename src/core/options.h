@@ -1,0 +1,22 @@
+/* Option checking and defaults for the activation and quantization calls. */
+#ifndef MOEFUSE_CORE_OPTIONS_H
+#define MOEFUSE_CORE_OPTIONS_H
+
+#include "core/core.h"
+
+/* Copy `in` (NULL = defaults) to `out` after range checks. */
+moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
+                                const moefuse_act_options *in, moefuse_act_options *out);
+/* Range checks, group_size/eps defaults, packed => ue8m0, UE8M0 only with f8 codes. */
+moefuse_status mf_normalize_quant(moefuse_context *ctx, const char *op,
+                                  const moefuse_quant_options *in, moefuse_dtype code_dtype,
+                                  int64_t hidden, moefuse_quant_options *out);
+/*
+ * Check the scales tensor against its layout (masked: the 3-D layout)
+ * and return it normalised to rank 3. `experts` is read only when masked.
+ */
+moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const moefuse_tensor *scales,
+                               const moefuse_quant_options *opt, bool masked, int64_t experts, int64_t rows,
+                               int64_t groups, moefuse_tensor *normalized);
+
+#endif /* MOEFUSE_CORE_OPTIONS_H */

@@ -1,0 +1,14 @@
+#!/bin/sh
+# Installs what building and testing moefuse needs on Debian 12 / Ubuntu 22.04+.
+# Compilers and Meson, Check for the tests, OpenBLAS for the benchmark ceiling,
+# and the OpenCL headers, ICD loader and PoCL (a CPU OpenCL platform).
+set -eu
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential pkg-config meson ninja-build \
+    check libsubunit-dev \
+    libopenblas-dev \
+    ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo >/dev/null
