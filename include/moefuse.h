@@ -117,7 +117,7 @@ MOEFUSE_API void moefuse_context_destroy(moefuse_context *ctx);
 
 /* "cpu", "cuda" or "opencl". */
 MOEFUSE_API const char *moefuse_backend_name(const moefuse_context *ctx);
-/* Human-readable device ("x86_64 CPU, 2 OpenMP threads", "NVIDIA H100 ..."). */
+/* Human-readable device ("CPU (x86_64, 2 OpenMP threads)", "NVIDIA H100 ..."). */
 MOEFUSE_API const char *moefuse_device_name(const moefuse_context *ctx);
 
 /*

@@ -1,0 +1,110 @@
+/* The CPU backend's vtable, state and host memory. */
+#include "cpu/cpu_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+
+typedef struct cpu_state {
+    char device[128];
+} cpu_state;
+
+void *mf_cpu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    size_t n = (bytes + 63) / 64 * 64;
+    if (n < bytes) /* overflow */
+        return NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0)
+        return NULL;
+    return p;
+}
+
+void mf_cpu_free(void *p) { free(p); }
+
+static bool cpu_probe(void) { return true; }
+
+static moefuse_status cpu_init(moefuse_context *ctx, void **state)
+{
+    cpu_state *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of state",
+                        sizeof *s);
+    struct utsname u;
+    const char *machine = uname(&u) == 0 ? u.machine : "unknown";
+    const int n = mf_cpu_max_threads();
+    snprintf(s->device, sizeof s->device, "CPU (%.64s, %d OpenMP thread%s)", machine, n,
+             n == 1 ? "" : "s");
+    *state = s;
+    return MOEFUSE_OK;
+}
+
+static void cpu_release(void *state) { free(state); }
+
+static const char *cpu_device_name(void *state)
+{
+    return state ? ((const cpu_state *)state)->device : "CPU";
+}
+
+static moefuse_status cpu_buffer_alloc(moefuse_context *ctx, void *state, size_t bytes,
+                                       void **buffer)
+{
+    (void)state;
+    void *p = mf_cpu_alloc(bytes);
+    if (p == NULL)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %zu bytes",
+                        bytes);
+    *buffer = p;
+    return MOEFUSE_OK;
+}
+
+static void cpu_buffer_free(void *state, void *buffer)
+{
+    (void)state;
+    mf_cpu_free(buffer);
+}
+
+static moefuse_status cpu_buffer_write(moefuse_context *ctx, void *state, void *buffer,
+                                       size_t offset, const void *src, size_t bytes)
+{
+    (void)ctx;
+    (void)state;
+    if (bytes)
+        memcpy((char *)buffer + offset, src, bytes);
+    return MOEFUSE_OK;
+}
+
+static moefuse_status cpu_buffer_read(moefuse_context *ctx, void *state, const void *buffer,
+                                      size_t offset, void *dst, size_t bytes)
+{
+    (void)ctx;
+    (void)state;
+    if (bytes)
+        memcpy(dst, (const char *)buffer + offset, bytes);
+    return MOEFUSE_OK;
+}
+
+const moefuse_backend_i mf_backend_cpu = {
+    .name = "cpu",
+    .probe = cpu_probe,
+    .init = cpu_init,
+    .release = cpu_release,
+    .device_name = cpu_device_name,
+    .set_stream = NULL,
+    .synchronize = NULL,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .buffer_write = cpu_buffer_write,
+    .buffer_read = cpu_buffer_read,
+    .owns_pointer = NULL,
+    .data_is_handle = false,
+    .act_quant = mf_cpu_act_quant,
+    .act_mul = mf_cpu_act_mul,
+    .quant = mf_cpu_quant,
+    .dequant = mf_cpu_dequant,
+    .topk_softmax = mf_cpu_topk_softmax,
+    .moe_gate = mf_cpu_moe_gate,
+    .moe_final = mf_cpu_moe_final,
+    .moe_forward = NULL,
+};

@@ -1,0 +1,45 @@
+/* Entry points shared between the CPU backend's source files. */
+#ifndef MOEFUSE_CPU_INTERNAL_H
+#define MOEFUSE_CPU_INTERNAL_H
+
+#include "core/backend.h"
+#include "cpu/omp_compat.h"
+
+#include <stddef.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static inline int mf_cpu_max_threads(void)
+{
+#ifdef _OPENMP
+    int n = omp_get_max_threads();
+    return n > 0 ? n : 1;
+#else
+    return 1;
+#endif
+}
+
+static inline int mf_cpu_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* 64-byte aligned host memory; never NULL for bytes == 0 unless out of memory. */
+void *mf_cpu_alloc(size_t bytes);
+void mf_cpu_free(void *p);
+
+moefuse_status mf_cpu_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cpu_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cpu_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
+moefuse_status mf_cpu_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
+moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
+
+#endif /* MOEFUSE_CPU_INTERNAL_H */

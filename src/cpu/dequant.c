@@ -1,0 +1,40 @@
+/* dequant: out = f32(q) * s, rounded once to out's dtype. */
+#include "cpu/cpu_internal.h"
+#include "cpu/numerics.h"
+#include "cpu/tensor_cpu.h"
+
+static float read_scale(const mf_dequant_args *a, int64_t t, int64_t g)
+{
+    const char *p;
+    switch (a->quant.scale_layout) {
+    case MOEFUSE_SCALE_COLUMN_MAJOR: p = mf_at3(&a->scales, 0, g, t); break;
+    case MOEFUSE_SCALE_PACKED_UE8M0: p = mf_at3(&a->scales, 0, g / 4, t) + (g % 4); break;
+    case MOEFUSE_SCALE_ROW_MAJOR:
+    default: p = mf_at3(&a->scales, 0, t, g); break;
+    }
+    if (a->scales.dtype == MOEFUSE_F32)
+        return *(const float *)p;
+    return mf_ue8m0_read(*(const uint8_t *)p);
+}
+
+moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a)
+{
+    (void)ctx;
+    (void)state;
+    const int64_t T = a->rows, H = a->hidden, G = a->group, Gn = a->groups;
+    const int fp8 = a->q.dtype == MOEFUSE_F8_E4M3;
+MF_OMP(parallel for schedule(static))
+    for (int64_t t = 0; t < T; t++) {
+        const char *q = mf_at2(&a->q, t, 0);
+        char *out = mf_at2(&a->out, t, 0);
+        const size_t osz = mf_cpu_elem_size(a->out.dtype);
+        for (int64_t g = 0; g < Gn; g++) {
+            const float s = read_scale(a, t, g);
+            for (int64_t c = g * G; c < (g + 1) * G && c < H; c++) {
+                float v = fp8 ? mf_e4m3_to_f32((uint8_t)q[c]) : (float)(int8_t)q[c];
+                mf_store_elem(out + c * (int64_t)osz, a->out.dtype, v * s);
+            }
+        }
+    }
+    return MOEFUSE_OK;
+}

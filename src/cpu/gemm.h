@@ -1,0 +1,42 @@
+/*
+ * Blocked f32 GEMM tiles for the MoE kernels: C[ms, ncols] = A * B^T where the
+ * ms rows of A are gathered activations and the ncols columns of B are weight
+ * rows of one expert, both converted to f32 while packing.
+ *
+ * Every output element is one dot product accumulated with fmaf in the fixed
+ * order k = 0, 1, ..., K-1 starting from 0.0f, whatever the blocking, the
+ * vector width or the thread count; a dot product is never split between
+ * threads. fmaf is exactly rounded everywhere, so the result is the same on
+ * every machine (the CPU dispatch only changes speed).
+ */
+#ifndef MOEFUSE_CPU_GEMM_H
+#define MOEFUSE_CPU_GEMM_H
+
+#include "moefuse.h"
+
+#include <stdint.h>
+
+#define MF_GEMM_MR 6    /* rows of the register tile */
+#define MF_GEMM_NR 16   /* columns of the register tile (vector lanes) */
+#define MF_GEMM_KC 256  /* depth of one cache block */
+#define MF_GEMM_MB 48   /* rows of A per work item (multiple of MR) */
+#define MF_GEMM_NB 128  /* columns of B per work item (multiple of NR) */
+
+/* Per-thread scratch of one tile computation. */
+typedef struct mf_gemm_scratch {
+    float *a_pack; /* MB * KC */
+    float *b_pack; /* NB * KC */
+    float *tmp;    /* NR * KC */
+} mf_gemm_scratch;
+
+/*
+ * c[ms x ncols] (row stride round_up(ncols, NR)) = rows of A times the
+ * ncols B rows of expert `lead` (b [E, N, depth]), over depth. A row ids are
+ * slots s = m * topk + j: a_rank3 reads h [M, k, depth] at (m, j), otherwise
+ * x [M, depth] at m.
+ */
+void mf_gemm_tile(const moefuse_tensor *a, int a_rank3, int64_t topk, const int64_t *a_rows,
+                  int64_t ms, const moefuse_tensor *b, int64_t lead, const int64_t *b_rows,
+                  int64_t ncols, int64_t depth, float *c, mf_gemm_scratch *s);
+
+#endif /* MOEFUSE_CPU_GEMM_H */

@@ -1,0 +1,313 @@
+/*
+ * moe_gate and moe_final: slots (m, j) are grouped by local expert, then each
+ * expert's slots are processed in tiles of MB rows against blocks of NB
+ * weight rows (work items spread over threads). Each output is written by
+ * exactly one work item, and its dot product is accumulated in a fixed order
+ * (gemm.h), so results do not depend on the thread count or the schedule.
+ */
+#include "cpu/activation.h"
+#include "cpu/cpu_internal.h"
+#include "cpu/gemm.h"
+#include "cpu/numerics.h"
+#include "cpu/tensor_cpu.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+enum { MB = MF_GEMM_MB, NB = MF_GEMM_NB, NR = MF_GEMM_NR, KC = MF_GEMM_KC };
+
+/* Bytes of f32 y scratch moe_final may use per chunk of tokens (reduced output). */
+#define MF_FINAL_SCRATCH_BYTES ((size_t)64 << 20)
+
+/* Local expert of slot (m, j), or -1 when the slot is invalid. */
+static int64_t local_expert(const mf_moe_args *a, int64_t m, int64_t j)
+{
+    const int64_t id = *(const int32_t *)mf_at2(&a->topk_ids, m, j);
+    if (id < 0 || id >= a->global_experts)
+        return -1;
+    if (a->expert_map.data == NULL)
+        return id < a->experts ? id : -1;
+    const int64_t e = *(const int32_t *)mf_at1(&a->expert_map, id);
+    return (e >= 0 && e < a->experts) ? e : -1;
+}
+
+/* Slots of a range of tokens grouped by expert, and the work items over them. */
+typedef struct plan {
+    int64_t *expert_of; /* [M*k] local expert per slot, -1 invalid */
+    int64_t *start;     /* [E+1] start of each expert's slots in list */
+    int64_t *fill;      /* [E] */
+    int64_t *list;      /* [M*k] slot ids (m*k + j), grouped by expert, ascending */
+    int64_t *items;     /* [E+1] prefix of work items per expert */
+    int64_t col_blocks; /* column blocks per slot tile */
+} plan;
+
+static void plan_chunk(const mf_moe_args *a, plan *p, int64_t s0, int64_t s1, int64_t col_blocks)
+{
+    const int64_t E = a->experts;
+    memset(p->fill, 0, (size_t)E * sizeof(int64_t));
+    for (int64_t s = s0; s < s1; s++)
+        if (p->expert_of[s] >= 0)
+            p->fill[p->expert_of[s]]++;
+    p->start[0] = 0;
+    p->items[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        p->start[e + 1] = p->start[e] + p->fill[e];
+        p->items[e + 1] = p->items[e] + (p->fill[e] + MB - 1) / MB * col_blocks;
+        p->fill[e] = p->start[e];
+    }
+    for (int64_t s = s0; s < s1; s++)
+        if (p->expert_of[s] >= 0)
+            p->list[p->fill[p->expert_of[s]]++] = s;
+    p->col_blocks = col_blocks;
+}
+
+/* Decode work item w into expert, slot tile [first, first+count) of list, column block. */
+static void decode_item(const plan *p, int64_t E, int64_t w, int64_t *e, const int64_t **slots,
+                        int64_t *count, int64_t *cb)
+{
+    int64_t lo = 0, hi = E - 1;
+    while (lo < hi) { /* last e with items[e] <= w */
+        int64_t mid = (lo + hi + 1) / 2;
+        if (p->items[mid] <= w)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int64_t r = w - p->items[lo];
+    const int64_t tile = r / p->col_blocks;
+    const int64_t n = p->start[lo + 1] - p->start[lo];
+    *e = lo;
+    *cb = r % p->col_blocks;
+    *slots = p->list + p->start[lo] + tile * MB;
+    *count = n - tile * MB < MB ? n - tile * MB : MB;
+}
+
+/* Scratch of one call: plan arrays, per-thread GEMM buffers, optional y. */
+typedef struct work {
+    char *mem;
+    plan p;
+    char *thread_mem;
+    size_t thread_stride;
+    float *y;      /* f32 [chunk slots, K] (reduced final only) */
+    int64_t chunk; /* tokens per chunk */
+    int nt;
+} work;
+
+typedef struct thread_bufs {
+    mf_gemm_scratch g;
+    float *c;      /* MB x NB */
+    int64_t *cols; /* NB weight row ids */
+    float *row;    /* max(NB, K) floats */
+} thread_bufs;
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_moe_args *a,
+                                 bool need_y, work *w)
+{
+    const int64_t M = a->tokens, k = a->topk, E = a->experts, K = a->model_dim;
+    const int64_t S = M * k;
+    w->nt = mf_cpu_max_threads();
+    w->chunk = M > 0 ? M : 1;
+    if (need_y && K > 0 && k > 0) {
+        int64_t c = (int64_t)(MF_FINAL_SCRATCH_BYTES / ((size_t)k * (size_t)K * sizeof(float)));
+        c = c < 1 ? 1 : c;
+        w->chunk = c < w->chunk ? c : w->chunk;
+    }
+    const int64_t rowlen = K > NB ? K : NB;
+    w->thread_stride = round64((size_t)MB * KC * 4) + round64((size_t)NB * KC * 4) +
+                       round64((size_t)NR * KC * 4) + round64((size_t)MB * NB * 4) +
+                       round64((size_t)NB * 8) + round64((size_t)rowlen * 4);
+    const size_t plan_bytes = round64((size_t)S * 8) * 2 + round64((size_t)(E + 1) * 8) * 3;
+    const size_t y_bytes = need_y ? round64((size_t)(w->chunk * k * K) * 4) : 0;
+    const size_t bytes = plan_bytes + y_bytes + (size_t)w->nt * w->thread_stride;
+    w->mem = mf_cpu_alloc(bytes);
+    if (w->mem == NULL)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch",
+                        op, bytes);
+    char *q = w->mem;
+    w->p.expert_of = (int64_t *)q, q += round64((size_t)S * 8);
+    w->p.list = (int64_t *)q, q += round64((size_t)S * 8);
+    w->p.start = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
+    w->p.fill = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
+    w->p.items = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
+    w->y = need_y ? (float *)q : NULL;
+    q += y_bytes;
+    w->thread_mem = q;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++)
+            w->p.expert_of[m * k + j] = local_expert(a, m, j);
+    return MOEFUSE_OK;
+}
+
+static thread_bufs thread_scratch(const work *w)
+{
+    thread_bufs t;
+    char *q = w->thread_mem + (size_t)mf_cpu_thread_id() * w->thread_stride;
+    t.g.a_pack = (float *)q, q += round64((size_t)MB * KC * 4);
+    t.g.b_pack = (float *)q, q += round64((size_t)NB * KC * 4);
+    t.g.tmp = (float *)q, q += round64((size_t)NR * KC * 4);
+    t.c = (float *)q, q += round64((size_t)MB * NB * 4);
+    t.cols = (int64_t *)q, q += round64((size_t)NB * 8);
+    t.row = (float *)q;
+    return t;
+}
+
+/* ------------------------------------------------------------------ gate */
+
+/* One work item of the gate: h columns [i0, i0+nb) of one slot tile of expert e. */
+static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int64_t ms,
+                      int64_t cb, thread_bufs *t)
+{
+    const int64_t I = a->inter_dim, half = NB / 2;
+    const int64_t i0 = cb * half, nb = I - i0 < half ? I - i0 : half;
+    const int64_t nbp = (nb + NR - 1) / NR * NR; /* gate columns [0, nbp), up [nbp, 2 nbp) */
+    const int64_t gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
+    const int64_t up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    for (int64_t c = 0; c < nbp; c++) {
+        t->cols[c] = c < nb ? gate_row + i0 + c : -1;
+        t->cols[nbp + c] = c < nb ? up_row + i0 + c : -1;
+    }
+    mf_gemm_tile(&a->x, 0, a->topk, slots, ms, &a->w1, e, t->cols, 2 * nbp, a->model_dim, t->c,
+                 &t->g);
+    const int64_t ldc = 2 * nbp;
+    const bool bias = a->b1.data != NULL;
+    const float limit = a->opt.limit;
+    for (int64_t r = 0; r < ms; r++) {
+        const float *cg = t->c + r * ldc, *cu = cg + nbp;
+        for (int64_t c = 0; c < nb; c++) {
+            float g = cg[c], u = cu[c];
+            if (bias) {
+                g = g + mf_load_elem(mf_at2(&a->b1, e, gate_row + i0 + c), a->b1.dtype);
+                u = u + mf_load_elem(mf_at2(&a->b1, e, up_row + i0 + c), a->b1.dtype);
+            }
+            if (limit > 0.0f) {
+                g = mf_clamp_gate(g, limit);
+                u = mf_clamp_up(u, limit);
+            }
+            t->row[c] = mf_activate(a->opt.activation, g) * u;
+        }
+        const int64_t s = slots[r];
+        mf_store_row(mf_at3(&a->h, s / a->topk, s % a->topk, i0), t->row, a->h.dtype, nb);
+    }
+}
+
+moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)
+{
+    (void)state;
+    work w;
+    moefuse_status st = work_alloc(ctx, "moe_gate", a, false, &w);
+    if (st != MOEFUSE_OK)
+        return st;
+    const int64_t M = a->tokens, k = a->topk, I = a->inter_dim, E = a->experts;
+    const int64_t col_blocks = (I + NB / 2 - 1) / (NB / 2);
+    plan_chunk(a, &w.p, 0, M * k, col_blocks);
+    const int64_t n_items = E > 0 ? w.p.items[E] : 0;
+    const size_t hsz = mf_cpu_elem_size(a->h.dtype);
+
+MF_OMP(parallel num_threads(w.nt))
+    {
+        thread_bufs t = thread_scratch(&w);
+MF_OMP(for schedule(static))
+        for (int64_t s = 0; s < M * k; s++)
+            if (w.p.expert_of[s] < 0)
+                memset(mf_at3(&a->h, s / k, s % k, 0), 0, (size_t)I * hsz);
+MF_OMP(for schedule(dynamic, 1))
+        for (int64_t it = 0; it < n_items; it++) {
+            int64_t e, ms, cb;
+            const int64_t *slots;
+            decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+            gate_item(a, e, slots, ms, cb, &t);
+        }
+    }
+    mf_cpu_free(w.mem);
+    return MOEFUSE_OK;
+}
+
+/* ----------------------------------------------------------------- final */
+
+/* One work item of final: y columns [r0, r0+nb) of one slot tile; y goes to the
+ * f32 scratch (rows relative to slot s0) or, un-reduced, straight to out. */
+static void final_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int64_t ms,
+                       int64_t cb, thread_bufs *t, float *y, int64_t s0)
+{
+    const int64_t K = a->model_dim, r0 = cb * NB, nb = K - r0 < NB ? K - r0 : NB;
+    const int64_t nbp = (nb + NR - 1) / NR * NR;
+    for (int64_t c = 0; c < nbp; c++)
+        t->cols[c] = c < nb ? r0 + c : -1;
+    mf_gemm_tile(&a->h, 1, a->topk, slots, ms, &a->w2, e, t->cols, nbp, a->inter_dim, t->c,
+                 &t->g);
+    const bool bias = a->b2.data != NULL;
+    for (int64_t r = 0; r < ms; r++) {
+        const int64_t s = slots[r];
+        float *dst = y ? y + (s - s0) * K + r0 : t->row;
+        const float *src = t->c + r * nbp;
+        for (int64_t c = 0; c < nb; c++)
+            dst[c] = bias ? src[c] + mf_load_elem(mf_at2(&a->b2, e, r0 + c), a->b2.dtype) : src[c];
+        if (!y)
+            mf_store_row(mf_at3(&a->out, s / a->topk, s % a->topk, r0), dst, a->out.dtype, nb);
+    }
+}
+
+/* out[m, :] = sum over valid j in order of topk_weights[m, j] * y[m, j, :], from 0. */
+static void reduce_token(const mf_moe_args *a, const work *w, int64_t m, int64_t s0, float *acc)
+{
+    const int64_t K = a->model_dim, k = a->topk;
+    for (int64_t r = 0; r < K; r++)
+        acc[r] = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        if (w->p.expert_of[m * k + j] < 0)
+            continue;
+        const float wt = *(const float *)mf_at2(&a->topk_weights, m, j);
+        const float *yr = w->y + (m * k + j - s0) * K;
+MF_OMP(simd)
+        for (int64_t r = 0; r < K; r++) {
+            float prod = wt * yr[r];
+            acc[r] = acc[r] + prod;
+        }
+    }
+    mf_store_row(mf_at2(&a->out, m, 0), acc, a->out.dtype, K);
+}
+
+moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
+{
+    (void)state;
+    work w;
+    moefuse_status st = work_alloc(ctx, "moe_final", a, a->reduce, &w);
+    if (st != MOEFUSE_OK)
+        return st;
+    const int64_t M = a->tokens, k = a->topk, K = a->model_dim, E = a->experts;
+    const int64_t col_blocks = (K + NB - 1) / NB;
+    const size_t osz = mf_cpu_elem_size(a->out.dtype);
+
+    for (int64_t m0 = 0; m0 < M; m0 += w.chunk) {
+        const int64_t m1 = M - m0 < w.chunk ? M : m0 + w.chunk;
+        const int64_t s0 = m0 * k;
+        plan_chunk(a, &w.p, s0, m1 * k, col_blocks);
+        const int64_t n_items = E > 0 ? w.p.items[E] : 0;
+MF_OMP(parallel num_threads(w.nt))
+        {
+            thread_bufs t = thread_scratch(&w);
+            if (!a->reduce) {
+MF_OMP(for schedule(static))
+                for (int64_t s = s0; s < m1 * k; s++)
+                    if (w.p.expert_of[s] < 0)
+                        memset(mf_at3(&a->out, s / k, s % k, 0), 0, (size_t)K * osz);
+            }
+MF_OMP(for schedule(dynamic, 1))
+            for (int64_t it = 0; it < n_items; it++) {
+                int64_t e, ms, cb;
+                const int64_t *slots;
+                decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+                final_item(a, e, slots, ms, cb, &t, a->reduce ? w.y : NULL, s0);
+            }
+            if (a->reduce) {
+MF_OMP(for schedule(static))
+                for (int64_t m = m0; m < m1; m++)
+                    reduce_token(a, &w, m, s0, t.row);
+            }
+        }
+    }
+    mf_cpu_free(w.mem);
+    return MOEFUSE_OK;
+}
