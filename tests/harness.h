@@ -1,0 +1,91 @@
+/* Test harness: backend choice, canary-guarded buffers, seeded RNG. */
+#ifndef MOEFUSE_TEST_HARNESS_H
+#define MOEFUSE_TEST_HARNESS_H
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moefuse.h"
+#include "oracle.h"
+
+extern moefuse_context *g_ctx;
+extern unsigned long long g_seed;
+
+/* every assertion message carries the seed */
+#define HCHECK(cond, ...) \
+    ck_assert_msg((cond), "[seed=%llu MOEFUSE_TEST_SEED reproduces] %s", g_seed, h_fmt(__VA_ARGS__))
+const char *h_fmt(const char *fmt, ...);
+
+/* RNG */
+uint64_t h_rand(void);
+double h_unif(double a, double b);
+int64_t h_randint(int64_t lo, int64_t hi); /* inclusive */
+
+/* A tensor in a backend buffer laid out as pad + payload + pad. */
+typedef struct tbuf {
+    char name[32];
+    void *buf;
+    size_t total; /* bytes incl. pads */
+    size_t pad;
+    moefuse_tensor t;
+    unsigned char *full;   /* host copy of the whole buffer */
+    unsigned char *shadow; /* last uploaded whole buffer */
+    unsigned char *logical;/* 1 where a byte belongs to an element */
+    int is_input;
+    struct tbuf *next;
+} tbuf;
+
+/* row_pad: extra elements between rows (added to the stride of dim rank-2) */
+tbuf *tb_new(const char *name, moefuse_dtype dt, int rank, const int64_t *shape, int64_t row_pad,
+             int is_input);
+tbuf *tb_new2(const char *name, moefuse_dtype dt, int64_t a, int64_t b, int64_t row_pad, int in);
+tbuf *tb_new3(const char *name, moefuse_dtype dt, int64_t a, int64_t b, int64_t c, int64_t row_pad,
+              int in);
+tbuf *tb_new1(const char *name, moefuse_dtype dt, int64_t a, int in);
+void *tb_el(tbuf *tb, int64_t i0, int64_t i1, int64_t i2); /* unused indices 0 */
+double tb_get(tbuf *tb, int64_t i0, int64_t i1, int64_t i2);
+void tb_set(tbuf *tb, int64_t i0, int64_t i1, int64_t i2, double v); /* rounds to dtype */
+void tb_fill_unif(tbuf *tb, double a, double b);
+void tb_upload(tbuf *tb);
+/* read everything back; checks canaries of every live tbuf and, when
+ * untouched, that no byte of any tensor changed. Called after every call. */
+void h_check_all(int untouched);
+void tb_free_all(void);
+
+int h_dt_or(moefuse_dtype dt); /* to oracle dtype */
+moefuse_tensor *T(tbuf *tb);     /* &tb->t, NULL-safe */
+
+/* fixtures */
+void h_setup(void);
+void h_teardown(void);
+/* runs the suite: seed handling, srunner, exit code */
+int h_run(Suite *s);
+
+/* call + canary check */
+#define CALL(expr) h_call((expr))
+moefuse_status h_call(moefuse_status st);
+
+/* compare helpers */
+/* check a whole quantized result against per-element intervals hlo/hhi and
+ * point values hp (row-major [T, H] doubles), for rows 0..T-1 of q/scales.
+ * q/scales tensors are 2-D (or 3-D with expert e >= 0). exact: intervals are points. */
+void h_check_quant(tbuf *q, tbuf *sc, int64_t e, int64_t T, int64_t Tdim, int64_t H, int64_t G,
+                   int layout, int ue8m0, float eps, const double *hp, const double *hlo,
+                   const double *hhi, const char *what);
+/* scale layout helpers: byte pointer / value for (e, t, g) */
+double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *ebyte);
+/* padding rows T..Ta-1; unused packed bytes of the rows 0..Tn-1 */
+void h_check_scale_padding(tbuf *sc, int layout, int64_t e, int64_t Tn, int64_t T, int64_t Gn);
+
+int h_have_openmp(void);
+
+#endif
+
+/* scale tensor for a layout: E == 0 -> 2-D. f32, u8 (ue8m0) or i32 (packed) */
+tbuf *h_new_scales(const char *name, int layout, int ue8m0, int64_t E, int64_t T, int64_t Gn,
+                   int64_t row_pad);
+/* per-element oracle for act rows: x rows [T, 2H] (3-D with e >= 0), row_scale
+ * optional tbuf (1-D [T] or 2-D [E,Tmax]), es expert factor; fills [T*H] arrays */
+void h_ref_act(tbuf *x, int64_t e, int64_t Tn, int64_t H, tbuf *rs, double es, const or_act_opt *o,
+               double *hp, double *hlo, double *hhi);

@@ -1,0 +1,572 @@
+/* Every validation rule: the status, a message naming the operation and the
+ * argument, and outputs (poisoned) plus canaries untouched (checked by CALL). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static void expect_msg(moefuse_status got, moefuse_status want, const char *op, const char *arg,
+                       const char *desc, const char *msg)
+{
+    HCHECK(got == want, "%s: %s returned %s, want %s (message: \"%s\")", op, desc, moefuse_status_name(got),
+           moefuse_status_name(want), msg);
+    HCHECK(*msg, "%s: %s: moefuse_last_error is empty", op, desc);
+    HCHECK(strstr(msg, op) != NULL, "%s: %s: message \"%s\" does not name the operation", op, desc, msg);
+    if (arg) HCHECK(strstr(msg, arg) != NULL, "%s: %s: message \"%s\" does not name \"%s\"", op, desc, msg, arg);
+}
+/* the message is captured before the canary check (buffer reads succeed and clear it) */
+#define EXPECT_CTX(call, want, op, arg, desc, ctx_)                                   \
+    do {                                                                          \
+        moefuse_status st_ = (call);                                              \
+        char m_[1024];                                                            \
+        const char *e_ = moefuse_last_error(ctx_);                                \
+        snprintf(m_, sizeof m_, "%s", e_ ? e_ : "");                              \
+        h_check_all(st_ != MOEFUSE_OK);                                           \
+        expect_msg(st_, want, op, arg, desc, m_);                                 \
+    } while (0)
+#define EXPECT(call, want, op, arg, desc) EXPECT_CTX(call, want, op, arg, desc, g_ctx)
+
+
+/* ------------------------------------------------------------ act_quant */
+static tbuf *X, *RS, *Q, *SC;
+static void aq_setup(void)
+{
+    X = tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1);
+    tb_fill_unif(X, -1, 1);
+    tb_upload(X);
+    RS = tb_new1("row_scale", MOEFUSE_F32, 4, 1);
+    tb_fill_unif(RS, 0.5, 1);
+    tb_upload(RS);
+    Q = tb_new2("q", MOEFUSE_F8_E4M3, 4, 128, 0, 0);
+    SC = tb_new2("scales", MOEFUSE_F32, 4, 1, 0, 0);
+}
+static moefuse_status aq(const moefuse_tensor *x, const moefuse_tensor *rs, const moefuse_tensor *q,
+                         const moefuse_tensor *sc, const moefuse_act_quant_options *o)
+{
+    return moefuse_act_quant(g_ctx, x, rs, q, sc, o);
+}
+
+START_TEST(t_act_quant_pointers)
+{
+    aq_setup();
+    EXPECT_CTX(moefuse_act_quant(NULL, T(X), T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", NULL, "ctx NULL", NULL);
+    EXPECT(aq(NULL, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "x", "x NULL");
+    EXPECT(aq(T(X), T(RS), NULL, T(SC), NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "q", "q NULL");
+    EXPECT(aq(T(X), T(RS), T(Q), NULL, NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "scales", "scales NULL");
+    moefuse_tensor t = X->t;
+    t.data = NULL;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "x", "x data NULL");
+    t = Q->t;
+    t.data = NULL;
+    EXPECT(aq(T(X), T(RS), &t, T(SC), NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "q", "q data NULL");
+    t = SC->t;
+    t.data = NULL;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_NULL_POINTER, "act_quant", "scales", "scales data NULL");
+    /* a valid call still works and row_scale data NULL means absent */
+    t = RS->t;
+    t.data = NULL;
+    HCHECK(CALL(aq(T(X), &t, T(Q), T(SC), NULL)) == MOEFUSE_OK, "act_quant valid call failed: %s", moefuse_last_error(g_ctx));
+    HCHECK(moefuse_last_error(g_ctx) && moefuse_last_error(g_ctx)[0] == 0, "last_error not empty after success");
+}
+END_TEST
+
+START_TEST(t_act_quant_shapes)
+{
+    aq_setup();
+    moefuse_tensor t;
+    t = X->t; t.rank = 3; t.shape[2] = 1; t.stride[2] = 1;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "x", "x rank 3");
+    t = X->t; t.shape[1] = 255;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "x", "x width odd");
+    t = X->t; t.shape[1] = 0;
+    moefuse_tensor q0 = Q->t; q0.shape[1] = 0;
+    EXPECT(aq(&t, T(RS), &q0, T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", NULL, "H = 0");
+    t = X->t; t.shape[0] = -1;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "x", "x negative dim");
+    t = Q->t; t.shape[1] = 127;
+    EXPECT(aq(T(X), T(RS), &t, T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "q", "q width mismatch");
+    t = Q->t; t.shape[0] = 3;
+    EXPECT(aq(T(X), T(RS), &t, T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "q", "q rows mismatch");
+    t = SC->t; t.shape[0] = 3;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_SHAPE, "act_quant", "scales", "scales rows");
+    t = RS->t; t.shape[0] = 3;
+    EXPECT(aq(T(X), &t, T(Q), T(SC), NULL), MOEFUSE_ERR_SHAPE, "act_quant", "row_scale", "row_scale length");
+    /* column-major scales must be [Gn, round_up(T,4)] */
+    moefuse_act_quant_options o = {0};
+    o.quant.scale_layout = MOEFUSE_SCALE_COLUMN_MAJOR;
+    t = SC->t; /* [4,1]: wrong for column-major ([1,4]) */
+    EXPECT(aq(T(X), T(RS), T(Q), &t, &o), MOEFUSE_ERR_SHAPE, "act_quant", "scales", "column-major shape");
+    /* H % G != 0: H = 96 with G = 64 and with the default 128 */
+    moefuse_tensor x96 = X->t, q96 = Q->t;
+    x96.shape[1] = 192;
+    q96.shape[1] = 96;
+    o.quant.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+    o.quant.group_size = 64;
+    EXPECT(aq(&x96, T(RS), &q96, T(SC), &o), MOEFUSE_ERR_SHAPE, "act_quant", NULL, "H % G (G=64, H=96)");
+    o.quant.group_size = 0;
+    EXPECT(aq(&x96, T(RS), &q96, T(SC), &o), MOEFUSE_ERR_SHAPE, "act_quant", NULL, "H % G (G=128, H=96)");
+}
+END_TEST
+
+START_TEST(t_act_quant_dtypes)
+{
+    aq_setup();
+    moefuse_tensor t;
+    moefuse_dtype bad_x[] = {MOEFUSE_I32, MOEFUSE_F8_E4M3, MOEFUSE_I8, MOEFUSE_U8};
+    for (int i = 0; i < 4; i++) {
+        t = X->t; t.dtype = bad_x[i];
+        EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_DTYPE, "act_quant", "x", "x dtype");
+    }
+    moefuse_dtype bad_q[] = {MOEFUSE_F16, MOEFUSE_U8, MOEFUSE_F32};
+    for (int i = 0; i < 3; i++) {
+        t = Q->t; t.dtype = bad_q[i];
+        if (bad_q[i] == MOEFUSE_F32) t.shape[1] = 32; /* stays inside the buffer */
+        EXPECT(aq(T(X), T(RS), &t, T(SC), NULL), MOEFUSE_ERR_DTYPE, "act_quant", "q", "q dtype");
+    }
+    t = SC->t; t.dtype = MOEFUSE_F16;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_DTYPE, "act_quant", "scales", "scales f16");
+    t = SC->t; t.dtype = MOEFUSE_U8;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_DTYPE, "act_quant", "scales", "scales u8 without ue8m0");
+    t = SC->t; t.dtype = MOEFUSE_I32;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_DTYPE, "act_quant", "scales", "scales i32 row-major");
+    moefuse_act_quant_options o = {0};
+    o.quant.scale_layout = MOEFUSE_SCALE_PACKED_UE8M0;
+    tbuf *pk = tb_new2("packed", MOEFUSE_F32, 1, 4, 0, 0); /* right shape, wrong dtype */
+    EXPECT(aq(T(X), T(RS), T(Q), T(pk), &o), MOEFUSE_ERR_DTYPE, "act_quant", "scales", "packed scales f32");
+    t = RS->t; t.dtype = MOEFUSE_BF16;
+    EXPECT(aq(T(X), &t, T(Q), T(SC), NULL), MOEFUSE_ERR_DTYPE, "act_quant", "row_scale", "row_scale bf16");
+}
+END_TEST
+
+START_TEST(t_act_quant_strides_align)
+{
+    aq_setup();
+    moefuse_tensor t;
+    t = X->t; t.stride[1] = 2; t.shape[1] = 128;
+    moefuse_tensor q64 = Q->t; q64.shape[1] = 64;
+    EXPECT(aq(&t, T(RS), &q64, T(SC), NULL), MOEFUSE_ERR_STRIDE, "act_quant", "x", "x inner stride 2");
+    t = X->t; t.stride[0] = 100;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_STRIDE, "act_quant", "x", "x rows overlap");
+    t = X->t; t.stride[0] = -256;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_STRIDE, "act_quant", "x", "x negative stride");
+    t = Q->t; t.stride[0] = 64;
+    EXPECT(aq(T(X), T(RS), &t, T(SC), NULL), MOEFUSE_ERR_STRIDE, "act_quant", "q", "q rows overlap");
+    t = X->t; t.offset += 2;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_ALIGNMENT, "act_quant", "x", "x misaligned");
+    t = SC->t; t.offset -= 1;
+    EXPECT(aq(T(X), T(RS), T(Q), &t, NULL), MOEFUSE_ERR_ALIGNMENT, "act_quant", "scales", "scales misaligned");
+    t = RS->t; t.offset += 3;
+    EXPECT(aq(T(X), &t, T(Q), T(SC), NULL), MOEFUSE_ERR_ALIGNMENT, "act_quant", "row_scale", "row_scale misaligned");
+    t = X->t; t.offset = -4;
+    EXPECT(aq(&t, T(RS), T(Q), T(SC), NULL), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant", "x", "x negative offset");
+}
+END_TEST
+
+START_TEST(t_act_quant_options)
+{
+    aq_setup();
+    struct { const char *arg; int field; double v; } cases[] = {
+        {"activation", 0, 3}, {"activation", 0, -1}, {"order", 1, 2}, {"intermediate", 2, 2},
+        {"scale_layout", 3, 3}, {"group_size", 4, 48}, {"group_size", 4, -128}, {"group_size", 4, 256},
+        {"limit", 5, -1}, {"limit", 5, NAN}, {"eps", 6, -1}, {"eps", 6, INFINITY}, {"eps", 6, NAN},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        moefuse_act_quant_options o = {0};
+        switch (cases[i].field) {
+        case 0: o.act.activation = (moefuse_activation)(int)cases[i].v; break;
+        case 1: o.act.order = (moefuse_gate_order)(int)cases[i].v; break;
+        case 2: o.act.intermediate = (moefuse_rounding)(int)cases[i].v; break;
+        case 3: o.quant.scale_layout = (moefuse_scale_layout)(int)cases[i].v; break;
+        case 4: o.quant.group_size = (int64_t)cases[i].v; break;
+        case 5: o.act.limit = (float)cases[i].v; break;
+        case 6: o.quant.eps = (float)cases[i].v; break;
+        }
+        EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant", cases[i].arg,
+               h_fmt("option %s = %g", cases[i].arg, cases[i].v));
+    }
+    /* ue8m0 / packed with int8 output */
+    tbuf *qi = tb_new2("q_i8", MOEFUSE_I8, 4, 128, 0, 0);
+    tbuf *su = tb_new2("scales_u8", MOEFUSE_U8, 4, 1, 0, 0);
+    moefuse_act_quant_options o = {0};
+    o.quant.ue8m0 = 1;
+    EXPECT(aq(T(X), T(RS), T(qi), T(su), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant", NULL, "ue8m0 with int8");
+    o.quant.ue8m0 = 0;
+    o.quant.scale_layout = MOEFUSE_SCALE_PACKED_UE8M0;
+    tbuf *pk = tb_new2("packed", MOEFUSE_I32, 1, 4, 0, 0);
+    EXPECT(aq(T(X), T(RS), T(qi), T(pk), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant", NULL, "packed with int8");
+}
+END_TEST
+
+/* ------------------------------------------------------------ masked */
+START_TEST(t_masked)
+{
+    const int64_t E = 3, Tm = 5, H = 64;
+    tbuf *x = tb_new3("x", MOEFUSE_BF16, E, Tm, 2 * H, 0, 1);
+    tb_fill_unif(x, -1, 1);
+    tb_upload(x);
+    tbuf *cn = tb_new1("counts", MOEFUSE_I32, E, 1);
+    tb_upload(cn);
+    tbuf *rs = tb_new2("row_scale", MOEFUSE_F32, E, Tm, 0, 1);
+    tb_upload(rs);
+    tbuf *es = tb_new1("expert_scale", MOEFUSE_F32, E, 1);
+    tb_upload(es);
+    tbuf *q = tb_new3("q", MOEFUSE_F8_E4M3, E, Tm, H, 0, 0);
+    tbuf *sc = tb_new3("scales", MOEFUSE_F32, E, Tm, 1, 0, 0);
+    moefuse_act_quant_options o = {0};
+    o.quant.group_size = 64;
+    o.zero_tail = 1;
+    const char *op = "act_quant_masked";
+#define MQ(X_, C_, R_, S_, Q_, SC_) moefuse_act_quant_masked(g_ctx, X_, C_, R_, S_, Q_, SC_, &o)
+    HCHECK(CALL(MQ(T(x), T(cn), T(rs), T(es), T(q), T(sc))) == MOEFUSE_OK, "masked valid call: %s", moefuse_last_error(g_ctx));
+    /* the valid call wrote (zeros); re-poison and re-upload as baseline */
+    tb_free_all();
+    x = tb_new3("x", MOEFUSE_BF16, E, Tm, 2 * H, 0, 1);
+    cn = tb_new1("counts", MOEFUSE_I32, E, 1);
+    rs = tb_new2("row_scale", MOEFUSE_F32, E, Tm, 0, 1);
+    es = tb_new1("expert_scale", MOEFUSE_F32, E, 1);
+    q = tb_new3("q", MOEFUSE_F8_E4M3, E, Tm, H, 0, 0);
+    sc = tb_new3("scales", MOEFUSE_F32, E, Tm, 1, 0, 0);
+    EXPECT_CTX(moefuse_act_quant_masked(NULL, T(x), T(cn), T(rs), T(es), T(q), T(sc), &o), MOEFUSE_ERR_NULL_POINTER, op, NULL, "ctx NULL", NULL);
+    EXPECT(MQ(T(x), NULL, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_NULL_POINTER, op, "counts", "counts NULL");
+    moefuse_tensor t = cn->t;
+    t.data = NULL;
+    EXPECT(MQ(T(x), &t, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_NULL_POINTER, op, "counts", "counts data NULL");
+    t = cn->t; t.dtype = MOEFUSE_F32;
+    EXPECT(MQ(T(x), &t, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_DTYPE, op, "counts", "counts f32");
+    t = cn->t; t.shape[0] = 2;
+    EXPECT(MQ(T(x), &t, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "counts", "counts length");
+    t = es->t; t.dtype = MOEFUSE_F16;
+    EXPECT(MQ(T(x), T(cn), T(rs), &t, T(q), T(sc)), MOEFUSE_ERR_DTYPE, op, "expert_scale", "expert_scale f16");
+    t = es->t; t.shape[0] = 2;
+    EXPECT(MQ(T(x), T(cn), T(rs), &t, T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "expert_scale", "expert_scale length");
+    t = rs->t; t.shape[1] = 4;
+    EXPECT(MQ(T(x), T(cn), &t, T(es), T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "row_scale", "row_scale shape");
+    t = rs->t; t.dtype = MOEFUSE_BF16;
+    EXPECT(MQ(T(x), T(cn), &t, T(es), T(q), T(sc)), MOEFUSE_ERR_DTYPE, op, "row_scale", "row_scale bf16");
+    t = x->t; t.rank = 2; t.shape[0] = E * Tm; t.shape[1] = 2 * H; t.stride[0] = 2 * H; t.stride[1] = 1;
+    EXPECT(MQ(&t, T(cn), T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "x", "x rank 2");
+    t = q->t; t.shape[0] = 2;
+    EXPECT(MQ(T(x), T(cn), T(rs), T(es), &t, T(sc)), MOEFUSE_ERR_SHAPE, op, "q", "q experts");
+    t = sc->t; t.shape[1] = 4;
+    EXPECT(MQ(T(x), T(cn), T(rs), T(es), T(q), &t), MOEFUSE_ERR_SHAPE, op, "scales", "scales shape");
+    t = x->t; t.stride[0] = 2 * H; /* experts overlap */
+    EXPECT(MQ(&t, T(cn), T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_STRIDE, op, "x", "x experts overlap");
+    t = cn->t; t.offset += 2;
+    EXPECT(MQ(T(x), &t, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_ALIGNMENT, op, "counts", "counts misaligned");
+    t = x->t; t.shape[2] = 127;
+    EXPECT(MQ(&t, T(cn), T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "x", "x width odd");
+    t = q->t; t.shape[1] = 4;
+    EXPECT(MQ(T(x), T(cn), T(rs), T(es), &t, T(sc)), MOEFUSE_ERR_SHAPE, op, "q", "q Tmax mismatch");
+    t = cn->t; t.rank = 2; t.shape[1] = 1; t.stride[1] = 1; t.stride[0] = 1;
+    EXPECT(MQ(T(x), &t, T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_SHAPE, op, "counts", "counts rank 2");
+    moefuse_act_quant_options o2 = o;
+    o.quant.group_size = 96;
+    EXPECT(MQ(T(x), T(cn), T(rs), T(es), T(q), T(sc)), MOEFUSE_ERR_INVALID_ARGUMENT, op, "group_size", "group_size 96");
+    o = o2;
+#undef MQ
+}
+END_TEST
+
+/* ------------------------------------------------------------ act_mul, quant, dequant */
+START_TEST(t_act_mul_quant)
+{
+    tbuf *x = tb_new2("x", MOEFUSE_F16, 3, 64, 0, 1);
+    tb_upload(x);
+    tbuf *out = tb_new2("out", MOEFUSE_F16, 3, 32, 0, 0);
+    moefuse_tensor t;
+    EXPECT_CTX(moefuse_act_mul(NULL, T(x), NULL, T(out), NULL), MOEFUSE_ERR_NULL_POINTER, "act_mul", NULL, "ctx NULL", NULL);
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, NULL, NULL), MOEFUSE_ERR_NULL_POINTER, "act_mul", "out", "out NULL");
+    t = out->t; t.dtype = MOEFUSE_BF16;
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, &t, NULL), MOEFUSE_ERR_DTYPE, "act_mul", "out", "out dtype != x");
+    t = out->t; t.shape[1] = 31;
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, &t, NULL), MOEFUSE_ERR_SHAPE, "act_mul", "out", "out width");
+    t = x->t; t.shape[1] = 63;
+    EXPECT(moefuse_act_mul(g_ctx, &t, NULL, T(out), NULL), MOEFUSE_ERR_SHAPE, "act_mul", "x", "x odd width");
+    moefuse_act_options ao = {0};
+    ao.limit = -2;
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "limit", "limit < 0");
+    ao.limit = 0;
+    ao.activation = MOEFUSE_ACT_COUNT_;
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "activation", "activation");
+
+    tbuf *rs16 = tb_new1("row_scale_f16", MOEFUSE_F16, 3, 1);
+    tb_upload(rs16);
+    EXPECT(moefuse_act_mul(g_ctx, T(x), T(rs16), T(out), NULL), MOEFUSE_ERR_DTYPE, "act_mul", "row_scale", "row_scale f16");
+
+    /* quant: x [3, 64] f16 */
+    tbuf *q = tb_new2("q", MOEFUSE_I8, 3, 64, 0, 0);
+    tbuf *sc = tb_new2("scales", MOEFUSE_F32, 3, 2, 0, 0);
+    moefuse_quant_options qo = {0};
+    qo.group_size = 32;
+    EXPECT_CTX(moefuse_quant(NULL, T(x), T(q), T(sc), &qo), MOEFUSE_ERR_NULL_POINTER, "quant", NULL, "ctx NULL", NULL);
+    EXPECT(moefuse_quant(g_ctx, T(x), T(q), T(sc), NULL), MOEFUSE_ERR_SHAPE, "quant", NULL, "H=64 % default 128");
+    t = q->t; t.dtype = MOEFUSE_I32; t.shape[1] = 16;
+    EXPECT(moefuse_quant(g_ctx, T(x), &t, T(sc), &qo), MOEFUSE_ERR_DTYPE, "quant", "q", "q i32");
+    t = x->t; t.shape[1] = 0;
+    moefuse_tensor q0 = q->t; q0.shape[1] = 0;
+    EXPECT(moefuse_quant(g_ctx, &t, &q0, T(sc), &qo), MOEFUSE_ERR_SHAPE, "quant", NULL, "H = 0");
+    qo.ue8m0 = 1;
+    EXPECT(moefuse_quant(g_ctx, T(x), T(q), T(sc), &qo), MOEFUSE_ERR_INVALID_ARGUMENT, "quant", NULL, "ue8m0 int8");
+    qo.ue8m0 = 0;
+    qo.eps = -1e-3f;
+    EXPECT(moefuse_quant(g_ctx, T(x), T(q), T(sc), &qo), MOEFUSE_ERR_INVALID_ARGUMENT, "quant", "eps", "eps < 0");
+    qo.eps = 0;
+    tbuf *su = tb_new2("scales_u8", MOEFUSE_U8, 3, 2, 0, 0);
+    tbuf *q8 = tb_new2("q_f8", MOEFUSE_F8_E4M3, 3, 64, 0, 0);
+    EXPECT(moefuse_quant(g_ctx, T(x), T(q8), T(su), &qo), MOEFUSE_ERR_DTYPE, "quant", "scales", "u8 scales without ue8m0");
+    qo.scale_layout = MOEFUSE_SCALE_PACKED_UE8M0 + 1;
+    EXPECT(moefuse_quant(g_ctx, T(x), T(q8), T(sc), &qo), MOEFUSE_ERR_INVALID_ARGUMENT, "quant", "scale_layout", "scale_layout 3");
+    qo.scale_layout = 0;
+
+    /* dequant */
+    tbuf *dq = tb_new2("dq", MOEFUSE_F32, 3, 64, 0, 0);
+    t = dq->t; t.dtype = MOEFUSE_I8;
+    EXPECT(moefuse_dequant(g_ctx, T(q), T(sc), &t, &qo), MOEFUSE_ERR_DTYPE, "dequant", "out", "dequant out i8");
+    t = dq->t; t.shape[0] = 2;
+    EXPECT(moefuse_dequant(g_ctx, T(q), T(sc), &t, &qo), MOEFUSE_ERR_SHAPE, "dequant", "out", "dequant out rows");
+    EXPECT(moefuse_dequant(g_ctx, T(q), NULL, T(dq), &qo), MOEFUSE_ERR_NULL_POINTER, "dequant", "scales", "scales NULL");
+    t = q->t; t.dtype = MOEFUSE_U8;
+    EXPECT(moefuse_dequant(g_ctx, &t, T(sc), T(dq), &qo), MOEFUSE_ERR_DTYPE, "dequant", "q", "dequant q u8");
+}
+END_TEST
+
+/* ------------------------------------------------------------ MoE */
+static tbuf *MX, *MW1, *MW2, *MB1, *MB2, *MIDS, *MWT, *MMAP, *MH, *MOUT;
+static moefuse_routing MR;
+static void moe_setup(void)
+{
+    const int64_t M = 3, K = 16, I = 8, E = 2, k = 2;
+    MX = tb_new2("x", MOEFUSE_F32, M, K, 0, 1);
+    MW1 = tb_new3("w1", MOEFUSE_F32, E, 2 * I, K, 0, 1);
+    MW2 = tb_new3("w2", MOEFUSE_F32, E, K, I, 0, 1);
+    MB1 = tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1);
+    MB2 = tb_new2("b2", MOEFUSE_F32, E, K, 0, 1);
+    MIDS = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
+    MWT = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+    MMAP = tb_new1("expert_map", MOEFUSE_I32, 4, 1);
+    for (int64_t i = 0; i < M * k; i++) tb_set(MIDS, i / k, i % k, 0, (double)(i % 2));
+    for (int64_t i = 0; i < 4; i++) tb_set(MMAP, i, 0, 0, (double)(i % 2));
+    tb_fill_unif(MX, -1, 1);
+    tb_fill_unif(MW1, -1, 1);
+    tb_fill_unif(MW2, -1, 1);
+    tb_fill_unif(MWT, 0, 1);
+    tb_upload(MX); tb_upload(MW1); tb_upload(MW2); tb_upload(MIDS); tb_upload(MMAP); tb_upload(MWT);
+    MH = tb_new3("h", MOEFUSE_F32, M, k, I, 0, 0);
+    MOUT = tb_new2("out", MOEFUSE_F32, M, K, 0, 0);
+    memset(&MR, 0, sizeof MR);
+    MR.topk_ids = MIDS->t;
+    MR.topk_weights = MWT->t;
+    MR.expert_map = MMAP->t;
+}
+
+START_TEST(t_moe_gate)
+{
+    moe_setup();
+    const char *op = "moe_gate";
+    EXPECT_CTX(moefuse_moe_gate(NULL, T(MX), T(MW1), T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_NULL_POINTER, op, NULL, "ctx NULL", NULL);
+#define G(x_, w_, b_, r_, h_, o_) moefuse_moe_gate(g_ctx, x_, w_, b_, r_, h_, o_)
+    EXPECT(G(T(MX), T(MW1), T(MB1), NULL, T(MH), NULL), MOEFUSE_ERR_NULL_POINTER, op, NULL, "routing NULL");
+    moefuse_routing r = MR;
+    r.topk_ids.data = NULL;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_NULL_POINTER, op, "topk_ids", "topk_ids data NULL");
+    EXPECT(G(T(MX), NULL, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_NULL_POINTER, op, "w1", "w1 NULL");
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, NULL, NULL), MOEFUSE_ERR_NULL_POINTER, op, "h", "h NULL");
+    moefuse_tensor t;
+    t = MW1->t; t.dtype = MOEFUSE_BF16;
+    EXPECT(G(T(MX), &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_DTYPE, op, "w1", "w1 dtype != x");
+    t = MX->t; t.dtype = MOEFUSE_I32;
+    EXPECT(G(&t, T(MW1), T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_DTYPE, op, "x", "x i32");
+    t = MW1->t; t.dtype = MOEFUSE_F8_E4M3;
+    EXPECT(G(T(MX), &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_UNSUPPORTED, op, NULL, "f8 weights");
+    t = MB1->t; t.dtype = MOEFUSE_I8;
+    EXPECT(G(T(MX), T(MW1), &t, &MR, T(MH), NULL), MOEFUSE_ERR_DTYPE, op, "b1", "b1 i8");
+    t = MH->t; t.dtype = MOEFUSE_I32;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, &t, NULL), MOEFUSE_ERR_DTYPE, op, "h", "h i32");
+    r = MR; r.topk_ids.dtype = MOEFUSE_F32;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_DTYPE, op, "topk_ids", "topk_ids f32");
+    r = MR; r.expert_map.dtype = MOEFUSE_F32;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_DTYPE, op, "expert_map", "expert_map f32");
+    r = MR; r.topk_ids.shape[0] = 2;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "topk_ids", "topk_ids rows");
+    t = MW1->t; t.shape[2] = 15;
+    EXPECT(G(T(MX), &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "w1", "w1 K mismatch");
+    t = MW1->t; t.shape[1] = 15;
+    EXPECT(G(T(MX), &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "w1", "w1 2I odd");
+    t = MH->t; t.shape[2] = 7;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, &t, NULL), MOEFUSE_ERR_SHAPE, op, "h", "h I mismatch");
+    t = MB1->t; t.shape[1] = 15;
+    EXPECT(G(T(MX), T(MW1), &t, &MR, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "b1", "b1 shape");
+    t = MW1->t; t.shape[0] = 0;
+    moefuse_tensor b0 = MB1->t; b0.shape[0] = 0;
+    EXPECT(G(T(MX), &t, &b0, &MR, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, NULL, "E = 0");
+    t = MW1->t; t.shape[2] = 0;
+    moefuse_tensor x0 = MX->t; x0.shape[1] = 0;
+    EXPECT(G(&x0, &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, NULL, "K = 0");
+    t = MW1->t; t.shape[1] = 0;
+    moefuse_tensor h0 = MH->t; h0.shape[2] = 0;
+    EXPECT(G(T(MX), &t, NULL, &MR, &h0, NULL), MOEFUSE_ERR_SHAPE, op, NULL, "I = 0");
+    r = MR; r.topk_ids.rank = 1; r.topk_ids.shape[0] = 6; r.topk_ids.stride[0] = 1;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "topk_ids", "topk_ids rank 1");
+    r = MR; r.expert_map.rank = 2; r.expert_map.shape[0] = 2; r.expert_map.shape[1] = 2; r.expert_map.stride[0] = 2; r.expert_map.stride[1] = 1;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_SHAPE, op, "expert_map", "expert_map rank 2");
+    t = MH->t; t.shape[1] = 1;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, &t, NULL), MOEFUSE_ERR_SHAPE, op, "h", "h k mismatch");
+    t = MW1->t; t.stride[1] = 8;
+    EXPECT(G(T(MX), &t, T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_STRIDE, op, "w1", "w1 rows overlap");
+    t = MX->t; t.offset += 1;
+    EXPECT(G(&t, T(MW1), T(MB1), &MR, T(MH), NULL), MOEFUSE_ERR_ALIGNMENT, op, "x", "x misaligned");
+    r = MR; r.topk_ids.offset = -8;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &r, T(MH), NULL), MOEFUSE_ERR_INVALID_ARGUMENT, op, "topk_ids", "ids negative offset");
+    moefuse_moe_options mo = {0};
+    mo.activation = (moefuse_activation)7;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "activation", "activation 7");
+    mo.activation = 0;
+    mo.limit = NAN;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "limit", "limit NaN");
+    mo.limit = 0;
+    mo.order = (moefuse_gate_order)2;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "order", "order 2");
+#undef G
+}
+END_TEST
+
+START_TEST(t_moe_final_forward)
+{
+    moe_setup();
+    const char *op = "moe_final";
+    tbuf *hin = tb_new3("h_in", MOEFUSE_F32, 3, 2, 8, 0, 1);
+    tb_upload(hin);
+    EXPECT_CTX(moefuse_moe_final(NULL, T(hin), T(MW2), T(MB2), &MR, T(MOUT), NULL), MOEFUSE_ERR_NULL_POINTER, op, NULL, "ctx NULL", NULL);
+#define F(h_, w_, b_, r_, o_) moefuse_moe_final(g_ctx, h_, w_, b_, r_, o_, NULL)
+    EXPECT(F(T(hin), T(MW2), T(MB2), NULL, T(MOUT)), MOEFUSE_ERR_NULL_POINTER, op, NULL, "routing NULL");
+    moefuse_routing r = MR;
+    r.topk_weights.data = NULL;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &r, T(MOUT)), MOEFUSE_ERR_NULL_POINTER, op, "topk_weights", "weights data NULL");
+    moefuse_tensor t;
+    t = MW2->t; t.dtype = MOEFUSE_F16;
+    EXPECT(F(T(hin), &t, T(MB2), &MR, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "w2", "w2 dtype != h");
+    r = MR; r.topk_weights.dtype = MOEFUSE_BF16;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &r, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "topk_weights", "weights bf16");
+    t = MOUT->t; t.dtype = MOEFUSE_I32;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &MR, &t), MOEFUSE_ERR_DTYPE, op, "out", "out i32");
+    t = MB2->t; t.dtype = MOEFUSE_I32;
+    EXPECT(F(T(hin), T(MW2), &t, &MR, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "b2", "b2 i32");
+    r = MR; r.topk_weights.shape[1] = 1;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &r, T(MOUT)), MOEFUSE_ERR_SHAPE, op, "topk_weights", "weights shape");
+    t = MOUT->t; t.shape[1] = 15;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &MR, &t), MOEFUSE_ERR_SHAPE, op, "out", "out K mismatch");
+    t = MW2->t; t.shape[2] = 7;
+    EXPECT(F(T(hin), &t, T(MB2), &MR, T(MOUT)), MOEFUSE_ERR_SHAPE, op, "w2", "w2 I mismatch");
+    t = MB2->t; t.shape[1] = 15;
+    EXPECT(F(T(hin), T(MW2), &t, &MR, T(MOUT)), MOEFUSE_ERR_SHAPE, op, "b2", "b2 shape");
+    tbuf *y = tb_new3("y", MOEFUSE_F32, 3, 2, 16, 0, 0);
+    t = y->t; t.shape[1] = 1;
+    EXPECT(F(T(hin), T(MW2), T(MB2), &MR, &t), MOEFUSE_ERR_SHAPE, op, "out", "unreduced out k mismatch");
+    t = hin->t; t.dtype = MOEFUSE_I8;
+    moefuse_tensor w8 = MW2->t; w8.dtype = MOEFUSE_I8;
+    EXPECT(F(&t, &w8, T(MB2), &MR, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "h", "h i8");
+    t = MW2->t; t.dtype = MOEFUSE_F8_E4M3;
+    EXPECT(F(T(hin), &t, T(MB2), &MR, T(MOUT)), MOEFUSE_ERR_UNSUPPORTED, op, NULL, "f8 weights");
+#undef F
+    op = "moe_forward";
+    EXPECT_CTX(moefuse_moe_forward(NULL, T(MX), T(MW1), T(MW2), T(MB1), T(MB2), &MR, T(MOUT), NULL), MOEFUSE_ERR_NULL_POINTER, op, NULL, "ctx NULL", NULL);
+#define W(x_, w1_, w2_, r_, o_) moefuse_moe_forward(g_ctx, x_, w1_, w2_, T(MB1), T(MB2), r_, o_, NULL)
+    EXPECT(W(T(MX), T(MW1), T(MW2), NULL, T(MOUT)), MOEFUSE_ERR_NULL_POINTER, op, NULL, "routing NULL");
+    t = MW2->t; t.dtype = MOEFUSE_BF16;
+    EXPECT(W(T(MX), T(MW1), &t, &MR, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "w2", "w2 dtype != x");
+    t = MW1->t; t.dtype = MOEFUSE_F16;
+    EXPECT(W(T(MX), &t, T(MW2), &MR, T(MOUT)), MOEFUSE_ERR_DTYPE, op, "w1", "w1 dtype != x");
+    t = MOUT->t; t.shape[0] = 2;
+    EXPECT(W(T(MX), T(MW1), T(MW2), &MR, &t), MOEFUSE_ERR_SHAPE, op, "out", "out rows");
+    t = MW2->t; t.shape[1] = 15;
+    EXPECT(W(T(MX), T(MW1), &t, &MR, T(MOUT)), MOEFUSE_ERR_SHAPE, op, "w2", "w2 K mismatch");
+    t = MOUT->t; t.stride[1] = 2; t.shape[1] = 8;
+    EXPECT(W(T(MX), T(MW1), T(MW2), &MR, &t), MOEFUSE_ERR_STRIDE, op, "out", "out inner stride");
+#undef W
+}
+END_TEST
+
+/* ------------------------------------------------------------ topk, context */
+START_TEST(t_topk)
+{
+    tbuf *lg = tb_new2("logits", MOEFUSE_F32, 4, 6, 0, 1);
+    tb_fill_unif(lg, -1, 1);
+    tb_upload(lg);
+    tbuf *ids = tb_new2("ids", MOEFUSE_I32, 4, 2, 0, 0);
+    tbuf *w = tb_new2("weights", MOEFUSE_F32, 4, 2, 0, 0);
+    const char *op = "topk_softmax";
+    EXPECT_CTX(moefuse_topk_softmax(NULL, T(lg), 0, T(ids), T(w)), MOEFUSE_ERR_NULL_POINTER, op, NULL, "ctx NULL", NULL);
+    EXPECT(moefuse_topk_softmax(g_ctx, NULL, 0, T(ids), T(w)), MOEFUSE_ERR_NULL_POINTER, op, "logits", "logits NULL");
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, T(ids), NULL), MOEFUSE_ERR_NULL_POINTER, op, "weights", "weights NULL");
+    moefuse_tensor a = ids->t, b = w->t;
+    a.shape[1] = 0; b.shape[1] = 0;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, &a, &b), MOEFUSE_ERR_SHAPE, op, NULL, "k = 0");
+    tbuf *ids7 = tb_new2("ids7", MOEFUSE_I32, 4, 7, 0, 0);
+    tbuf *w7 = tb_new2("w7", MOEFUSE_F32, 4, 7, 0, 0);
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, T(ids7), T(w7)), MOEFUSE_ERR_SHAPE, op, NULL, "k > E");
+    a = ids->t; a.dtype = MOEFUSE_F32;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, &a, T(w)), MOEFUSE_ERR_DTYPE, op, "ids", "ids f32");
+    b = w->t; b.dtype = MOEFUSE_BF16;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, T(ids), &b), MOEFUSE_ERR_DTYPE, op, "weights", "weights bf16");
+    a = lg->t; a.dtype = MOEFUSE_I32;
+    EXPECT(moefuse_topk_softmax(g_ctx, &a, 0, T(ids), T(w)), MOEFUSE_ERR_DTYPE, op, "logits", "logits i32");
+    a = ids->t; a.shape[0] = 3;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, &a, T(w)), MOEFUSE_ERR_SHAPE, op, "ids", "ids rows");
+    b = w->t; b.shape[1] = 1;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, T(ids), &b), MOEFUSE_ERR_SHAPE, op, "weights", "weights k");
+    a = lg->t; a.rank = 3; a.shape[2] = 1; a.stride[2] = 1;
+    EXPECT(moefuse_topk_softmax(g_ctx, &a, 0, T(ids), T(w)), MOEFUSE_ERR_SHAPE, op, "logits", "logits rank 3");
+    a = lg->t; a.stride[0] = 3;
+    EXPECT(moefuse_topk_softmax(g_ctx, &a, 0, T(ids), T(w)), MOEFUSE_ERR_STRIDE, op, "logits", "logits overlap");
+    a = w->t; a.offset += 1;
+    EXPECT(moefuse_topk_softmax(g_ctx, T(lg), 0, T(ids), &a), MOEFUSE_ERR_ALIGNMENT, op, "weights", "weights misaligned");
+}
+END_TEST
+
+START_TEST(t_context)
+{
+    moefuse_context *c = (moefuse_context *)0x1;
+    moefuse_status st = moefuse_context_create(&c, "tpu");
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == MOEFUSE_ERR_BACKEND_UNAVAILABLE, "context_create(tpu) returned %s", moefuse_status_name(st));
+    HCHECK(c == NULL, "context_create failure left *out non-NULL");
+    HCHECK(msg && strstr(msg, "tpu") && strstr(msg, "cpu"), "message \"%s\" should name tpu and list built backends",
+           msg ? msg : "(null)");
+    HCHECK(strstr(moefuse_built_backends(), "cpu") != NULL, "built backends \"%s\" lacks cpu", moefuse_built_backends());
+    st = moefuse_context_create(NULL, "cpu");
+    HCHECK(st == MOEFUSE_ERR_NULL_POINTER, "context_create(NULL out) returned %s", moefuse_status_name(st));
+    if (strcmp(moefuse_backend_name(g_ctx), "cpu") == 0) {
+        int dummy;
+        st = moefuse_set_stream(g_ctx, &dummy);
+        HCHECK(st == MOEFUSE_ERR_UNSUPPORTED, "set_stream(non-NULL) on cpu returned %s", moefuse_status_name(st));
+        HCHECK(moefuse_last_error(g_ctx)[0] != 0, "set_stream: empty message");
+        HCHECK(moefuse_set_stream(g_ctx, NULL) == MOEFUSE_OK, "set_stream(NULL) failed");
+    }
+    HCHECK(moefuse_synchronize(g_ctx) == MOEFUSE_OK, "synchronize failed");
+    HCHECK(strcmp(moefuse_status_name(MOEFUSE_ERR_SHAPE), "MOEFUSE_ERR_SHAPE") == 0, "status_name");
+    HCHECK(strcmp(moefuse_status_name((moefuse_status)999), "unknown status") == 0, "status_name out of range");
+    HCHECK(moefuse_dtype_size(MOEFUSE_BF16) == 2 && moefuse_dtype_size(MOEFUSE_U8) == 1, "dtype_size");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("api_errors");
+    TCase *tc = tcase_create("errors");
+    tcase_add_checked_fixture(tc, h_setup, h_teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, t_act_quant_pointers);
+    tcase_add_test(tc, t_act_quant_shapes);
+    tcase_add_test(tc, t_act_quant_dtypes);
+    tcase_add_test(tc, t_act_quant_strides_align);
+    tcase_add_test(tc, t_act_quant_options);
+    tcase_add_test(tc, t_masked);
+    tcase_add_test(tc, t_act_mul_quant);
+    tcase_add_test(tc, t_moe_gate);
+    tcase_add_test(tc, t_moe_final_forward);
+    tcase_add_test(tc, t_topk);
+    tcase_add_test(tc, t_context);
+    suite_add_tcase(s, tc);
+    return h_run(s);
+}

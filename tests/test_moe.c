@@ -1,0 +1,286 @@
+/* MoE gate / final / forward against the float64 oracle. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* relative-error bounds (see oracle.h) */
+static double bound(moefuse_dtype dt)
+{
+    return dt == MOEFUSE_F32 ? 1e-5 : dt == MOEFUSE_BF16 ? 8e-3 : 4e-3;
+}
+
+typedef struct {
+    moefuse_dtype xdt, hdt, odt;
+    int64_t M, K, I, E, k, Eg;
+    int use_map, bias, reduce, act, order;
+    float limit;
+    int invalid; /* inject -1 and >= Eg ids */
+} cfg;
+
+static double *get_all(tbuf *tb, int64_t n0, int64_t n1, int64_t n2)
+{
+    double *v = malloc(sizeof(double) * (size_t)(n0 * n1 * n2 + 1));
+    for (int64_t a = 0; a < n0; a++)
+        for (int64_t b = 0; b < n1; b++)
+            for (int64_t c = 0; c < n2; c++) v[(a * n1 + b) * n2 + c] = tb_get(tb, a, b, c);
+    return v;
+}
+
+/* extra_dt: a dtype an intermediate was rounded to (moe_forward's h), or -1 */
+static void cmp_norm2(const char *what, const cfg *c, tbuf *out, const double *ref, int64_t n0, int64_t n1,
+                      int64_t n2, const int64_t *valid, int rows_are_slots, int extra_dt)
+{
+    double bnd = bound(out->t.dtype);
+    if (extra_dt >= 0 && bound((moefuse_dtype)extra_dt) > bnd) bnd = bound((moefuse_dtype)extra_dt);
+    double num = 0, den = 0;
+    for (int64_t a = 0; a < n0; a++)
+        for (int64_t b = 0; b < n1; b++)
+            for (int64_t d = 0; d < n2; d++) {
+                double got = tb_get(out, a, b, d), r = ref[(a * n1 + b) * n2 + d];
+                HCHECK(isfinite(got), "%s: non-finite output at [%lld,%lld,%lld]", what, (long long)a, (long long)b, (long long)d);
+                if (rows_are_slots && valid[a * n1 + b] < 0)
+                    HCHECK(got == 0.0, "%s: invalid slot (m=%lld, j=%lld) row not zero: %g", what, (long long)a, (long long)b, got);
+                num += (got - r) * (got - r);
+                den += r * r;
+            }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    HCHECK(rel <= bnd, "%s [M=%lld K=%lld I=%lld E=%lld k=%lld xdt=%d map=%d bias=%d act=%d ord=%d lim=%g]: rel err %.3g > %.3g",
+           what, (long long)c->M, (long long)c->K, (long long)c->I, (long long)c->E, (long long)c->k, c->xdt,
+           c->use_map, c->bias, c->act, c->order, c->limit, rel, bnd);
+}
+static void cmp_norm(const char *what, const cfg *c, tbuf *out, const double *ref, int64_t n0, int64_t n1,
+                     int64_t n2, const int64_t *valid, int rows_are_slots)
+{
+    cmp_norm2(what, c, out, ref, n0, n1, n2, valid, rows_are_slots, -1);
+}
+
+static void run(cfg c)
+{
+    int64_t M = c.M, K = c.K, I = c.I, E = c.E, k = c.k, Eg = c.use_map ? c.Eg : E;
+    double sx = 1.0, sw = 1.0 / sqrt((double)K), sw2 = 1.0 / sqrt((double)I);
+    tbuf *x = tb_new2("x", c.xdt, M, K, 3, 1);
+    tb_fill_unif(x, -sx, sx);
+    tb_upload(x);
+    tbuf *w1 = tb_new3("w1", c.xdt, E, 2 * I, K, 1, 1);
+    tb_fill_unif(w1, -2 * sw, 2 * sw);
+    tb_upload(w1);
+    tbuf *w2 = tb_new3("w2", c.hdt, E, K, I, 0, 1);
+    tb_fill_unif(w2, -2 * sw2, 2 * sw2);
+    tb_upload(w2);
+    tbuf *b1 = NULL, *b2 = NULL;
+    if (c.bias) {
+        b1 = tb_new2("b1", c.xdt, E, 2 * I, 2, 1);
+        tb_fill_unif(b1, -0.5, 0.5);
+        tb_upload(b1);
+        b2 = tb_new2("b2", c.hdt, E, K, 0, 1);
+        tb_fill_unif(b2, -0.5, 0.5);
+        tb_upload(b2);
+    }
+    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 1, 1);
+    tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t id = h_randint(0, Eg - 1);
+            if (c.invalid) {
+                int r = (int)h_randint(0, 5);
+                if (r == 0) id = -1 - h_randint(0, 3);
+                else if (r == 1) id = Eg + h_randint(0, 3);
+            }
+            if (c.invalid && m == 0) id = (j & 1) ? -1 : Eg; /* a token with no valid slot */
+            tb_set(ids, m, j, 0, (double)id);
+            tb_set(wts, m, j, 0, h_unif(0.05, 1));
+        }
+    tb_upload(ids);
+    tb_upload(wts);
+    tbuf *map = NULL;
+    int32_t *mapv = NULL;
+    if (c.use_map) {
+        map = tb_new1("expert_map", MOEFUSE_I32, Eg, 1);
+        mapv = malloc(sizeof(int32_t) * (size_t)Eg);
+        for (int64_t g = 0; g < Eg; g++) {
+            mapv[g] = (g % 3 == 1) ? -1 : (int32_t)h_randint(0, E - 1);
+            if (g == Eg - 1 && Eg > 2) mapv[g] = (int32_t)E; /* outside [0, E): invalid */
+            tb_set(map, g, 0, 0, mapv[g]);
+        }
+        tb_upload(map);
+    }
+    moefuse_routing R;
+    memset(&R, 0, sizeof R);
+    R.topk_ids = ids->t;
+    R.topk_weights = wts->t;
+    if (map) R.expert_map = map->t;
+    moefuse_moe_options o = {c.act, c.order, c.limit};
+
+    /* oracle */
+    double *xd = get_all(x, M, K, 1), *w1d = get_all(w1, E, 2 * I, K), *w2d = get_all(w2, E, K, I);
+    double *b1d = b1 ? get_all(b1, E, 2 * I, 1) : NULL, *b2d = b2 ? get_all(b2, E, K, 1) : NULL;
+    int32_t *idv = malloc(sizeof(int32_t) * (size_t)(M * k + 1));
+    double *wd = get_all(wts, M, k, 1);
+    for (int64_t i = 0; i < M * k; i++) idv[i] = (int32_t)tb_get(ids, i / k, i % k, 0);
+    double *href = malloc(sizeof(double) * (size_t)(M * k * I + 1));
+    int64_t *valid = malloc(sizeof(int64_t) * (size_t)(M * k + 1));
+    or_act_opt ao = {c.act, c.order, c.limit, 0};
+    or_moe_gate(M, K, I, E, k, xd, w1d, b1d, idv, mapv, Eg, &ao, href, valid);
+
+    /* gate */
+    tbuf *h = tb_new3("h", c.hdt, M, k, I, 1, 0);
+    moefuse_status st = CALL(moefuse_moe_gate(g_ctx, T(x), T(w1), T(b1), &R, T(h), &o));
+    HCHECK(st == MOEFUSE_OK, "moe_gate: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    cmp_norm("moe_gate h", &c, h, href, M, k, I, valid, 1);
+
+    /* final from the library's h (isolates the final kernel's error) */
+    double *hd = get_all(h, M, k, I);
+    double *yref = malloc(sizeof(double) * (size_t)(M * k * K + 1)), *oref = malloc(sizeof(double) * (size_t)(M * K + 1));
+    or_moe_final(M, K, I, E, k, hd, w2d, b2d, valid, wd, yref, oref);
+    tbuf *out = c.reduce ? tb_new2("out", c.odt, M, K, 2, 0) : tb_new3("y", c.odt, M, k, K, 2, 0);
+    st = CALL(moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(out), &o));
+    HCHECK(st == MOEFUSE_OK, "moe_final: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    if (c.reduce) {
+        cmp_norm("moe_final out", &c, out, oref, M, K, 1, valid, 0);
+        for (int64_t m = 0; m < M; m++) {
+            int any = 0;
+            for (int64_t j = 0; j < k; j++) any |= valid[m * k + j] >= 0;
+            if (!any)
+                for (int64_t r = 0; r < K; r++)
+                    HCHECK(tb_get(out, m, r, 0) == 0.0, "moe_final: token %lld has no valid slot but out[%lld,%lld] = %g",
+                           (long long)m, (long long)m, (long long)r, tb_get(out, m, r, 0));
+        }
+    }
+    else cmp_norm("moe_final y", &c, out, yref, M, k, K, valid, 1);
+
+    /* forward == gate (h in x's dtype) then final, bitwise */
+    if (c.hdt == c.xdt && c.reduce) {
+        tbuf *fo = tb_new2("fwd_out", c.odt, M, K, 1, 0);
+        st = CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), T(b1), T(b2), &R, T(fo), &o));
+        HCHECK(st == MOEFUSE_OK, "moe_forward: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t r = 0; r < K; r++)
+                HCHECK(memcmp(tb_el(fo, m, r, 0), tb_el(out, m, r, 0), moefuse_dtype_size(c.odt)) == 0,
+                       "moe_forward out[%lld,%lld]=%a differs from gate+final %a", (long long)m, (long long)r,
+                       tb_get(fo, m, r, 0), tb_get(out, m, r, 0));
+        /* and against the oracle end to end */
+        double *fref = malloc(sizeof(double) * (size_t)(M * K + 1));
+        double *yy = malloc(sizeof(double) * (size_t)(M * k * K + 1));
+        or_moe_final(M, K, I, E, k, href, w2d, b2d, valid, wd, yy, fref);
+        cmp_norm2("moe_forward vs oracle", &c, fo, fref, M, K, 1, valid, 0, (int)c.xdt);
+        free(fref);
+        free(yy);
+    }
+    free(xd); free(w1d); free(w2d); free(b1d); free(b2d); free(idv); free(wd); free(href); free(valid);
+    free(hd); free(yref); free(oref); free(mapv);
+    tb_free_all();
+}
+
+static cfg base(moefuse_dtype dt)
+{
+    cfg c = {dt, dt, dt, 5, 37, 45, 4, 2, 6, 0, 0, 1, 0, 0, 0.0f, 0};
+    return c;
+}
+
+START_TEST(t_small_odd)
+{
+    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
+    for (int d = 0; d < 3; d++)
+        for (int v = 0; v < 4; v++) {
+            cfg c = base(dts[d]);
+            c.M = v == 0 ? 1 : 5;
+            c.bias = v & 1;
+            c.reduce = v != 3;
+            c.act = v % 3;
+            c.order = v >> 1;
+            run(c);
+        }
+}
+END_TEST
+
+START_TEST(t_invalid_slots_map)
+{
+    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
+    for (int d = 0; d < 3; d++)
+        for (int red = 0; red < 2; red++) {
+            cfg c = base(dts[d]);
+            c.M = 9;
+            c.k = 3;
+            c.invalid = 1;
+            c.use_map = 1;
+            c.Eg = 10;
+            c.reduce = red;
+            c.bias = 1;
+            run(c);
+            c.use_map = 0;
+            run(c);
+        }
+}
+END_TEST
+
+START_TEST(t_clamp_acts)
+{
+    for (int a = 0; a < 3; a++) {
+        cfg c = base(MOEFUSE_F32);
+        c.act = a;
+        c.limit = 0.3f;
+        c.bias = 1;
+        c.order = 1;
+        run(c);
+    }
+}
+END_TEST
+
+START_TEST(t_mixed_dtypes)
+{
+    /* h in f32 from bf16 x, output f32 / bf16 */
+    cfg c = base(MOEFUSE_BF16);
+    c.hdt = MOEFUSE_F32;
+    c.odt = MOEFUSE_F32;
+    c.bias = 1;
+    run(c);
+    c.hdt = MOEFUSE_F16;
+    c.odt = MOEFUSE_BF16;
+    c.reduce = 0;
+    run(c);
+    c = base(MOEFUSE_F32);
+    c.odt = MOEFUSE_BF16;
+    run(c);
+}
+END_TEST
+
+START_TEST(t_medium_random)
+{
+    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
+    for (int r = 0; r < 9; r++) {
+        cfg c = base(dts[r % 3]);
+        c.M = h_randint(1, 64);
+        c.E = h_randint(1, 8);
+        c.k = h_randint(1, c.E < 4 ? c.E : 4);
+        c.K = h_randint(1, 256);
+        c.I = h_randint(1, 256);
+        c.bias = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 2);
+        c.order = (int)h_randint(0, 1);
+        c.invalid = (int)h_randint(0, 1);
+        c.use_map = (int)h_randint(0, 1);
+        c.Eg = c.E + 3;
+        c.reduce = r % 4 != 1;
+        c.hdt = c.odt = c.xdt;
+        if (r >= 6) c.odt = dts[(r + 1) % 3];
+        run(c);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("moe");
+    TCase *tc = tcase_create("moe");
+    tcase_add_checked_fixture(tc, h_setup, h_teardown);
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, t_small_odd);
+    tcase_add_test(tc, t_invalid_slots_map);
+    tcase_add_test(tc, t_clamp_acts);
+    tcase_add_test(tc, t_mixed_dtypes);
+    tcase_add_test(tc, t_medium_random);
+    suite_add_tcase(s, tc);
+    return h_run(s);
+}
