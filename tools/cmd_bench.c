@@ -1,0 +1,691 @@
+/*
+ * `moefuse bench`: times one operation on the selected backend and sets the
+ * figure next to a ceiling measured in the same run, so that the ratio means
+ * something on any machine: copy bandwidth for the memory-bound ops, an
+ * OpenBLAS dense GEMM of the same FLOPs for the MoE GEMMs.
+ */
+#include "ceiling.h"
+#include "convert.h"
+#include "random.h"
+#include "shape.h"
+#include "timer.h"
+#include "tools.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_DIM ((int64_t)1 << 40)
+
+void help_bench(void)
+{
+    printf(
+        "usage: moefuse bench --op OP --shape SPEC [--backend NAME] [--dtype bf16|f16|f32]\n"
+        "                     [--iters N] [--warmup N]\n"
+        "\n"
+        "Times OP (median of N runs after the warm-up runs, each bracketed by\n"
+        "moefuse_synchronize) and prints the figure, a ceiling measured in the same run, and\n"
+        "the ratio of the two.\n"
+        "\n"
+        "OP and the keys of SPEC (comma-separated key=value):\n"
+        "  act_quant         T, H        [G=128, layout=row|col|packed, ue8m0=0|1, q=fp8|int8]\n"
+        "  act_mul           T, H\n"
+        "  quant, dequant    T, H        [G, layout, ue8m0, q as above]\n"
+        "  act_quant_masked  E, Tmax, H  [G, layout, ue8m0, q, fill=full|skew, tokens=N]\n"
+        "                    full: tokens (default E*Tmax) spread evenly over the experts;\n"
+        "                    skew: half the tokens (default E*Tmax/2) on expert 0, the rest spread\n"
+        "  topk_softmax      M, E, k\n"
+        "  moe_gate, moe_final, moe_forward   M, E, k, K, I\n"
+        "H is the output width: act_* read rows of 2H. Examples:\n"
+        "  moefuse bench --op act_quant --shape T=4096,H=7168,layout=col\n"
+        "  moefuse bench --op act_quant_masked --shape E=32,Tmax=256,H=2048,fill=skew,tokens=4096\n"
+        "  moefuse bench --op moe_forward --dtype f32 --shape M=32,E=8,k=2,K=4096,I=14336\n"
+        "\n"
+        "Figures: GB/s of bytes moved (each input byte read once, each output byte written\n"
+        "once; valid rows only for masked) against the copy bandwidth (bytes read + written\n"
+        "by a 1 GiB memcpy, best of 5); GFLOP/s for the MoE GEMMs (forward:\n"
+        "2*M*k*(2I*K + K*I)) against an OpenBLAS dense GEMM of the same FLOPs\n"
+        "([M*k, K] x [K, 3I] for forward), plus the bandwidth at which the routed experts'\n"
+        "weights were read.\n"
+        "\n"
+        "  --backend NAME  cpu, cuda, opencl or auto (default: MOEFUSE_BACKEND, else auto)\n"
+        "  --dtype D       input dtype: bf16 (default), f16, f32\n"
+        "  --iters N       timed runs (default 20; 5 for the MoE ops)\n"
+        "  --warmup N      untimed runs first (default 2; 1 for the MoE ops)\n");
+}
+
+typedef enum op_kind { KIND_ROWS, KIND_MASKED, KIND_TOPK, KIND_MOE } op_kind;
+
+typedef struct op_info {
+    const char *name;
+    op_kind kind;
+    const char *keys;
+} op_info;
+
+static const op_info ops[] = {
+    {"act_quant", KIND_ROWS, "T, H, G, layout, ue8m0, q"},
+    {"act_quant_masked", KIND_MASKED, "E, Tmax, H, G, layout, ue8m0, q, fill, tokens"},
+    {"act_mul", KIND_ROWS, "T, H"},
+    {"quant", KIND_ROWS, "T, H, G, layout, ue8m0, q"},
+    {"dequant", KIND_ROWS, "T, H, G, layout, ue8m0, q"},
+    {"topk_softmax", KIND_TOPK, "M, E, k"},
+    {"moe_gate", KIND_MOE, "M, E, k, K, I"},
+    {"moe_final", KIND_MOE, "M, E, k, K, I"},
+    {"moe_forward", KIND_MOE, "M, E, k, K, I"},
+};
+
+/* Everything one benchmark run needs: the context, its buffers and the call's operands. */
+typedef struct bench {
+    moefuse_context *ctx;
+    const op_info *op;
+    moefuse_dtype dtype;
+    /* row ops */
+    int64_t E, T, H, G, Gn, Ta;
+    moefuse_scale_layout layout;
+    int ue8m0, int8;
+    int64_t valid_rows;
+    /* moe / topk */
+    int64_t M, k, K, I;
+    double weight_bytes; /* MoE: bytes of the experts the routing touches */
+    /* buffers (backend memory) */
+    void *buf[16];
+    int nbuf;
+    moefuse_tensor x, q, scales, out, counts, w1, w2, h;
+    moefuse_routing route;
+    moefuse_act_quant_options aq;
+    moefuse_quant_options qo;
+    moefuse_act_options ao;
+    moefuse_moe_options mo;
+} bench;
+
+static int parse_dtype(const char *s, moefuse_dtype *dt)
+{
+    if (strcmp(s, "bf16") == 0)
+        *dt = MOEFUSE_BF16;
+    else if (strcmp(s, "f16") == 0)
+        *dt = MOEFUSE_F16;
+    else if (strcmp(s, "f32") == 0)
+        *dt = MOEFUSE_F32;
+    else {
+        fprintf(stderr, "moefuse bench: --dtype must be bf16, f16 or f32, not '%s'\n", s);
+        return -1;
+    }
+    return 0;
+}
+
+/* A new buffer of the context, remembered for release. */
+static void *bench_alloc(bench *b, size_t bytes)
+{
+    void *p = NULL;
+    moefuse_status st = moefuse_buffer_alloc(b->ctx, bytes ? bytes : 1, &p);
+    if (st != MOEFUSE_OK) {
+        report_failure(b->ctx, "buffer_alloc", st);
+        return NULL;
+    }
+    b->buf[b->nbuf++] = p;
+    return p;
+}
+
+/* A backend buffer of n floats of dtype dt, uniform in [-scale, scale), written in chunks. */
+static void *bench_random(bench *b, moefuse_dtype dt, int64_t n, float scale, uint64_t seed)
+{
+    const size_t es = moefuse_dtype_size(dt);
+    void *dev = bench_alloc(b, (size_t)n * es);
+    if (!dev)
+        return NULL;
+    const int64_t chunk = (int64_t)1 << 22;
+    void *host = malloc((size_t)(n < chunk ? n : chunk) * es);
+    if (!host) {
+        fprintf(stderr, "moefuse bench: out of host memory\n");
+        return NULL;
+    }
+    rng r = rng_seed(seed);
+    for (int64_t at = 0; at < n; at += chunk) {
+        const int64_t len = n - at < chunk ? n - at : chunk;
+        for (int64_t i = 0; i < len; i++)
+            store_float(host, dt, i, scale * rng_uniform(&r));
+        moefuse_status st =
+            moefuse_buffer_write(b->ctx, dev, (size_t)at * es, host, (size_t)len * es);
+        if (st != MOEFUSE_OK) {
+            free(host);
+            report_failure(b->ctx, "buffer_write", st);
+            return NULL;
+        }
+    }
+    free(host);
+    return dev;
+}
+
+static void *bench_upload(bench *b, const void *src, size_t bytes)
+{
+    void *dev = bench_alloc(b, bytes);
+    if (!dev)
+        return NULL;
+    moefuse_status st = moefuse_buffer_write(b->ctx, dev, 0, src, bytes);
+    if (st != MOEFUSE_OK) {
+        report_failure(b->ctx, "buffer_write", st);
+        return NULL;
+    }
+    return dev;
+}
+
+/* Quantization keys shared by the row ops: G, layout, ue8m0, q. */
+static int parse_quant_keys(bench *b, shape_spec *s)
+{
+    const char *name = b->op->name;
+    if (shape_int(s, name, "G", 128, MAX_DIM, &b->G) != 0)
+        return -1;
+    if (b->H % b->G != 0) {
+        fprintf(stderr, "moefuse bench: G=%lld does not divide H=%lld\n", (long long)b->G,
+                (long long)b->H);
+        return -1;
+    }
+    const char *lay = shape_get(s, "layout");
+    b->layout = MOEFUSE_SCALE_ROW_MAJOR;
+    if (lay && strcmp(lay, "col") == 0)
+        b->layout = MOEFUSE_SCALE_COLUMN_MAJOR;
+    else if (lay && strcmp(lay, "packed") == 0)
+        b->layout = MOEFUSE_SCALE_PACKED_UE8M0;
+    else if (lay && strcmp(lay, "row") != 0) {
+        fprintf(stderr, "moefuse bench: layout must be row, col or packed, not '%s'\n", lay);
+        return -1;
+    }
+    const char *u = shape_get(s, "ue8m0");
+    if (u && strcmp(u, "0") != 0 && strcmp(u, "1") != 0) {
+        fprintf(stderr, "moefuse bench: ue8m0 must be 0 or 1, not '%s'\n", u);
+        return -1;
+    }
+    b->ue8m0 = (u && strcmp(u, "1") == 0) || b->layout == MOEFUSE_SCALE_PACKED_UE8M0;
+    const char *q = shape_get(s, "q");
+    if (q && strcmp(q, "fp8") != 0 && strcmp(q, "int8") != 0) {
+        fprintf(stderr, "moefuse bench: q must be fp8 or int8, not '%s'\n", q);
+        return -1;
+    }
+    b->int8 = q && strcmp(q, "int8") == 0;
+    if (b->int8 && b->ue8m0) {
+        fprintf(stderr, "moefuse bench: ue8m0 scales (and layout=packed) need q=fp8\n");
+        return -1;
+    }
+    b->Gn = b->H / b->G;
+    b->Ta = (b->T + 3) / 4 * 4;
+    return 0;
+}
+
+/* Scales tensor for E experts (E = 0: the 2-D form) in b's layout; bytes in *bytes. */
+static moefuse_tensor scales_tensor(bench *b, int64_t E, void *data, size_t *bytes)
+{
+    int64_t shape[3];
+    moefuse_dtype dt = b->ue8m0 ? MOEFUSE_U8 : MOEFUSE_F32;
+    if (b->layout == MOEFUSE_SCALE_ROW_MAJOR) {
+        shape[1] = b->T;
+        shape[2] = b->Gn;
+    } else if (b->layout == MOEFUSE_SCALE_COLUMN_MAJOR) {
+        shape[1] = b->Gn;
+        shape[2] = b->Ta;
+    } else {
+        shape[1] = (b->Gn + 3) / 4;
+        shape[2] = b->Ta;
+        dt = MOEFUSE_I32;
+    }
+    shape[0] = E;
+    const int64_t n = (E ? E : 1) * shape[1] * shape[2];
+    *bytes = (size_t)n * moefuse_dtype_size(dt);
+    return E ? moefuse_tensor_dense(data, dt, 3, shape) : moefuse_tensor_dense(data, dt, 2, shape + 1);
+}
+
+/* Sets up operands; returns the bytes moved (memory-bound ops) or FLOPs (GEMMs) in *work. */
+static int bench_setup(bench *b, shape_spec *s, double *work)
+{
+    const char *name = b->op->name;
+    const size_t es = moefuse_dtype_size(b->dtype);
+    const int is_rows = b->op->kind == KIND_ROWS;
+    if (is_rows || b->op->kind == KIND_MASKED) {
+        if (is_rows) {
+            b->E = 0;
+            if (shape_int(s, name, "T", -1, MAX_DIM, &b->T) != 0)
+                return -1;
+        } else if (shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
+                   shape_int(s, name, "Tmax", -1, MAX_DIM, &b->T) != 0) {
+            return -1;
+        }
+        if (shape_int(s, name, "H", -1, MAX_DIM, &b->H) != 0)
+            return -1;
+        const int quantizing = strcmp(name, "act_mul") != 0;
+        const int activate = strcmp(name, "quant") != 0 && strcmp(name, "dequant") != 0;
+        if (quantizing && parse_quant_keys(b, s) != 0)
+            return -1;
+        const int64_t E1 = b->E ? b->E : 1;
+        const int64_t xw = activate ? 2 * b->H : b->H;
+        const moefuse_dtype qdt = b->int8 ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
+
+        /* Token counts of the masked layout. */
+        b->valid_rows = E1 * b->T;
+        if (b->op->kind == KIND_MASKED) {
+            const char *fill = shape_get(s, "fill");
+            const int skew = fill && strcmp(fill, "skew") == 0;
+            if (fill && !skew && strcmp(fill, "full") != 0) {
+                fprintf(stderr, "moefuse bench: fill must be full or skew, not '%s'\n", fill);
+                return -1;
+            }
+            int64_t tokens;
+            if (shape_int(s, name, "tokens", skew ? E1 * b->T / 2 : E1 * b->T, MAX_DIM,
+                          &tokens) != 0)
+                return -1;
+            if (tokens > E1 * b->T) {
+                fprintf(stderr, "moefuse bench: tokens=%lld exceeds E*Tmax=%lld\n",
+                        (long long)tokens, (long long)(E1 * b->T));
+                return -1;
+            }
+            int32_t *n = calloc((size_t)E1, sizeof *n);
+            if (!n)
+                return -1;
+            /*
+             * full: tokens spread evenly over all experts. skew: half of them (at most Tmax)
+             * on expert 0 and the rest spread evenly over the others, which always fits.
+             */
+            int64_t rest = tokens, from = 0;
+            if (skew && E1 > 1) {
+                n[0] = (int32_t)(tokens / 2 < b->T ? tokens / 2 : b->T);
+                rest -= n[0];
+                from = 1;
+            }
+            const int64_t others = E1 - from;
+            for (int64_t e = from; e < E1; e++)
+                n[e] = (int32_t)(rest / others + (e - from < rest % others ? 1 : 0));
+            b->valid_rows = 0;
+            for (int64_t e = 0; e < E1; e++)
+                b->valid_rows += n[e];
+            printf("counts: %lld valid rows of %lld (n[0] = %d, n[%lld] = %d)\n",
+                   (long long)b->valid_rows, (long long)(E1 * b->T), n[0], (long long)(E1 - 1),
+                   n[E1 - 1]);
+            void *dn = bench_upload(b, n, (size_t)E1 * 4);
+            free(n);
+            if (!dn)
+                return -1;
+            int64_t cs[1] = {E1};
+            b->counts = moefuse_tensor_dense(dn, MOEFUSE_I32, 1, cs);
+        }
+
+        /* x, and q / scales or out. */
+        int64_t xs[3] = {E1, b->T, xw}, os[3] = {E1, b->T, b->H};
+        const int r = b->E ? 3 : 2, o = b->E ? 0 : 1;
+        const moefuse_dtype xdt = strcmp(name, "dequant") == 0 ? qdt : b->dtype;
+        void *dx;
+        if (strcmp(name, "dequant") == 0)
+            dx = bench_alloc(b, (size_t)(b->T * b->H)); /* q codes, filled by quant below */
+        else
+            dx = bench_random(b, b->dtype, E1 * b->T * xw, 3.0f, 7);
+        if (!dx)
+            return -1;
+        b->x = moefuse_tensor_dense(dx, xdt, r, xs + o);
+        size_t sbytes = 0;
+        if (quantizing) {
+            scales_tensor(b, b->E, NULL, &sbytes);
+            void *dsc = bench_alloc(b, sbytes);
+            if (!dsc)
+                return -1;
+            b->scales = scales_tensor(b, b->E, dsc, &sbytes);
+            b->qo.group_size = b->G;
+            b->qo.scale_layout = b->layout;
+            b->qo.ue8m0 = b->ue8m0;
+            b->aq.quant = b->qo;
+        }
+        const int64_t on = E1 * b->T * b->H;
+        const size_t obytes = strcmp(name, "act_mul") == 0 || strcmp(name, "dequant") == 0
+                                  ? (size_t)on * es
+                                  : (size_t)on;
+        void *dout = bench_alloc(b, obytes);
+        if (!dout)
+            return -1;
+        const moefuse_dtype odt = strcmp(name, "act_mul") == 0 || strcmp(name, "dequant") == 0
+                                      ? b->dtype
+                                      : qdt;
+        b->out = moefuse_tensor_dense(dout, odt, r, os + o);
+        if (strcmp(name, "dequant") == 0) {
+            /* Real codes and scales: quantize random data once, untimed. */
+            void *src = bench_random(b, b->dtype, b->T * b->H, 3.0f, 8);
+            if (!src)
+                return -1;
+            moefuse_tensor t_src = moefuse_tensor_dense(src, b->dtype, 2, os + 1);
+            b->q = b->x;
+            moefuse_status st = moefuse_quant(b->ctx, &t_src, &b->q, &b->scales, &b->qo);
+            if (st != MOEFUSE_OK)
+            {
+                report_failure(b->ctx, "quant (dequant setup)", st);
+                return -1;
+            }
+        }
+
+        /* Bytes moved: inputs read once, outputs written once, valid rows only. */
+        const double rows = (double)b->valid_rows;
+        double moved = rows * (double)xw * (double)moefuse_dtype_size(xdt) +
+                       rows * (double)b->H * (double)moefuse_dtype_size(odt);
+        if (quantizing) {
+            /* Scale bytes per valid row; whole tensors (padding included) for the 2-D form. */
+            const double per_row = (double)sbytes / (double)(E1 * (b->layout ==
+                                   MOEFUSE_SCALE_ROW_MAJOR ? b->T : b->Ta));
+            moved += b->E ? rows * per_row : (double)sbytes;
+        }
+        if (b->op->kind == KIND_MASKED)
+            moved += 4.0 * (double)E1;
+        *work = moved;
+        return 0;
+    }
+
+    if (b->op->kind == KIND_TOPK) {
+        if (shape_int(s, name, "M", -1, MAX_DIM, &b->M) != 0 ||
+            shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
+            shape_int(s, name, "k", -1, 1 << 20, &b->k) != 0)
+            return -1;
+        if (b->k > b->E) {
+            fprintf(stderr, "moefuse bench: k=%lld exceeds E=%lld\n", (long long)b->k,
+                    (long long)b->E);
+            return -1;
+        }
+        int64_t ls[2] = {b->M, b->E}, rs[2] = {b->M, b->k};
+        void *dl = bench_random(b, b->dtype, b->M * b->E, 4.0f, 11);
+        void *di = bench_alloc(b, (size_t)(b->M * b->k) * 4);
+        void *dw = bench_alloc(b, (size_t)(b->M * b->k) * 4);
+        if (!dl || !di || !dw)
+            return -1;
+        b->x = moefuse_tensor_dense(dl, b->dtype, 2, ls);
+        b->route.topk_ids = moefuse_tensor_dense(di, MOEFUSE_I32, 2, rs);
+        b->route.topk_weights = moefuse_tensor_dense(dw, MOEFUSE_F32, 2, rs);
+        *work = (double)(b->M * b->E) * (double)es + (double)(b->M * b->k) * 8.0;
+        return 0;
+    }
+
+    /* MoE GEMMs. */
+    if (shape_int(s, name, "M", -1, MAX_DIM, &b->M) != 0 ||
+        shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
+        shape_int(s, name, "k", -1, 1 << 20, &b->k) != 0 ||
+        shape_int(s, name, "K", -1, MAX_DIM, &b->K) != 0 ||
+        shape_int(s, name, "I", -1, MAX_DIM, &b->I) != 0)
+        return -1;
+    if (b->k > b->E) {
+        fprintf(stderr, "moefuse bench: k=%lld exceeds E=%lld (each token takes k distinct "
+                        "experts)\n", (long long)b->k, (long long)b->E);
+        return -1;
+    }
+    const int gate = strcmp(name, "moe_final") != 0, final = strcmp(name, "moe_gate") != 0;
+    const int64_t M = b->M, k = b->k, K = b->K, I = b->I, E = b->E;
+    printf("weights: %.2f GB in %s\n",
+           (double)((gate ? E * 2 * I * K : 0) + (final ? E * K * I : 0)) * (double)es / 1e9,
+           moefuse_dtype_name(b->dtype));
+    /* Routing: k distinct random experts per token, positive weights summing to 1. */
+    int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
+    float *wts = malloc((size_t)(M * k) * sizeof *wts);
+    if (!ids || !wts) {
+        free(ids);
+        free(wts);
+        return -1;
+    }
+    rng r = rng_seed(21);
+    for (int64_t m = 0; m < M; m++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            int32_t e;
+            int fresh;
+            do {
+                e = (int32_t)rng_below(&r, (uint32_t)E);
+                fresh = 1;
+                for (int64_t i = 0; i < j; i++)
+                    fresh &= ids[m * k + i] != e;
+            } while (!fresh);
+            ids[m * k + j] = e;
+            wts[m * k + j] = 0.5f + 0.5f * rng_uniform(&r) + 0.5f;
+            sum += wts[m * k + j];
+        }
+        for (int64_t j = 0; j < k; j++)
+            wts[m * k + j] /= sum;
+    }
+    /* Weight bytes a call must read at least once: the distinct experts routed to. */
+    int64_t distinct = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int hit = 0;
+        for (int64_t i = 0; i < M * k && !hit; i++)
+            hit = ids[i] == e;
+        distinct += hit;
+    }
+    b->weight_bytes = (double)distinct * (double)es *
+                      ((gate ? 2.0 * (double)I * (double)K : 0.0) +
+                       (final ? (double)K * (double)I : 0.0));
+    int64_t rs[2] = {M, k};
+    void *di = bench_upload(b, ids, (size_t)(M * k) * 4);
+    void *dw = bench_upload(b, wts, (size_t)(M * k) * 4);
+    free(ids);
+    free(wts);
+    if (!di || !dw)
+        return -1;
+    b->route.topk_ids = moefuse_tensor_dense(di, MOEFUSE_I32, 2, rs);
+    b->route.topk_weights = moefuse_tensor_dense(dw, MOEFUSE_F32, 2, rs);
+    int64_t xs[2] = {M, K}, w1s[3] = {E, 2 * I, K}, w2s[3] = {E, K, I}, hs[3] = {M, k, I};
+    if (gate) {
+        void *dx = bench_random(b, b->dtype, M * K, 1.0f, 31);
+        void *dw1 = bench_random(b, b->dtype, E * 2 * I * K, 1.0f / 32.0f, 32);
+        if (!dx || !dw1)
+            return -1;
+        b->x = moefuse_tensor_dense(dx, b->dtype, 2, xs);
+        b->w1 = moefuse_tensor_dense(dw1, b->dtype, 3, w1s);
+    }
+    if (final) {
+        void *dw2 = bench_random(b, b->dtype, E * K * I, 1.0f / 32.0f, 33);
+        if (!dw2)
+            return -1;
+        b->w2 = moefuse_tensor_dense(dw2, b->dtype, 3, w2s);
+    }
+    if (strcmp(name, "moe_forward") != 0) {
+        void *dh = strcmp(name, "moe_final") == 0 ? bench_random(b, b->dtype, M * k * I, 1.0f, 34)
+                                                  : bench_alloc(b, (size_t)(M * k * I) * es);
+        if (!dh)
+            return -1;
+        b->h = moefuse_tensor_dense(dh, b->dtype, 3, hs);
+    }
+    if (final) {
+        void *dout = bench_alloc(b, (size_t)(M * K) * es);
+        if (!dout)
+            return -1;
+        b->out = moefuse_tensor_dense(dout, b->dtype, 2, xs);
+    }
+    *work = 2.0 * (double)M * (double)k *
+            ((gate ? 2.0 * (double)I * (double)K : 0.0) + (final ? (double)K * (double)I : 0.0));
+    return 0;
+}
+
+static moefuse_status bench_call(bench *b)
+{
+    const char *n = b->op->name;
+    moefuse_context *c = b->ctx;
+    if (strcmp(n, "act_quant") == 0)
+        return moefuse_act_quant(c, &b->x, NULL, &b->out, &b->scales, &b->aq);
+    if (strcmp(n, "act_quant_masked") == 0)
+        return moefuse_act_quant_masked(c, &b->x, &b->counts, NULL, NULL, &b->out, &b->scales,
+                                        &b->aq);
+    if (strcmp(n, "act_mul") == 0)
+        return moefuse_act_mul(c, &b->x, NULL, &b->out, &b->ao);
+    if (strcmp(n, "quant") == 0)
+        return moefuse_quant(c, &b->x, &b->out, &b->scales, &b->qo);
+    if (strcmp(n, "dequant") == 0)
+        return moefuse_dequant(c, &b->x, &b->scales, &b->out, &b->qo);
+    if (strcmp(n, "topk_softmax") == 0)
+        return moefuse_topk_softmax(c, &b->x, 1, &b->route.topk_ids, &b->route.topk_weights);
+    if (strcmp(n, "moe_gate") == 0)
+        return moefuse_moe_gate(c, &b->x, &b->w1, NULL, &b->route, &b->h, &b->mo);
+    if (strcmp(n, "moe_final") == 0)
+        return moefuse_moe_final(c, &b->h, &b->w2, NULL, &b->route, &b->out, &b->mo);
+    return moefuse_moe_forward(c, &b->x, &b->w1, &b->w2, NULL, NULL, &b->route, &b->out, &b->mo);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *opname = NULL, *spec = NULL, *backend = NULL;
+    moefuse_dtype dtype = MOEFUSE_BF16;
+    int64_t iters = -1, warmup = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            help_bench();
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "moefuse bench: '%s' needs a value, or is unknown (see --help)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (strcmp(a, "--op") == 0)
+            opname = v;
+        else if (strcmp(a, "--shape") == 0)
+            spec = v;
+        else if (strcmp(a, "--backend") == 0)
+            backend = v;
+        else if (strcmp(a, "--dtype") == 0) {
+            if (parse_dtype(v, &dtype) != 0)
+                return 2;
+        } else if (strcmp(a, "--iters") == 0) {
+            if (parse_i64("--iters", v, &iters) != 0 || iters < 1) {
+                fprintf(stderr, "moefuse bench: --iters must be at least 1\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--warmup") == 0) {
+            if (parse_i64("--warmup", v, &warmup) != 0)
+                return 2;
+        } else {
+            fprintf(stderr, "moefuse bench: unknown argument '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!opname || !spec) {
+        fprintf(stderr, "moefuse bench: --op and --shape are required (see --help)\n");
+        return 2;
+    }
+    bench b;
+    memset(&b, 0, sizeof b);
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(ops[i].name, opname) == 0)
+            b.op = &ops[i];
+    if (!b.op) {
+        fprintf(stderr, "moefuse bench: unknown --op '%s'; one of:", opname);
+        for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+            fprintf(stderr, " %s", ops[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    shape_spec s;
+    if (shape_parse(spec, &s) != 0 || shape_check_keys(&s, b.op->name, b.op->keys) != 0)
+        return 2;
+    const int gemm = b.op->kind == KIND_MOE;
+    if (iters < 0)
+        iters = gemm ? 5 : 20;
+    if (warmup < 0)
+        warmup = gemm ? 1 : 2;
+    b.dtype = dtype;
+
+    moefuse_status st = moefuse_context_create(&b.ctx, backend);
+    if (st != MOEFUSE_OK)
+        return report_failure(NULL, "context_create", st);
+    const int on_cpu = strcmp(moefuse_backend_name(b.ctx), "cpu") == 0;
+    int rc = 1;
+    double work = 0.0;
+    double *times = NULL;
+    if (bench_setup(&b, &s, &work) != 0) {
+        rc = 2;
+        goto done;
+    }
+    if (shape_check_unused(&s, b.op->name, b.op->keys) != 0) {
+        rc = 2;
+        goto done;
+    }
+    printf("op: %s  shape: %s  dtype: %s  backend: %s (%s)\n", b.op->name, spec,
+           moefuse_dtype_name(dtype), moefuse_backend_name(b.ctx), moefuse_device_name(b.ctx));
+
+    times = malloc((size_t)iters * sizeof *times);
+    if (!times)
+        goto done;
+    const int tty = isatty(2);
+    const double start = now_seconds();
+    int progress = 0;
+    for (int64_t i = -warmup; i < iters; i++) {
+        moefuse_synchronize(b.ctx);
+        const double t0 = now_seconds();
+        st = bench_call(&b);
+        if (st == MOEFUSE_OK)
+            st = moefuse_synchronize(b.ctx);
+        const double t1 = now_seconds();
+        if (st != MOEFUSE_OK) {
+            if (progress)
+                fprintf(stderr, "\n");
+            report_failure(b.ctx, b.op->name, st);
+            goto done;
+        }
+        if (i >= 0)
+            times[i] = t1 - t0;
+        if (tty || t1 - start > 2.0) {
+            progress = 1;
+            if (i < 0)
+                fprintf(stderr, "\r[bench] warm-up %lld/%lld   ", (long long)(i + warmup + 1),
+                        (long long)warmup);
+            else
+                fprintf(stderr, "\r[bench] iter %lld/%lld      ", (long long)(i + 1),
+                        (long long)iters);
+            fflush(stderr);
+        }
+    }
+    if (progress)
+        fprintf(stderr, "\r%40s\r", "");
+    qsort(times, (size_t)iters, sizeof *times, cmp_double);
+    const double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+    const double figure = work / med / 1e9;
+    printf("time: %.4f ms median of %lld (min %.4f ms, max %.4f ms)\n", med * 1e3,
+           (long long)iters, times[0] * 1e3, times[iters - 1] * 1e3);
+
+    if (gemm) {
+        printf("work: %.3f GFLOP\n", work / 1e9);
+        printf("figure: %.2f GFLOP/s\n", figure);
+        printf("weights: %.3f GB of routed experts read -> at least %.2f GB/s\n",
+               b.weight_bytes / 1e9, b.weight_bytes / med / 1e9);
+        if (!on_cpu) {
+            printf("ceiling: n/a (a device GEMM ceiling arrives with the %s backend)\n",
+                   moefuse_backend_name(b.ctx));
+        } else {
+            /* Same FLOPs as one dense GEMM: [M*k, K] x [K, n] with n = 3I, 2I or I. */
+            const int gate = strcmp(b.op->name, "moe_final") != 0;
+            const int fin = strcmp(b.op->name, "moe_gate") != 0;
+            const int64_t n = (gate ? 2 * b.I : 0) + (fin ? b.I : 0);
+            char what[160];
+            const double ceil = ceiling_gemm_gflops(dtype, b.M * b.k, b.K, n, 3, what, sizeof what);
+            if (ceil > 0.0)
+                printf("ceiling: %.2f GFLOP/s (%s)\nratio: %.1f%%\n", ceil, what,
+                       100.0 * figure / ceil);
+            else
+                printf("ceiling: %s\n", what);
+        }
+    } else {
+        printf("bytes moved: %.3f MB\n", work / 1e6);
+        printf("figure: %.2f GB/s\n", figure);
+        if (!on_cpu) {
+            printf("ceiling: n/a (device copy ceilings arrive with the %s backend; only the CPU "
+                   "one is implemented)\n", moefuse_backend_name(b.ctx));
+        } else {
+            const double ceil = ceiling_copy_gbs();
+            printf("ceiling: %.2f GB/s (memcpy of %d MiB, read + write, best of 5)\n", ceil,
+                   CEILING_COPY_MIB);
+            if (ceil > 0.0)
+                printf("ratio: %.1f%%\n", 100.0 * figure / ceil);
+        }
+    }
+    rc = 0;
+
+done:
+    free(times);
+    for (int i = 0; i < b.nbuf; i++)
+        moefuse_buffer_free(b.ctx, b.buf[i]);
+    moefuse_context_destroy(b.ctx);
+    return rc;
+}

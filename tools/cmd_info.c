@@ -1,0 +1,74 @@
+/* `moefuse info`: what this build contains and which devices it can reach. */
+#include "tools.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void help_info(void)
+{
+    printf("usage: moefuse info\n"
+           "\n"
+           "Prints the library version, the backends compiled in, for each of them the device\n"
+           "a context gets (or why none could be created), and the backend 'auto' picks.\n");
+}
+
+int cmd_info(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            help_info();
+            return 0;
+        }
+        fprintf(stderr, "moefuse info: unknown argument '%s'\n", argv[i]);
+        return 2;
+    }
+    printf("moefuse %d.%d.%d\n", MOEFUSE_VERSION_MAJOR, MOEFUSE_VERSION_MINOR,
+           MOEFUSE_VERSION_PATCH);
+#ifdef MOEFUSE_HAVE_BLAS
+    printf("bench ceiling:  OpenBLAS (dense GEMM) + memcpy\n");
+#else
+    printf("bench ceiling:  memcpy only (built without OpenBLAS)\n");
+#endif
+    const char *built = moefuse_built_backends();
+    printf("built backends: %s\n", built);
+
+    /* One context per built backend: its device, or the reason it has none. */
+    char list[256];
+    snprintf(list, sizeof list, "%s", built);
+    int failures = 0;
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        moefuse_context *ctx = NULL;
+        moefuse_status st = moefuse_context_create(&ctx, name);
+        if (st == MOEFUSE_OK) {
+            printf("  %-7s %s\n", name, moefuse_device_name(ctx));
+            moefuse_context_destroy(ctx);
+        } else {
+            /* A backend without a device is information, not a failure of `info`. */
+            printf("  %-7s unavailable: %s\n", name, moefuse_last_error(NULL));
+        }
+    }
+
+    moefuse_context *ctx = NULL;
+    if (moefuse_context_create(&ctx, "auto") == MOEFUSE_OK) {
+        printf("auto picks:     %s (%s)\n", moefuse_backend_name(ctx), moefuse_device_name(ctx));
+        moefuse_context_destroy(ctx);
+    } else {
+        printf("auto picks:     nothing: %s\n", moefuse_last_error(NULL));
+        failures++;
+    }
+    /* What a program that passes NULL (the usual case) gets. */
+    const char *env = getenv("MOEFUSE_BACKEND");
+    if (env && *env) {
+        if (moefuse_context_create(&ctx, NULL) == MOEFUSE_OK) {
+            printf("MOEFUSE_BACKEND=%s -> %s\n", env, moefuse_backend_name(ctx));
+            moefuse_context_destroy(ctx);
+        } else {
+            printf("MOEFUSE_BACKEND=%s -> no context: %s\n", env, moefuse_last_error(NULL));
+        }
+    } else {
+        printf("MOEFUSE_BACKEND unset: programs passing NULL get auto\n");
+    }
+    return failures == 0 ? 0 : 1;
+}
