@@ -1,0 +1,245 @@
+/*
+ * The OpenCL backend's vtable: context and queue lifetime, the caller's
+ * queue, and buffers (tensors are cl_mem handles plus a byte offset).
+ */
+#include "opencl/ocl_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool ocl_probe(void) { return mf_ocl_any_gpu(); }
+
+static void ocl_release(void *state)
+{
+    ocl_state *s = state;
+    if (!s)
+        return;
+    if (s->queue && s->queue != s->own_queue)
+        clReleaseCommandQueue(s->queue);
+    if (s->own_queue) {
+        clFinish(s->own_queue);
+        clReleaseCommandQueue(s->own_queue);
+    }
+    if (s->scratch)
+        clReleaseMemObject(s->scratch);
+    for (int k = 0; k < MF_K_COUNT_; k++)
+        if (s->kernels[k])
+            clReleaseKernel(s->kernels[k]);
+    if (s->program)
+        clReleaseProgram(s->program);
+    /* buffers the caller never freed go with the context */
+    for (size_t i = 0; i < s->buffers.cap; i++)
+        if (mf_ptrset_at(&s->buffers, i))
+            clReleaseMemObject((cl_mem)mf_ptrset_at(&s->buffers, i));
+    mf_ptrset_free(&s->buffers);
+    if (s->context)
+        clReleaseContext(s->context);
+    free(s);
+}
+
+static void describe(ocl_state *s)
+{
+    char dev[160] = "", plat[96] = "";
+    clGetDeviceInfo(s->device, CL_DEVICE_NAME, sizeof dev - 1, dev, NULL);
+    clGetPlatformInfo(s->platform, CL_PLATFORM_NAME, sizeof plat - 1, plat, NULL);
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof s->compute_units,
+                    &s->compute_units, NULL);
+    if (s->compute_units == 0)
+        s->compute_units = 1;
+    snprintf(s->device_name, sizeof s->device_name, "%s (OpenCL, %s, %u compute units)", dev, plat,
+             (unsigned)s->compute_units);
+}
+
+/* What the program build chose, for `moefuse info` and bug reports. */
+static void describe_build(ocl_state *s)
+{
+    size_t n = strlen(s->device_name);
+    if (n > 0 && s->device_name[n - 1] == ')')
+        snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1),
+                 ", %s GEMM%s%s)",
+                 !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
+                                                                           : "tiled",
+                 s->fp_correct_div ? "" : ", division not correctly rounded",
+                 s->from_cache ? ", cached binary" : "");
+}
+
+static moefuse_status ocl_init(moefuse_context *ctx, void **state)
+{
+    ocl_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "opencl: cannot allocate %zu bytes of state",
+                        sizeof *s);
+    moefuse_status st = mf_ocl_pick_device(ctx, &s->platform, &s->device);
+    if (st != MOEFUSE_OK) {
+        free(s);
+        return st;
+    }
+    describe(s);
+    cl_int e;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)s->platform, 0};
+    s->context = clCreateContext(props, 1, &s->device, NULL, NULL, &e);
+    if (e != CL_SUCCESS) {
+        ocl_release(s);
+        return mf_ocl_fail(ctx, e, NULL, "clCreateContext");
+    }
+    /* in order: kernels of one call and buffer copies follow each other */
+    s->own_queue = clCreateCommandQueue(s->context, s->device, 0, &e);
+    if (e != CL_SUCCESS) {
+        s->own_queue = NULL;
+        ocl_release(s);
+        return mf_ocl_fail(ctx, e, NULL, "clCreateCommandQueue");
+    }
+    s->queue = s->own_queue;
+    st = mf_ocl_build(ctx, s);
+    if (st != MOEFUSE_OK) {
+        ocl_release(s);
+        return st;
+    }
+    describe_build(s);
+    *state = s;
+    return MOEFUSE_OK;
+}
+
+static const char *ocl_device_name(void *state)
+{
+    return state ? ((const ocl_state *)state)->device_name : "OpenCL";
+}
+
+/* The caller's queue must belong to our context and device; it must be in-order
+ * (the backend relies on the order of its own commands). */
+static moefuse_status ocl_set_stream(moefuse_context *ctx, void *state, void *stream)
+{
+    ocl_state *s = state;
+    cl_command_queue q = stream;
+    if (q) {
+        cl_context qc = NULL;
+        cl_device_id qd = NULL;
+        cl_command_queue_properties qp = 0;
+        cl_int e = clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof qc, &qc, NULL);
+        if (e == CL_SUCCESS)
+            e = clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof qd, &qd, NULL);
+        if (e == CL_SUCCESS)
+            e = clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof qp, &qp, NULL);
+        if (e != CL_SUCCESS)
+            return mf_ocl_fail(ctx, e, "set_stream", "clGetCommandQueueInfo");
+        if (qc != s->context || qd != s->device)
+            return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
+                            "set_stream: the queue belongs to another OpenCL context or device");
+        if (qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "set_stream: the queue is out-of-order; moefuse needs an in-order queue");
+        e = clRetainCommandQueue(q);
+        if (e != CL_SUCCESS)
+            return mf_ocl_fail(ctx, e, "set_stream", "clRetainCommandQueue");
+    } else {
+        q = s->own_queue;
+    }
+    /* Work already queued may still use the context's scratch; the next call on
+     * another queue would not wait for it. */
+    cl_int fe = q != s->queue ? clFinish(s->queue) : CL_SUCCESS;
+    if (fe != CL_SUCCESS) {
+        if (q != s->own_queue)
+            clReleaseCommandQueue(q);
+        return mf_ocl_fail(ctx, fe, "set_stream", "clFinish(previous queue)");
+    }
+    if (s->queue != s->own_queue)
+        clReleaseCommandQueue(s->queue);
+    s->queue = q;
+    return MOEFUSE_OK;
+}
+
+static moefuse_status ocl_synchronize(moefuse_context *ctx, void *state)
+{
+    ocl_state *s = state;
+    cl_int e = clFinish(s->queue);
+    return e == CL_SUCCESS ? MOEFUSE_OK : mf_ocl_fail(ctx, e, "synchronize", "clFinish");
+}
+
+static moefuse_status ocl_buffer_alloc(moefuse_context *ctx, void *state, size_t bytes,
+                                       void **buffer)
+{
+    ocl_state *s = state;
+    cl_int e;
+    cl_mem m = clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &e);
+    if (e != CL_SUCCESS)
+        return mf_ocl_fail(ctx, e, "buffer_alloc", "clCreateBuffer");
+    if (!mf_ptrset_add(&s->buffers, m)) {
+        clReleaseMemObject(m);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "buffer_alloc: out of host memory");
+    }
+    *buffer = m;
+    return MOEFUSE_OK;
+}
+
+/* Only our own handles are released; anything else is ignored (never a crash). */
+static void ocl_buffer_free(void *state, void *buffer)
+{
+    ocl_state *s = state;
+    if (mf_ptrset_remove(&s->buffers, buffer))
+        clReleaseMemObject((cl_mem)buffer); /* OpenCL defers the free until queued work is done */
+}
+
+static moefuse_status not_ours(moefuse_context *ctx, const char *op)
+{
+    return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
+                    "%s: the buffer was not allocated by this opencl context", op);
+}
+
+static moefuse_status ocl_buffer_write(moefuse_context *ctx, void *state, void *buffer,
+                                       size_t offset, const void *src, size_t bytes)
+{
+    ocl_state *s = state;
+    if (!mf_ptrset_has(&s->buffers, buffer))
+        return not_ours(ctx, "buffer_write");
+    cl_int e = clEnqueueWriteBuffer(s->queue, (cl_mem)buffer, CL_TRUE, offset, bytes, src, 0, NULL,
+                                    NULL);
+    return e == CL_SUCCESS ? MOEFUSE_OK
+                           : mf_ocl_fail(ctx, e, "buffer_write", "clEnqueueWriteBuffer");
+}
+
+static moefuse_status ocl_buffer_read(moefuse_context *ctx, void *state, const void *buffer,
+                                      size_t offset, void *dst, size_t bytes)
+{
+    ocl_state *s = state;
+    if (!mf_ptrset_has(&s->buffers, buffer))
+        return not_ours(ctx, "buffer_read");
+    cl_int e = clEnqueueReadBuffer(s->queue, (cl_mem)buffer, CL_TRUE, offset, bytes, dst, 0, NULL,
+                                   NULL);
+    return e == CL_SUCCESS ? MOEFUSE_OK : mf_ocl_fail(ctx, e, "buffer_read", "clEnqueueReadBuffer");
+}
+
+/*
+ * A cl_mem this context allocated. Asking OpenCL (CL_MEM_CONTEXT) would also
+ * accept foreign cl_mem of our context, but crashes inside the ICD loader when
+ * handed a host pointer; the public API gives out no other handles anyway.
+ */
+static bool ocl_owns_pointer(void *state, const void *data)
+{
+    const ocl_state *s = state;
+    return mf_ptrset_has(&s->buffers, data);
+}
+
+const moefuse_backend_i mf_backend_opencl = {
+    .name = "opencl",
+    .probe = ocl_probe,
+    .init = ocl_init,
+    .release = ocl_release,
+    .device_name = ocl_device_name,
+    .set_stream = ocl_set_stream,
+    .synchronize = ocl_synchronize,
+    .buffer_alloc = ocl_buffer_alloc,
+    .buffer_free = ocl_buffer_free,
+    .buffer_write = ocl_buffer_write,
+    .buffer_read = ocl_buffer_read,
+    .owns_pointer = ocl_owns_pointer,
+    .data_is_handle = true,
+    .act_quant = mf_ocl_act_quant,
+    .act_mul = mf_ocl_act_mul,
+    .quant = mf_ocl_quant,
+    .dequant = mf_ocl_dequant,
+    .topk_softmax = mf_ocl_topk_softmax,
+    .moe_gate = mf_ocl_moe_gate,
+    .moe_final = mf_ocl_moe_final,
+    .moe_forward = NULL,
+};

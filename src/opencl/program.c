@@ -1,0 +1,155 @@
+/*
+ * Building the embedded kernel program for one context and device, with
+ * options chosen from what the device reports, and looking the kernels up.
+ */
+#include "opencl/ocl_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const kernel_names[MF_K_COUNT_] = {
+    [MF_K_COUNT_PREFIX] = "mf_count_prefix",   [MF_K_ROWS_QUANT] = "mf_rows_quant",
+    [MF_K_ROWS_ACT_MUL] = "mf_rows_act_mul",   [MF_K_ROWS_TAIL] = "mf_rows_tail",
+    [MF_K_DEQUANT] = "mf_dequant",             [MF_K_TOPK_SOFTMAX] = "mf_topk_softmax",
+    [MF_K_MOE_GATE] = "mf_moe_gate",           [MF_K_MOE_FINAL] = "mf_moe_final",
+    [MF_K_MOE_ROUTE_COUNT] = "mf_moe_route_count", [MF_K_MOE_ROUTE_SCAN] = "mf_moe_route_scan",
+    [MF_K_MOE_ROUTE_FILL] = "mf_moe_route_fill", [MF_K_MOE_ZERO_INVALID] = "mf_moe_zero_invalid",
+    [MF_K_MOE_GATE_TILED] = "mf_moe_gate_tiled", [MF_K_MOE_FINAL_TILED] = "mf_moe_final_tiled",
+    [MF_K_MOE_REDUCE] = "mf_moe_reduce",
+};
+
+/* The tiled GEMMs need 16 x 16 work-groups and ~9 KiB of local memory. */
+static bool tiled_fits(ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_GEMM");
+    if (env && strcmp(env, "simple") == 0)
+        return false;
+    s->force_tiled = env && strcmp(env, "tiled") == 0;
+    cl_device_type type = 0;
+    clGetDeviceInfo(s->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    s->cpu_device = (type & CL_DEVICE_TYPE_CPU) != 0;
+    size_t dims[3] = {0, 0, 0};
+    cl_ulong local = 0;
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
+    clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+    if (dims[0] < 16 || dims[1] < 16 || local < 12 * 1024)
+        return false;
+    const enum mf_ocl_kernel tk[2] = {MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED};
+    for (int i = 0; i < 2; i++) {
+        size_t kmax = 0;
+        if (clGetKernelWorkGroupInfo(s->kernels[tk[i]], s->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                     sizeof kmax, &kmax, NULL) != CL_SUCCESS ||
+            kmax < 256)
+            return false;
+    }
+    return true;
+}
+
+/* The build log, cut to what fits in a status message. */
+static void build_log(ocl_state *s, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    if (clGetProgramBuildInfo(s->program, s->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) !=
+            CL_SUCCESS ||
+        n == 0)
+        return;
+    char *log = malloc(n + 1);
+    if (!log)
+        return;
+    if (clGetProgramBuildInfo(s->program, s->device, CL_PROGRAM_BUILD_LOG, n, log, NULL) ==
+        CL_SUCCESS) {
+        log[n] = '\0';
+        snprintf(buf, size, "%s", log);
+    }
+    free(log);
+}
+
+/* Options per device. Correctly rounded f32 division makes s = amax / 448 and
+ * h / s match the CPU bit for bit; without it OpenCL allows 2.5 ulp. */
+static void choose_options(ocl_state *s, char *opts, size_t size)
+{
+    cl_device_fp_config fp = 0;
+    clGetDeviceInfo(s->device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    s->fp_correct_div = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    /* doubles, where present, give exp/erf/tanh correctly rounded to f32 (numerics.cl) */
+    size_t n = 0;
+    char *ext = NULL;
+    if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, 0, NULL, &n) == CL_SUCCESS &&
+        (ext = calloc(n + 1, 1)) != NULL &&
+        clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS)
+        s->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
+    free(ext);
+    const char *env = getenv("MOEFUSE_OPENCL_FP64"); /* "0": test the f32 built-ins path */
+    if (env && strcmp(env, "0") == 0)
+        s->fp64 = false;
+    snprintf(opts, size, "-cl-std=CL1.2%s%s",
+             s->fp_correct_div ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
+             s->fp64 ? " -DMF_HAVE_FP64" : "");
+}
+
+/* Compile the embedded source; the build log goes into the message on failure. */
+static moefuse_status build_source(moefuse_context *ctx, ocl_state *s, const char *opts)
+{
+    cl_int e;
+    const char *src = mf_ocl_source;
+    s->program = clCreateProgramWithSource(s->context, 1, &src, NULL, &e);
+    if (e != CL_SUCCESS) {
+        s->program = NULL;
+        return mf_ocl_fail(ctx, e, NULL, "clCreateProgramWithSource");
+    }
+    e = clBuildProgram(s->program, 1, &s->device, opts, NULL, NULL);
+    if (e != CL_SUCCESS) {
+        char log[700];
+        build_log(s, log, sizeof log);
+        return mf_error(ctx, MOEFUSE_ERR_BACKEND_FAILURE,
+                        "opencl: clBuildProgram(%s) failed with %s (%d): %s", opts,
+                        mf_ocl_error_name(e), (int)e, log[0] ? log : "(empty build log)");
+    }
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
+{
+    cl_int e;
+    char opts[128], path[1100];
+    choose_options(s, opts, sizeof opts);
+    s->from_cache = mf_ocl_cache_load(s, opts, path, sizeof path);
+    if (!s->from_cache) {
+        moefuse_status st = build_source(ctx, s, opts);
+        if (st != MOEFUSE_OK)
+            return st;
+        mf_ocl_cache_store(s, opts, path);
+    }
+    for (int k = 0; k < MF_K_COUNT_; k++) {
+        s->kernels[k] = clCreateKernel(s->program, kernel_names[k], &e);
+        if (e != CL_SUCCESS) {
+            char call[80];
+            snprintf(call, sizeof call, "clCreateKernel(%s)", kernel_names[k]);
+            return mf_ocl_fail(ctx, e, NULL, call);
+        }
+    }
+    /* One work-group size for the row and GEMM kernels: at most 128, within
+     * what the device and every kernel allow, a power of two (the amax
+     * reduction halves it). */
+    size_t wg = 128, dev_max = 1;
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof dev_max, &dev_max, NULL);
+    if (dev_max < wg)
+        wg = dev_max;
+    for (int k = 0; k < MF_K_COUNT_; k++) {
+        size_t kmax = 0;
+        if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED)
+            continue; /* fixed 16 x 16, checked by tiled_fits */
+        if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                     sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
+            kmax > 0 && kmax < wg)
+            wg = kmax;
+    }
+    size_t p2 = 1;
+    while (p2 * 2 <= wg)
+        p2 *= 2;
+    s->wg = p2;
+    s->tiled = tiled_fits(s);
+    return MOEFUSE_OK;
+}
