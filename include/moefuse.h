@@ -131,6 +131,13 @@ MOEFUSE_API const char *moefuse_last_error(const moefuse_context *ctx);
  * NULL restores the context's own stream/queue. The cpu backend takes only NULL.
  */
 MOEFUSE_API moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream);
+/*
+ * The cudaStream_t or cl_command_queue calls on ctx run on now (the caller's
+ * or the context's own), for enqueueing one's own work in order with them;
+ * NULL on the cpu backend. From an OpenCL queue, clGetCommandQueueInfo gives
+ * the cl_context and cl_device_id. The handle stays owned by its creator.
+ */
+MOEFUSE_API moefuse_status moefuse_get_stream(moefuse_context *ctx, void **stream);
 /* Wait until all work submitted on the context's stream is done. */
 MOEFUSE_API moefuse_status moefuse_synchronize(moefuse_context *ctx);
 

@@ -99,6 +99,8 @@ struct moefuse_backend_i {
 
     /* [optional] attach the caller's stream/queue (NULL = own). Default: only NULL accepted. */
     moefuse_status (*set_stream)(moefuse_context *ctx, void *state, void *stream);
+    /* [optional] the stream/queue in use. Default: NULL (no streams). */
+    void *(*get_stream)(void *state);
     /* [optional] wait for submitted work. Default: nothing to wait for. */
     moefuse_status (*synchronize)(moefuse_context *ctx, void *state);
 

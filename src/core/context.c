@@ -87,6 +87,15 @@ moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream)
     return MOEFUSE_OK;
 }
 
+moefuse_status moefuse_get_stream(moefuse_context *ctx, void **stream)
+{
+    MF_TRY(mf_begin(ctx, "get_stream"));
+    if (!stream)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "get_stream: stream is NULL");
+    *stream = ctx->backend->get_stream ? ctx->backend->get_stream(ctx->state) : NULL;
+    return MOEFUSE_OK;
+}
+
 moefuse_status moefuse_synchronize(moefuse_context *ctx)
 {
     moefuse_status status = mf_begin(ctx, "synchronize");

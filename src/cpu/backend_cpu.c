@@ -92,6 +92,7 @@ const moefuse_backend_i mf_backend_cpu = {
     .release = cpu_release,
     .device_name = cpu_device_name,
     .set_stream = NULL,
+    .get_stream = NULL,
     .synchronize = NULL,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,

@@ -149,6 +149,8 @@ static moefuse_status ocl_set_stream(moefuse_context *ctx, void *state, void *st
     return MOEFUSE_OK;
 }
 
+static void *ocl_get_stream(void *state) { return ((ocl_state *)state)->queue; }
+
 static moefuse_status ocl_synchronize(moefuse_context *ctx, void *state)
 {
     ocl_state *s = state;
@@ -227,6 +229,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .release = ocl_release,
     .device_name = ocl_device_name,
     .set_stream = ocl_set_stream,
+    .get_stream = ocl_get_stream,
     .synchronize = ocl_synchronize,
     .buffer_alloc = ocl_buffer_alloc,
     .buffer_free = ocl_buffer_free,
