@@ -14,6 +14,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus /* the CUDA backend's .cu files are compiled as C++ */
+extern "C" {
+#endif
+
 /* --------------------------------------------------------- operation args */
 
 /*
@@ -146,5 +150,9 @@ moefuse_status mf_error(moefuse_context *ctx, moefuse_status status, const char 
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* MOEFUSE_CORE_BACKEND_H */

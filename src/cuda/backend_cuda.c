@@ -1,0 +1,224 @@
+/*
+ * The CUDA backend's vtable: device choice, stream lifetime, the caller's
+ * stream, buffers and pointer ownership. Tensors are device pointers.
+ */
+#include "cuda/cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool cuda_probe(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: not sticky, clear it */
+        return false;
+    }
+    return n > 0;
+}
+
+/* MOEFUSE_CUDA_DEVICE (an index), else the calling thread's current device. */
+static moefuse_status pick_device(moefuse_context *ctx, int *device)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE, "cuda: no CUDA device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    }
+    const char *env = getenv("MOEFUSE_CUDA_DEVICE");
+    if (env && *env) {
+        char *end;
+        long d = strtol(env, &end, 10);
+        if (*end != '\0' || d < 0 || d >= n)
+            return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
+                            "cuda: MOEFUSE_CUDA_DEVICE=%s is not a device index in [0, %d)", env, n);
+        *device = (int)d;
+        return MOEFUSE_OK;
+    }
+    e = cudaGetDevice(device);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, NULL, "cudaGetDevice");
+}
+
+static void cuda_release(void *state)
+{
+    cuda_state *s = state;
+    if (!s)
+        return;
+    cudaSetDevice(s->device);
+    if (s->scratch) {
+        cudaFreeAsync(s->scratch, s->stream);
+        cudaStreamSynchronize(s->stream);
+    }
+    if (s->own_stream) {
+        cudaStreamSynchronize(s->own_stream);
+        cudaStreamDestroy(s->own_stream);
+    }
+    free(s);
+}
+
+static moefuse_status cuda_init(moefuse_context *ctx, void **state)
+{
+    cuda_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes of state",
+                        sizeof *s);
+    moefuse_status st = pick_device(ctx, &s->device);
+    if (st != MOEFUSE_OK) {
+        free(s);
+        return st;
+    }
+    cudaError_t e = cudaSetDevice(s->device);
+    struct cudaDeviceProp prop;
+    if (e == cudaSuccess)
+        e = cudaGetDeviceProperties(&prop, s->device);
+    if (e != cudaSuccess) {
+        free(s);
+        return mf_cuda_fail(ctx, e, NULL, "cudaGetDeviceProperties");
+    }
+    s->sm_count = prop.multiProcessorCount;
+    s->cc_major = prop.major;
+    s->cc_minor = prop.minor;
+    s->smem_optin = prop.sharedMemPerBlockOptin;
+    s->l2_bytes = (size_t)prop.l2CacheSize;
+    snprintf(s->device_name, sizeof s->device_name, "%.200s (CUDA device %d, sm_%d%d, %d SMs)",
+             prop.name, s->device, prop.major, prop.minor, prop.multiProcessorCount);
+    /* non-blocking: no implicit ordering with the legacy default stream */
+    e = cudaStreamCreateWithFlags(&s->own_stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        s->own_stream = NULL;
+        cuda_release(s);
+        return mf_cuda_fail(ctx, e, NULL, "cudaStreamCreateWithFlags");
+    }
+    s->stream = s->own_stream;
+    *state = s;
+    return MOEFUSE_OK;
+}
+
+static const char *cuda_device_name(void *state)
+{
+    return state ? ((const cuda_state *)state)->device_name : "CUDA";
+}
+
+/*
+ * The caller's stream (or NULL for our own). Scratch enqueued on the old
+ * stream may still be in use, so the old stream is drained first; that is
+ * the one synchronisation, and it happens only when the stream changes.
+ */
+static moefuse_status cuda_set_stream(moefuse_context *ctx, void *state, void *stream)
+{
+    cuda_state *s = state;
+    cudaStream_t next = stream ? (cudaStream_t)stream : s->own_stream;
+    if (next == s->stream)
+        return MOEFUSE_OK;
+    cudaError_t e = cudaStreamQuery(next);
+    if (e != cudaSuccess && e != cudaErrorNotReady) {
+        cudaGetLastError();
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "set_stream: the stream is not usable on this device (%s)",
+                        cudaGetErrorString(e));
+    }
+    e = cudaStreamSynchronize(s->stream);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, "set_stream", "cudaStreamSynchronize(previous stream)");
+    s->stream = next;
+    return MOEFUSE_OK;
+}
+
+static void *cuda_get_stream(void *state) { return ((cuda_state *)state)->stream; }
+
+static moefuse_status cuda_synchronize(moefuse_context *ctx, void *state)
+{
+    cudaError_t e = cudaStreamSynchronize(((cuda_state *)state)->stream);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, "synchronize", "cudaStreamSynchronize");
+}
+
+static moefuse_status cuda_buffer_alloc(moefuse_context *ctx, void *state, size_t bytes,
+                                        void **buffer)
+{
+    (void)state;
+    cudaError_t e = cudaMalloc(buffer, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "buffer_alloc: cudaMalloc of %zu bytes: out of device memory", bytes);
+    }
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, "buffer_alloc", "cudaMalloc");
+}
+
+static void cuda_buffer_free(void *state, void *buffer)
+{
+    (void)state;
+    cudaFree(buffer); /* synchronises the device: buffers are not freed on hot paths */
+}
+
+/* Copies are ordered after the work already enqueued on the stream, then waited for. */
+static moefuse_status copy(moefuse_context *ctx, cuda_state *s, void *dst, const void *src,
+                           size_t bytes, enum cudaMemcpyKind kind, const char *op)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s->stream);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, op, "cudaMemcpyAsync");
+    e = cudaStreamSynchronize(s->stream);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaStreamSynchronize");
+}
+
+static moefuse_status cuda_buffer_write(moefuse_context *ctx, void *state, void *buffer,
+                                        size_t offset, const void *src, size_t bytes)
+{
+    return copy(ctx, state, (char *)buffer + offset, src, bytes, cudaMemcpyHostToDevice,
+                "buffer_write");
+}
+
+static moefuse_status cuda_buffer_read(moefuse_context *ctx, void *state, const void *buffer,
+                                       size_t offset, void *dst, size_t bytes)
+{
+    return copy(ctx, state, dst, (const char *)buffer + offset, bytes, cudaMemcpyDeviceToHost,
+                "buffer_read");
+}
+
+/*
+ * Device or managed memory of our device; any cudaMalloc'd pointer counts,
+ * so callers may pass their own allocations (framework tensors). Host
+ * pointers are answered by the runtime without touching them.
+ */
+static bool cuda_owns_pointer(void *state, const void *data)
+{
+    const cuda_state *s = state;
+    struct cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, data) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) &&
+           attr.device == s->device;
+}
+
+const moefuse_backend_i mf_backend_cuda = {
+    .name = "cuda",
+    .probe = cuda_probe,
+    .init = cuda_init,
+    .release = cuda_release,
+    .device_name = cuda_device_name,
+    .set_stream = cuda_set_stream,
+    .get_stream = cuda_get_stream,
+    .synchronize = cuda_synchronize,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_free = cuda_buffer_free,
+    .buffer_write = cuda_buffer_write,
+    .buffer_read = cuda_buffer_read,
+    .owns_pointer = cuda_owns_pointer,
+    .data_is_handle = false,
+    /* Operations not yet implemented stay NULL: the core answers MOEFUSE_ERR_UNSUPPORTED. */
+    .act_quant = NULL,
+    .act_mul = NULL,
+    .quant = NULL,
+    .dequant = NULL,
+    .topk_softmax = NULL,
+    .moe_gate = NULL,
+    .moe_final = NULL,
+    .moe_forward = NULL,
+};

@@ -1,0 +1,88 @@
+/*
+ * State and helpers shared by the CUDA backend's files. Host code is C
+ * (backend_cuda.c, cuda_util.c); kernels and their launchers are .cu files
+ * compiled by nvcc as C++ but written in C style, exporting the vtable
+ * members below with C linkage.
+ *
+ * Rules every file follows:
+ *  - Every CUDA call's status is checked and turned into a moefuse status
+ *    with mf_cuda_fail (the message names the operation and the call);
+ *    every launch is followed by mf_cuda_launched.
+ *  - No hidden synchronisation: operations only enqueue on s->stream, never
+ *    read device data on the host, and size scratch from the shapes.
+ *  - Offsets and sizes are 64-bit (int64_t / size_t) everywhere.
+ */
+#ifndef MOEFUSE_CUDA_INTERNAL_H
+#define MOEFUSE_CUDA_INTERNAL_H
+
+#include "core/backend.h"
+
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_state {
+    int device;                /* the device this context runs on */
+    cudaStream_t own_stream;   /* created by the context (non-blocking) */
+    cudaStream_t stream;       /* own_stream, or the caller's */
+    int sm_count;              /* multiprocessors, read from the device */
+    int cc_major, cc_minor;    /* compute capability */
+    size_t smem_optin;         /* max dynamic shared memory per block after opt-in */
+    size_t l2_bytes;
+    void *scratch;             /* stream-ordered scratch, grown on demand */
+    size_t scratch_bytes;
+    char device_name[256];
+} cuda_state;
+
+/* A failed CUDA call as a moefuse status: "<op>: <call> failed: <error name>: <string>". */
+moefuse_status mf_cuda_fail(moefuse_context *ctx, cudaError_t err, const char *op,
+                            const char *call);
+
+/* After a kernel launch: the launch error (bad configuration, no kernel image) if any. */
+moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char *kernel);
+
+/*
+ * Device scratch of at least `bytes`, ordered on s->stream (cudaMallocAsync):
+ * valid for work enqueued on that stream until the next call that asks for
+ * scratch. Growing it never synchronises the device.
+ */
+moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
+                               void **out);
+
+/* Start of a tensor's data: the device pointer plus its byte offset. */
+static inline char *mf_cuda_base(const moefuse_tensor *t)
+{
+    return t->data ? (char *)t->data + t->offset : (char *)0;
+}
+
+/* Grid size for a grid-stride loop over `work` items in blocks of `per_block`. */
+static inline unsigned mf_cuda_grid(const cuda_state *s, int64_t work, int64_t per_block,
+                                    int blocks_per_sm)
+{
+    int64_t need = (work + per_block - 1) / per_block;
+    int64_t cap = (int64_t)s->sm_count * blocks_per_sm;
+    if (need > cap)
+        need = cap;
+    return (unsigned)(need > 0 ? need : 1);
+}
+
+/* Operations: rows.cu / quant.cu / topk.cu (row ops), moe_*.cu (GEMMs). */
+moefuse_status mf_cuda_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cuda_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
+moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
+moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
+moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state, const mf_moe_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEFUSE_CUDA_INTERNAL_H */

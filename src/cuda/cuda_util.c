@@ -1,0 +1,46 @@
+/* Error conversion, launch checks and stream-ordered scratch of the CUDA backend. */
+#include "cuda/cuda_internal.h"
+
+moefuse_status mf_cuda_fail(moefuse_context *ctx, cudaError_t err, const char *op,
+                            const char *call)
+{
+    /* a sticky error (an earlier kernel faulted) poisons the context: say so */
+    moefuse_status status = err == cudaErrorMemoryAllocation ? MOEFUSE_ERR_OUT_OF_MEMORY
+                                                             : MOEFUSE_ERR_BACKEND_FAILURE;
+    cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+    return mf_error(ctx, status, "%s%s%s failed: %s: %s", op ? op : "cuda", ": ", call,
+                    cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return MOEFUSE_OK;
+    return mf_error(ctx, MOEFUSE_ERR_BACKEND_FAILURE, "%s: launching %s failed: %s: %s", op,
+                    kernel, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
+                               void **out)
+{
+    if (bytes > s->scratch_bytes || !s->scratch) {
+        if (s->scratch) {
+            cudaError_t e = cudaFreeAsync(s->scratch, s->stream);
+            s->scratch = NULL;
+            s->scratch_bytes = 0;
+            if (e != cudaSuccess)
+                return mf_cuda_fail(ctx, e, op, "cudaFreeAsync(scratch)");
+        }
+        /* grow by half again, so a slowly rising M does not reallocate every call */
+        size_t want = bytes + bytes / 2;
+        cudaError_t e = cudaMallocAsync(&s->scratch, want ? want : 256, s->stream);
+        if (e != cudaSuccess) {
+            s->scratch = NULL;
+            return mf_cuda_fail(ctx, e, op, "cudaMallocAsync(scratch)");
+        }
+        s->scratch_bytes = want;
+    }
+    *out = s->scratch;
+    return MOEFUSE_OK;
+}
