@@ -1,111 +1,26 @@
-/* Same-run ceilings: host memcpy bandwidth and an OpenBLAS dense GEMM of equal FLOPs. */
+/* Which backend measures which ceiling: the table `moefuse bench` and `moefuse info` read. */
 #include "ceiling.h"
 
-#include "convert.h"
-#include "random.h"
-#include "timer.h"
-
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#ifdef MOEFUSE_HAVE_BLAS
-#include <cblas.h>
+/*
+ * A backend's ceilings come from its own device and runtime, on the context's stream, so each
+ * backend has a provider in its own file, built only when the library has that backend.
+ * CUDA joins the same way: a ceiling_cuda.c whose copy_gbs times cudaMemcpyAsync
+ * device-to-device and whose gemm_gflops times a cuBLAS GEMM, both on the stream
+ * moefuse_get_stream() returns, listed below under its own MOEFUSE_HAVE_CUDA_CEILING.
+ */
+static const ceiling_provider *const providers[] = {
+    &ceiling_cpu,
+#ifdef MOEFUSE_HAVE_OPENCL_CEILING
+    &ceiling_opencl,
 #endif
+};
 
-double ceiling_copy_gbs(void)
+const ceiling_provider *ceiling_provider_for(const char *backend)
 {
-    /*
-     * 1 GiB each way: beyond the last-level cache even of server parts with
-     * hundreds of MiB of L3, so this is DRAM bandwidth.
-     */
-    const size_t bytes = (size_t)CEILING_COPY_MIB << 20;
-    char *src = malloc(bytes), *dst = malloc(bytes);
-    if (!src || !dst) {
-        free(src);
-        free(dst);
-        return 0.0;
-    }
-    memset(src, 1, bytes); /* fault the pages in before timing */
-    memset(dst, 2, bytes);
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        const double t0 = now_seconds();
-        memcpy(dst, src, bytes);
-        const double t = now_seconds() - t0;
-        if (t < best)
-            best = t;
-        src[r] = dst[bytes - 1 - (size_t)r]; /* keep the copies observable */
-    }
-    free(src);
-    free(dst);
-    return 2.0 * (double)bytes / best / 1e9;
-}
-
-double ceiling_gemm_gflops(moefuse_dtype dtype, int64_t rows, int64_t inner, int64_t n, int reps,
-                           char *what, size_t what_size)
-{
-#ifndef MOEFUSE_HAVE_BLAS
-    (void)dtype;
-    (void)rows;
-    (void)inner;
-    (void)n;
-    (void)reps;
-    snprintf(what, what_size, "none: built without OpenBLAS (-Dblas=enabled)");
-    return 0.0;
-#else
-    const double flops = 2.0 * (double)rows * (double)inner * (double)n;
-    float *c = malloc((size_t)(rows * n) * sizeof *c);
-    void *a = NULL, *b = NULL;
-    int use_bf16 = 0;
-#ifdef MOEFUSE_HAVE_SBGEMM
-    use_bf16 = dtype == MOEFUSE_BF16;
-#endif
-    const size_t esize = use_bf16 ? 2 : 4;
-    a = malloc((size_t)(rows * inner) * esize);
-    b = malloc((size_t)(inner * n) * esize);
-    if (!a || !b || !c) {
-        free(a);
-        free(b);
-        free(c);
-        snprintf(what, what_size, "none: out of host memory for the dense GEMM");
-        return 0.0;
-    }
-    rng r = rng_seed(99);
-    for (int64_t i = 0; i < rows * inner; i++)
-        use_bf16 ? (void)(((uint16_t *)a)[i] = f32_to_bf16(rng_uniform(&r)))
-                 : (void)(((float *)a)[i] = rng_uniform(&r));
-    for (int64_t i = 0; i < inner * n; i++)
-        use_bf16 ? (void)(((uint16_t *)b)[i] = f32_to_bf16(rng_uniform(&r)))
-                 : (void)(((float *)b)[i] = rng_uniform(&r));
-    const char *fn = use_bf16 ? "cblas_sbgemm" : "cblas_sgemm";
-    const char *note = "";
-    if (dtype == MOEFUSE_BF16 && !use_bf16)
-        note = " (f32: this OpenBLAS has no cblas_sbgemm)";
-    else if (dtype == MOEFUSE_F16)
-        note = " (f32: OpenBLAS has no f16 GEMM)";
-    snprintf(what, what_size, "OpenBLAS %s %lldx%lldx%lld%s", fn, (long long)rows,
-             (long long)inner, (long long)n, note);
-    double best = 1e30;
-    for (int rep = 0; rep < reps + 1; rep++) { /* the first run warms up OpenBLAS's threads */
-        const double t0 = now_seconds();
-#ifdef MOEFUSE_HAVE_SBGEMM
-        if (use_bf16)
-            cblas_sbgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)rows, (blasint)n,
-                         (blasint)inner, 1.0f, (const bfloat16 *)a, (blasint)inner,
-                         (const bfloat16 *)b, (blasint)n, 0.0f, c, (blasint)n);
-        else
-#endif
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)rows, (blasint)n,
-                        (blasint)inner, 1.0f, (const float *)a, (blasint)inner,
-                        (const float *)b, (blasint)n, 0.0f, c, (blasint)n);
-        const double t = now_seconds() - t0;
-        if (rep > 0 && t < best)
-            best = t;
-    }
-    free(a);
-    free(b);
-    free(c);
-    return flops / best / 1e9;
-#endif
+    for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++)
+        if (strcmp(providers[i]->backend, backend) == 0)
+            return providers[i];
+    return NULL;
 }

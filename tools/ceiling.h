@@ -1,23 +1,43 @@
-/* Ceilings that `moefuse bench` measures in the same run as the operation. */
+/*
+ * Ceilings that `moefuse bench` measures in the same run as the operation, on the same
+ * backend and device: one provider per backend, looked up by the backend's name.
+ */
 #ifndef MOEFUSE_TOOLS_CEILING_H
 #define MOEFUSE_TOOLS_CEILING_H
 
 #include <moefuse.h>
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* Size of each of the two buffers of the copy ceiling. */
+/* Size of each of the two buffers of a copy ceiling (less where the device caps it). */
 #define CEILING_COPY_MIB 1024
 
-/* Host copy bandwidth in GB/s (bytes read + bytes written), best of several memcpy runs. */
-double ceiling_copy_gbs(void);
-
 /*
- * Dense GEMM of the same FLOPs as the MoE op, C[rows, n] = A[rows, inner] B[inner, n], through
- * OpenBLAS, in GFLOP/s (best of `reps`). `what` receives a description of the call made
- * ("cblas_sbgemm 256x4608x2048"); returns 0 (and says why in `what`) when no BLAS is built in.
+ * What one backend can measure. Each function returns the ceiling and describes in `what`
+ * how it was measured ("memcpy of 1024 MiB, read + write, best of 5"); or returns 0 and
+ * says in `what` why there is none ("CLBlast not found: ..."). Neither ever aborts.
  */
-double ceiling_gemm_gflops(moefuse_dtype dtype, int64_t rows, int64_t inner, int64_t n, int reps,
-                           char *what, size_t what_size);
+typedef struct ceiling_provider {
+    const char *backend; /* as moefuse_backend_name() spells it */
+    const char *summary; /* one line for `moefuse info` */
+    /* Copy bandwidth of the backend's memory in GB/s, bytes read + bytes written. */
+    double (*copy_gbs)(moefuse_context *ctx, char *what, size_t what_size);
+    /*
+     * A dense GEMM of the MoE op's FLOPs, C[rows, n] = A[rows, inner] B[inner, n], in GFLOP/s;
+     * `dtype` is the op's input dtype, for providers that have a GEMM in it.
+     */
+    double (*gemm_gflops)(moefuse_context *ctx, moefuse_dtype dtype, int64_t rows, int64_t inner,
+                          int64_t n, char *what, size_t what_size);
+} ceiling_provider;
+
+/* The provider for `backend`, or NULL when this build measures no ceiling there. */
+const ceiling_provider *ceiling_provider_for(const char *backend);
+
+/* The providers ceiling.c chooses from, each in its own file. */
+extern const ceiling_provider ceiling_cpu;
+#ifdef MOEFUSE_HAVE_OPENCL_CEILING
+extern const ceiling_provider ceiling_opencl;
+#endif
 
 #endif

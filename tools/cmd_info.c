@@ -1,4 +1,5 @@
 /* `moefuse info`: what this build contains and which devices it can reach. */
+#include "ceiling.h"
 #include "tools.h"
 
 #include <stdio.h>
@@ -25,16 +26,21 @@ int cmd_info(int argc, char **argv)
     }
     printf("moefuse %d.%d.%d\n", MOEFUSE_VERSION_MAJOR, MOEFUSE_VERSION_MINOR,
            MOEFUSE_VERSION_PATCH);
-#ifdef MOEFUSE_HAVE_BLAS
-    printf("bench ceiling:  OpenBLAS (dense GEMM) + memcpy\n");
-#else
-    printf("bench ceiling:  memcpy only (built without OpenBLAS)\n");
-#endif
     const char *built = moefuse_built_backends();
+    char list[256];
+
+    /* What `moefuse bench` measures its same-run ceilings with, per built backend. */
+    snprintf(list, sizeof list, "%s", built);
+    const char *label = "bench ceiling: ";
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        const ceiling_provider *ceiling = ceiling_provider_for(name);
+        printf("%s %s: %s\n", label, name, ceiling ? ceiling->summary : "none in this build");
+        label = "               ";
+    }
     printf("built backends: %s\n", built);
 
     /* One context per built backend: its device, or the reason it has none. */
-    char list[256];
     snprintf(list, sizeof list, "%s", built);
     int failures = 0;
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
