@@ -6,14 +6,14 @@
 /*
  * A backend's ceilings come from its own device and runtime, on the context's stream, so each
  * backend has a provider in its own file, built only when the library has that backend.
- * CUDA joins the same way: a ceiling_cuda.c whose copy_gbs times cudaMemcpyAsync
- * device-to-device and whose gemm_gflops times a cuBLAS GEMM, both on the stream
- * moefuse_get_stream() returns, listed below under its own MOEFUSE_HAVE_CUDA_CEILING.
  */
 static const ceiling_provider *const providers[] = {
     &ceiling_cpu,
 #ifdef MOEFUSE_HAVE_OPENCL_CEILING
     &ceiling_opencl,
+#endif
+#ifdef MOEFUSE_HAVE_CUDA_CEILING
+    &ceiling_cuda,
 #endif
 };
 

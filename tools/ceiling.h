@@ -39,5 +39,8 @@ extern const ceiling_provider ceiling_cpu;
 #ifdef MOEFUSE_HAVE_OPENCL_CEILING
 extern const ceiling_provider ceiling_opencl;
 #endif
+#ifdef MOEFUSE_HAVE_CUDA_CEILING
+extern const ceiling_provider ceiling_cuda;
+#endif
 
 #endif

@@ -691,9 +691,25 @@ int cmd_bench(int argc, char **argv)
     } else {
         ceil = ceiling->copy_gbs(b.ctx, what, sizeof what);
     }
+    /* MoE ops also get the roofline floor: a layer can be no faster than the same FLOPs
+     * at the dense GEMM's rate, nor than streaming its routed experts' weights once. */
+    char copy_what[256] = "";
+    double copy = 0.0;
+    if (ceiling && gemm && ceil > 0.0)
+        copy = ceiling->copy_gbs(b.ctx, copy_what, sizeof copy_what);
     if (progress)
         fprintf(stderr, "\r%60s\r", "");
     print_ceiling(figure, ceil, gemm ? "GFLOP/s" : "GB/s", what);
+    if (copy > 0.0) {
+        const double t_flops = work / (ceil * 1e9), t_bytes = b.weight_bytes / (copy * 1e9);
+        const double floor_s = t_flops > t_bytes ? t_flops : t_bytes;
+        printf("roofline floor: %.4f ms = max(FLOPs at the ceiling's rate %.4f ms, weights at "
+               "%.2f GB/s copy bandwidth %.4f ms (%s))\nroofline ratio: %.1f%%\n",
+               floor_s * 1e3, t_flops * 1e3, copy, t_bytes * 1e3, copy_what,
+               100.0 * floor_s / med);
+    } else if (gemm && ceil > 0.0) {
+        printf("roofline floor: n/a (copy bandwidth: %s)\n", copy_what);
+    }
     rc = 0;
 
 done:

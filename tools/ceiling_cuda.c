@@ -1,0 +1,285 @@
+/*
+ * The CUDA backend's ceilings, measured on the stream the moefuse context runs on:
+ * device-to-device cudaMemcpyAsync bandwidth, and a cuBLAS GEMM of the MoE op's FLOPs in the
+ * op's dtype (bf16/f16 on the tensor cores with f32 accumulation, f32 in plain f32).
+ * cuBLAS is loaded at run time, so the tool starts on machines that have the CUDA toolkit's
+ * compiler but not its libraries on the loader path (CI), and says "n/a" and why there.
+ */
+#include <cuda_runtime.h>
+
+#include "ceiling.h"
+#include "convert.h"
+#include "random.h"
+#include "timer.h"
+
+#ifdef MOEFUSE_HAVE_DLOPEN
+#include <dlfcn.h>
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GEMM_RUNS 5
+
+static int cuda_failed(char *what, size_t what_size, const char *call, cudaError_t e)
+{
+    snprintf(what, what_size, "%s failed: %s", call, cudaGetErrorName(e));
+    cudaGetLastError();
+    return -1;
+}
+
+static int stream_of(moefuse_context *ctx, cudaStream_t *stream, char *what, size_t what_size)
+{
+    void *s = NULL;
+    moefuse_status st = moefuse_get_stream(ctx, &s);
+    if (st != MOEFUSE_OK) {
+        snprintf(what, what_size, "moefuse_get_stream failed: %s", moefuse_last_error(ctx));
+        return -1;
+    }
+    *stream = (cudaStream_t)s;
+    return 0;
+}
+
+/* Host-side seconds up to the end of the stream's work: how cmd_bench times the op. */
+static int sync_timed(cudaStream_t stream, double t0, double *seconds, char *what,
+                      size_t what_size)
+{
+    cudaError_t e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess)
+        return cuda_failed(what, what_size, "cudaStreamSynchronize", e);
+    *seconds = now_seconds() - t0;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- copy */
+
+static double cuda_copy_gbs(moefuse_context *ctx, char *what, size_t what_size)
+{
+    cudaStream_t stream;
+    if (stream_of(ctx, &stream, what, what_size) != 0)
+        return 0.0;
+    const size_t bytes = (size_t)CEILING_COPY_MIB << 20; /* far beyond the L2 */
+    double gbs = 0.0, best = 1e30;
+    void *src = NULL, *dst = NULL;
+    cudaError_t e = cudaMalloc(&src, bytes);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&dst, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(src, 0x3F, bytes, stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(dst, 0x3F, bytes, stream);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaMalloc/cudaMemsetAsync of the copy buffers", e);
+        goto done;
+    }
+    for (int r = -1; r < 5; r++) { /* r = -1: warm-up */
+        double seconds;
+        const double t0 = now_seconds();
+        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+        if (e != cudaSuccess) {
+            cuda_failed(what, what_size, "cudaMemcpyAsync", e);
+            goto done;
+        }
+        if (sync_timed(stream, t0, &seconds, what, what_size) != 0)
+            goto done;
+        if (r >= 0 && seconds < best)
+            best = seconds;
+    }
+    gbs = 2.0 * (double)bytes / best / 1e9;
+    snprintf(what, what_size, "cudaMemcpyAsync device to device of %zu MiB, read + write, best of 5",
+             bytes >> 20);
+done:
+    cudaFree(src);
+    cudaFree(dst);
+    return gbs;
+}
+
+/* ---------------------------------------------------------------- cuBLAS */
+
+/* The few declarations of cuBLAS's API used here (cublas_api.h), so it is not linked. */
+typedef int cublas_status; /* CUBLAS_STATUS_SUCCESS = 0 */
+typedef void *cublas_handle;
+enum { CUBLAS_OP_N_ = 0, CUBLAS_COMPUTE_32F_ = 68, CUBLAS_GEMM_DEFAULT_ = -1 };
+enum { CUDA_R_32F_ = 0, CUDA_R_16F_ = 2, CUDA_R_16BF_ = 14 };
+typedef cublas_status (*create_fn)(cublas_handle *handle);
+typedef cublas_status (*destroy_fn)(cublas_handle handle);
+typedef cublas_status (*set_stream_fn)(cublas_handle handle, cudaStream_t stream);
+typedef cublas_status (*gemm_ex_fn)(cublas_handle handle, int transa, int transb, int m, int n,
+                                    int k, const void *alpha, const void *a, int a_type, int lda,
+                                    const void *b, int b_type, int ldb, const void *beta, void *c,
+                                    int c_type, int ldc, int compute_type, int algo);
+
+typedef struct cublas_api {
+    const char *soname;
+    create_fn create;
+    destroy_fn destroy;
+    set_stream_fn set_stream;
+    gemm_ex_fn gemm_ex;
+} cublas_api;
+
+#ifdef MOEFUSE_HAVE_DLOPEN
+/* Through memcpy: ISO C has no conversion from void * to a function pointer. */
+static int bind(void *lib, const char *name, void *fn, char *what, size_t what_size)
+{
+    dlerror();
+    void *sym = dlsym(lib, name);
+    if (!sym) {
+        const char *err = dlerror();
+        snprintf(what, what_size, "cuBLAS has no %s: %s", name, err ? err : "symbol is NULL");
+        return -1;
+    }
+    memcpy(fn, &sym, sizeof sym);
+    return 0;
+}
+#endif
+
+static int cublas_load(cublas_api *api, char *what, size_t what_size)
+{
+    memset(api, 0, sizeof *api);
+#ifndef MOEFUSE_HAVE_DLOPEN
+    snprintf(what, what_size, "cuBLAS not loaded: this build has no dlopen");
+    return -1;
+#else
+    static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
+                                        "/usr/local/cuda/lib64/libcublas.so"};
+    char first_error[256] = "";
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib)
+            api->soname = names[i];
+        else if (i == 0) {
+            const char *err = dlerror();
+            snprintf(first_error, sizeof first_error, "%s", err ? err : "unknown dlopen error");
+        }
+    }
+    if (!lib) {
+        snprintf(what, what_size, "cuBLAS not found: %s", first_error);
+        return -1;
+    }
+    if (bind(lib, "cublasCreate_v2", &api->create, what, what_size) != 0 ||
+        bind(lib, "cublasDestroy_v2", &api->destroy, what, what_size) != 0 ||
+        bind(lib, "cublasSetStream_v2", &api->set_stream, what, what_size) != 0 ||
+        bind(lib, "cublasGemmEx", &api->gemm_ex, what, what_size) != 0)
+        return -1;
+    return 0;
+#endif
+}
+
+/* `count` elements of dtype dt, uniform in [-1, 1): zeros would flatter the tensor cores. */
+static void *random_matrix(size_t count, moefuse_dtype dt, uint64_t seed, cudaStream_t stream,
+                           char *what, size_t what_size)
+{
+    const size_t esize = moefuse_dtype_size(dt), chunk = (size_t)1 << 22;
+    void *dev = NULL;
+    cudaError_t e = cudaMalloc(&dev, count * esize);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaMalloc of a GEMM matrix", e);
+        return NULL;
+    }
+    void *host = malloc((count < chunk ? count : chunk) * esize);
+    if (!host) {
+        snprintf(what, what_size, "out of host memory filling the GEMM's matrices");
+        cudaFree(dev);
+        return NULL;
+    }
+    rng r = rng_seed(seed);
+    for (size_t at = 0; at < count && e == cudaSuccess; at += chunk) {
+        const size_t len = count - at < chunk ? count - at : chunk;
+        for (size_t i = 0; i < len; i++)
+            store_float(host, dt, (int64_t)i, rng_uniform(&r));
+        e = cudaMemcpyAsync((char *)dev + at * esize, host, len * esize, cudaMemcpyHostToDevice,
+                            stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(stream); /* host buffer is reused */
+    }
+    free(host);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaMemcpyAsync of a GEMM matrix", e);
+        cudaFree(dev);
+        return NULL;
+    }
+    return dev;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * Row-major C[rows, n] = A[rows, inner] B[inner, n] in the op's dtype with f32 accumulation,
+ * through cublasGemmEx on the context's stream (as column-major C^T = B^T A^T): one untimed
+ * call (cuBLAS picks and loads its kernel), then the median of GEMM_RUNS.
+ */
+static double cuda_gemm_gflops(moefuse_context *ctx, moefuse_dtype dtype, int64_t rows,
+                               int64_t inner, int64_t n, char *what, size_t what_size)
+{
+    cublas_api blas;
+    cudaStream_t stream;
+    if (cublas_load(&blas, what, what_size) != 0 || stream_of(ctx, &stream, what, what_size) != 0)
+        return 0.0;
+    if (rows > 0x7FFFFFFF || inner > 0x7FFFFFFF || n > 0x7FFFFFFF) {
+        snprintf(what, what_size, "the GEMM's sizes do not fit cuBLAS's int arguments");
+        return 0.0;
+    }
+    const int type = dtype == MOEFUSE_BF16 ? CUDA_R_16BF_ : dtype == MOEFUSE_F16 ? CUDA_R_16F_
+                                                                                  : CUDA_R_32F_;
+    const float one = 1.0f, zero = 0.0f;
+    double gflops = 0.0, times[GEMM_RUNS];
+    cublas_handle h = NULL;
+    void *a = random_matrix((size_t)rows * (size_t)inner, dtype, 99, stream, what, what_size);
+    void *b = a ? random_matrix((size_t)inner * (size_t)n, dtype, 100, stream, what, what_size)
+                : NULL;
+    void *c = NULL;
+    if (!b)
+        goto done;
+    cudaError_t ce = cudaMalloc(&c, (size_t)rows * (size_t)n * moefuse_dtype_size(dtype));
+    if (ce != cudaSuccess) {
+        c = NULL;
+        cuda_failed(what, what_size, "cudaMalloc of the GEMM's result", ce);
+        goto done;
+    }
+    cublas_status s = blas.create(&h);
+    if (s == 0)
+        s = blas.set_stream(h, stream);
+    if (s != 0) {
+        snprintf(what, what_size, "cublasCreate/cublasSetStream failed: status %d", s);
+        goto done;
+    }
+    for (int r = -1; r < GEMM_RUNS; r++) {
+        double seconds;
+        const double t0 = now_seconds();
+        s = blas.gemm_ex(h, CUBLAS_OP_N_, CUBLAS_OP_N_, (int)n, (int)rows, (int)inner, &one, b,
+                         type, (int)n, a, type, (int)inner, &zero, c, type, (int)n,
+                         CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+        if (s != 0) {
+            snprintf(what, what_size, "cublasGemmEx failed: status %d", s);
+            goto done;
+        }
+        if (sync_timed(stream, t0, &seconds, what, what_size) != 0)
+            goto done;
+        if (r >= 0)
+            times[r] = seconds;
+    }
+    qsort(times, GEMM_RUNS, sizeof times[0], cmp_double);
+    gflops = 2.0 * (double)rows * (double)inner * (double)n / times[GEMM_RUNS / 2] / 1e9;
+    snprintf(what, what_size, "cublasGemmEx %s (%s) %lldx%lldx%lld, f32 accumulate, median of %d",
+             moefuse_dtype_name(dtype), blas.soname, (long long)rows, (long long)inner,
+             (long long)n, GEMM_RUNS);
+done:
+    if (h)
+        blas.destroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    return gflops;
+}
+
+const ceiling_provider ceiling_cuda = {
+    .backend = "cuda",
+    .summary = "cudaMemcpyAsync device to device + cuBLAS cublasGemmEx (loaded at run time)",
+    .copy_gbs = cuda_copy_gbs,
+    .gemm_gflops = cuda_gemm_gflops,
+};

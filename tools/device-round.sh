@@ -1,0 +1,105 @@
+#!/bin/bash
+# One round on the GPU machine: build, test, benchmark, in one call.
+#
+#   tools/device-round.sh STAGE...     (from the repository root)
+#
+# Stages, run in the order given:
+#   info            nvidia-smi, OpenCL platforms, `moefuse info`
+#   test-cpu        the Check suite on the CPU backend (16 cores)
+#   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
+#   test-cuda       the Check suite on CUDA
+#   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
+#   bench-opencl    the `moefuse bench` list of tools/bench-list.txt on OpenCL
+#   bench-cuda      the same list on CUDA
+#
+# The machine has no Check and no internet: the Debian packages of Check,
+# subunit and CLBlast (the OpenCL GEMM ceiling) travel in .deps/ (fetched by
+# `tools/fetch-device-deps.sh`) and are unpacked under /opt/mfdeps, never into /.
+# Logs go to $OUT (or out/ when OUT is unset) and a summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-out}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+deps=/opt/mfdeps
+if ls .deps/*.deb >/dev/null 2>&1; then
+    mkdir -p "$deps"
+    for f in .deps/*.deb; do dpkg -x "$f" "$deps"; done
+    for pc in "$deps"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+        sed -i "s|^prefix=.*|prefix=$deps/usr|" "$pc"
+    done
+    export PKG_CONFIG_PATH="$deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# NVIDIA's OpenCL ICD file is missing in some containers: list the vendors ourselves.
+if [ ! -e /etc/OpenCL/vendors/nvidia.icd ] && [ -z "${OCL_ICD_VENDORS:-}" ]; then
+    mkdir -p /tmp/mf_icd
+    cp /etc/OpenCL/vendors/*.icd /tmp/mf_icd/ 2>/dev/null
+    echo libnvidia-opencl.so.1 >/tmp/mf_icd/nvidia.icd
+    export OCL_ICD_VENDORS=/tmp/mf_icd
+fi
+export MOEFUSE_OPENCL_DEVICE=${MOEFUSE_OPENCL_DEVICE:-NVIDIA}
+export MOEFUSE_OPENCL_CACHE=/tmp/mf_clcache
+
+build=build-device
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" -Dcuda=auto -Dopencl=enabled >"$out/setup.log" 2>&1 ||
+        { note "meson setup FAILED"; tail -40 "$out/setup.log"; exit 1; }
+fi
+t0=$(date +%s)
+ninja -C "$build" >"$out/build.log" 2>&1 || { note "build FAILED"; tail -60 "$out/build.log"; exit 1; }
+note "build: $(( $(date +%s) - t0 )) s"
+
+run_suite() { # backend
+    local log="$out/test-$1.log" t=$(date +%s)
+    meson test -C "$build" --suite "$1" --print-errorlogs --num-processes 8 >"$log" 2>&1
+    local rc=$?
+    note "test-$1: rc=$rc, $(.ci/check-summary.sh "$build"), $(( $(date +%s) - t )) s;" \
+         "$(grep -E '^(Ok|Fail|Skipped|Timeout):' "$log" | tr -s ' ' | tr '\n' ' ')"
+    [ $rc -eq 0 ] || grep -E "FAIL|seed|Assertion" "$log" | head -30
+}
+
+run_bench() { # backend
+    local log="$out/bench-$1.txt"
+    : >"$log"
+    grep -vE '^\s*(#|$)' tools/bench-list.txt | while read -r line; do
+        echo "== moefuse bench --backend $1 $line" >>"$log"
+        # shellcheck disable=SC2086
+        timeout 120 "$build/tools/moefuse" bench --backend "$1" $line >>"$log" 2>&1 ||
+            echo "(exit $?)" >>"$log"
+    done
+    note "bench-$1: $(grep -c '^== ' "$log") runs, table:"
+    awk '/^== /{cmd=$0} /^(figure|ceiling|ratio):/{print cmd " | " $0}' "$log" | tee -a "$summary" >/dev/null
+}
+
+for stage in "$@"; do
+    case "$stage" in
+    info)
+        nvidia-smi -L 2>&1 | tee -a "$summary"
+        "$build/tools/moefuse" info 2>&1 | tee -a "$summary"
+        ;;
+    test-cpu | test-opencl | test-cuda) run_suite "${stage#test-}" ;;
+    sanitize-cuda)
+        for tool in memcheck racecheck; do
+            log="$out/sanitize-$tool.log"
+            : >"$log"
+            for t in "$build"/tests/test_*; do
+                [ -x "$t" ] || continue
+                MOEFUSE_TEST_BACKEND=cuda CK_FORK=no compute-sanitizer --tool "$tool" \
+                    --error-exitcode 9 "$t" >>"$log" 2>&1
+                echo "$(basename "$t"): rc=$?" >>"$log"
+            done
+            note "sanitize $tool: $(grep -c 'rc=0' "$log") clean of $(grep -c 'rc=' "$log");" \
+                 "$(grep -h 'ERROR SUMMARY' "$log" | sort | uniq -c | tr '\n' ' ')"
+        done
+        ;;
+    bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
+    *) note "unknown stage $stage" ;;
+    esac
+done
+echo "===== summary"
+cat "$summary"
