@@ -1,6 +1,8 @@
 #!/bin/sh
 # Sum the "Checks: X, Failures: Y, Errors: Z" lines Check wrote into a meson
-# test log and print them as one "passed, failed" line.
+# test log and print them as one "passed, failed" line. Programs that exited
+# with 77 (a built backend without a device: "SKIP: backend X unavailable")
+# are counted on the same line, with the backends they skipped.
 log="$1/meson-logs/testlog.txt"
 awk '/Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+/ {
        for (i = 1; i <= NF; i++) {
@@ -9,4 +11,10 @@ awk '/Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+/ {
          if ($i == "Errors:")   errors   += $(i + 1)
        }
      }
-     END { printf "check: %d passed, %d failed\n", checks - failures - errors, failures + errors }' "$log"
+     /^result: +exit status 77$/ { skipped++ }
+     /^SKIP: backend [^ ]+ unavailable/ && !($3 in seen) { seen[$3]; which = which (which ? ", " : "") $3 }
+     END {
+       printf "check: %d passed, %d failed", checks - failures - errors, failures + errors
+       if (skipped) printf ", %d programs skipped (no device: %s)", skipped, which
+       printf "\n"
+     }' "$log"

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -11,6 +12,7 @@
 #endif
 
 moefuse_context *g_ctx;
+moefuse_context *g_ref;
 unsigned long long g_seed;
 static uint64_t rng_state;
 static tbuf *live;
@@ -78,6 +80,18 @@ static void mark_logical(tbuf *tb)
     }
 }
 
+/* The device buffer of a tbuf whose host side is ready; links it into the live list. */
+static void tb_attach(tbuf *tb, moefuse_context *ctx)
+{
+    tb->ctx = ctx;
+    moefuse_status st = moefuse_buffer_alloc(ctx, tb->total, &tb->buf);
+    ck_assert_msg(st == MOEFUSE_OK, "buffer_alloc %zu: %s", tb->total, moefuse_last_error(ctx));
+    tb->t.data = tb->buf;
+    tb->next = live;
+    live = tb;
+    tb_upload(tb);
+}
+
 tbuf *tb_new(const char *name, moefuse_dtype dt, int rank, const int64_t *shape, int64_t row_pad,
              int is_input)
 {
@@ -107,14 +121,27 @@ tbuf *tb_new(const char *name, moefuse_dtype dt, int rank, const int64_t *shape,
         tb->full[i] = (i < PAD || i >= PAD + bytes) ? (unsigned char)(0xC3 ^ (i * 29))
                                                      : (unsigned char)(0xA5 ^ (i * 0x3B));
     if (!empty) mark_logical(tb);
-    moefuse_status st = moefuse_buffer_alloc(g_ctx, tb->total, &tb->buf);
-    ck_assert_msg(st == MOEFUSE_OK, "buffer_alloc %zu: %s", tb->total, moefuse_last_error(g_ctx));
-    t->data = tb->buf;
     t->offset = PAD;
-    tb->next = live;
-    live = tb;
-    tb_upload(tb);
+    tb_attach(tb, g_ctx);
     return tb;
+}
+
+tbuf *tb_twin(tbuf *tb, moefuse_context *ctx)
+{
+    tbuf *tw = calloc(1, sizeof *tw);
+    snprintf(tw->name, sizeof tw->name, "%.31s@%.15s", tb->name, moefuse_backend_name(ctx));
+    tw->t = tb->t;
+    tw->total = tb->total;
+    tw->pad = tb->pad;
+    tw->is_input = tb->is_input;
+    tw->full = malloc(tw->total);
+    tw->shadow = malloc(tw->total);
+    tw->logical = malloc(tw->total);
+    memcpy(tw->full, tb->full, tw->total);
+    memcpy(tw->logical, tb->logical, tw->total);
+    tb->twin = tw;
+    tb_attach(tw, ctx);
+    return tw;
 }
 
 tbuf *tb_new1(const char *name, moefuse_dtype dt, int64_t a, int in)
@@ -182,16 +209,20 @@ void tb_fill_unif(tbuf *tb, double a, double b)
 
 void tb_upload(tbuf *tb)
 {
-    moefuse_status st = moefuse_buffer_write(g_ctx, tb->buf, 0, tb->full, tb->total);
-    ck_assert_msg(st == MOEFUSE_OK, "buffer_write: %s", moefuse_last_error(g_ctx));
+    moefuse_status st = moefuse_buffer_write(tb->ctx, tb->buf, 0, tb->full, tb->total);
+    ck_assert_msg(st == MOEFUSE_OK, "buffer_write %s: %s", tb->name, moefuse_last_error(tb->ctx));
     memcpy(tb->shadow, tb->full, tb->total);
+    if (tb->twin) {
+        memcpy(tb->twin->full, tb->full, tb->total);
+        tb_upload(tb->twin);
+    }
 }
 
 void h_check_all(int untouched)
 {
     for (tbuf *tb = live; tb; tb = tb->next) {
         unsigned char *cur = malloc(tb->total);
-        moefuse_status st = moefuse_buffer_read(g_ctx, tb->buf, 0, cur, tb->total);
+        moefuse_status st = moefuse_buffer_read(tb->ctx, tb->buf, 0, cur, tb->total);
         HCHECK(st == MOEFUSE_OK, "buffer_read %s failed", tb->name);
         for (size_t i = 0; i < tb->total; i++) {
             int must_keep = !tb->logical[i] || untouched || tb->is_input;
@@ -213,7 +244,7 @@ void tb_free_all(void)
 {
     while (live) {
         tbuf *n = live->next;
-        moefuse_buffer_free(g_ctx, live->buf);
+        moefuse_buffer_free(live->ctx, live->buf);
         free(live->full);
         free(live->shadow);
         free(live->logical);
@@ -228,20 +259,33 @@ moefuse_status h_call(moefuse_status st)
     return st;
 }
 
-void h_setup(void)
+const char *h_backend(void)
 {
     const char *be = getenv("MOEFUSE_TEST_BACKEND");
-    if (!be || !*be) be = "cpu";
+    return be && *be ? be : "cpu";
+}
+
+void h_setup(void)
+{
+    const char *be = h_backend();
     moefuse_status st = moefuse_context_create(&g_ctx, be);
     ck_assert_msg(st == MOEFUSE_OK && g_ctx, "context_create(%s): %s", be, moefuse_last_error(NULL));
     rng_state = g_seed;
+}
+
+void h_setup_cross(void)
+{
+    h_setup();
+    moefuse_status st = moefuse_context_create(&g_ref, "cpu");
+    ck_assert_msg(st == MOEFUSE_OK && g_ref, "context_create(cpu): %s", moefuse_last_error(NULL));
 }
 
 void h_teardown(void)
 {
     tb_free_all();
     moefuse_context_destroy(g_ctx);
-    g_ctx = NULL;
+    moefuse_context_destroy(g_ref);
+    g_ctx = g_ref = NULL;
 }
 
 int h_have_openmp(void)
@@ -253,8 +297,78 @@ int h_have_openmp(void)
 #endif
 }
 
+static int is_built(const char *be)
+{
+    const char *list = moefuse_built_backends();
+    size_t n = strlen(be);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, be, n) == 0) return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+/* Creates and destroys one context on `be` in a child process, because a device
+ * runtime started here might not survive the fork of every Check test. Returns
+ * the status of moefuse_context_create; msg gets its message. */
+static moefuse_status probe_backend(const char *be, char *msg, size_t size)
+{
+    int fd[2];
+    msg[0] = '\0';
+    fflush(NULL);
+    pid_t pid = pipe(fd) == 0 ? fork() : -1;
+    if (pid < 0) {
+        snprintf(msg, size, "cannot start a child process to try context_create(%s)", be);
+        return MOEFUSE_ERR_INTERNAL;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        moefuse_context *ctx = NULL;
+        moefuse_status st = moefuse_context_create(&ctx, be);
+        const char *m = st == MOEFUSE_OK ? "" : moefuse_last_error(NULL);
+        ssize_t wr = write(fd[1], m, strlen(m));
+        (void)wr;
+        moefuse_context_destroy(ctx);
+        _exit((int)st);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < size && (r = read(fd[0], msg + n, size - 1 - n)) > 0) n += (size_t)r;
+    msg[n] = '\0';
+    close(fd[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+        snprintf(msg, size, "context_create(%s) crashed in a child process (wait status 0x%x)", be,
+                 (unsigned)status);
+        return MOEFUSE_ERR_INTERNAL;
+    }
+    return (moefuse_status)WEXITSTATUS(status);
+}
+
+/* 0: run the tests; 77: skip (built, no device); else a failure exit code. */
+static int backend_gate(const char *be)
+{
+    char msg[1024];
+    moefuse_status st = probe_backend(be, msg, sizeof msg);
+    if (st == MOEFUSE_OK) return 0;
+    if (st == MOEFUSE_ERR_BACKEND_UNAVAILABLE && is_built(be)) {
+        printf("SKIP: backend %s unavailable: %s\n", be, msg);
+        return 77;
+    }
+    printf("FAIL: no context on backend %s (built: %s): %s: %s\n", be, moefuse_built_backends(),
+           moefuse_status_name(st), msg);
+    return EXIT_FAILURE;
+}
+
 int h_run(Suite *s)
 {
+    int gate = backend_gate(h_backend());
+    if (gate != 0) {
+        srunner_free(srunner_create(s)); /* frees the suite */
+        return gate;
+    }
     const char *env = getenv("MOEFUSE_TEST_SEED");
     if (env && *env) {
         g_seed = strtoull(env, NULL, 0);
@@ -264,8 +378,7 @@ int h_run(Suite *s)
         if (f) fclose(f);
         g_seed &= 0xFFFFFFFFFFFFull;
     }
-    fprintf(stderr, "MOEFUSE_TEST_SEED=%llu backend=%s\n", g_seed,
-            getenv("MOEFUSE_TEST_BACKEND") ? getenv("MOEFUSE_TEST_BACKEND") : "cpu");
+    fprintf(stderr, "MOEFUSE_TEST_SEED=%llu backend=%s\n", g_seed, h_backend());
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int nf = srunner_ntests_failed(sr);
@@ -275,6 +388,13 @@ int h_run(Suite *s)
 }
 
 /* ------------------------------------------------------------ scales */
+
+void *h_scale_el(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g)
+{
+    int three = sc->t.rank == 3;
+    if (layout == MOEFUSE_SCALE_COLUMN_MAJOR) return three ? tb_el(sc, e, g, t) : tb_el(sc, g, t, 0);
+    return three ? tb_el(sc, e, t, g) : tb_el(sc, t, g, 0);
+}
 
 double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *ebyte)
 {
@@ -288,8 +408,7 @@ double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *eb
         *ebyte = b;
         return or_decode(OR_U8, (uint32_t)b);
     }
-    if (layout == MOEFUSE_SCALE_COLUMN_MAJOR) p = three ? tb_el(sc, e, g, t) : tb_el(sc, g, t, 0);
-    else p = three ? tb_el(sc, e, t, g) : tb_el(sc, t, g, 0);
+    p = h_scale_el(sc, layout, e, t, g);
     if (sc->t.dtype == MOEFUSE_U8) {
         *ebyte = *p;
         return or_decode(OR_U8, *p);
@@ -330,6 +449,25 @@ void h_check_scale_padding(tbuf *sc, int layout, int64_t e, int64_t Tn, int64_t 
         }
 }
 
+void h_scale_band(const double *P, const double *L, const double *U, int64_t G, float eps,
+                  int is_f8, double *slo, double *shi)
+{
+    double alo = 0, ahi = 0;
+    for (int64_t i = 0; i < G; i++) {
+        if (!isfinite(P[i])) continue;
+        double a1 = fabs(L[i]), a2 = fabs(U[i]);
+        double mn = (L[i] <= 0 && U[i] >= 0) ? 0 : (a1 < a2 ? a1 : a2);
+        double mx = a1 > a2 ? a1 : a2;
+        if (mn > alo) alo = mn;
+        if (mx > ahi) ahi = mx;
+    }
+    if (alo < eps) alo = eps;
+    if (ahi < eps) ahi = eps;
+    double d = is_f8 ? 448.0 : 127.0;
+    *slo = or_f32(alo / d);
+    *shi = or_f32(ahi / d);
+}
+
 static int code_ord(int is_f8, uint8_t c) { return is_f8 ? or_f8_ord(c) : (int)(int8_t)c; }
 static uint8_t code_of(int is_f8, double v)
 {
@@ -344,24 +482,14 @@ void h_check_quant(tbuf *q, tbuf *sc, int64_t e, int64_t Tn, int64_t Tdim, int64
     int three = q->t.rank == 3;
     int64_t Gn = H / G;
     if (layout == MOEFUSE_SCALE_PACKED_UE8M0) ue8m0 = 1;
-    double d = is_f8 ? 448.0 : 127.0;
     for (int64_t t = 0; t < Tn; t++)
         for (int64_t g = 0; g < Gn; g++) {
             const double *P = hp + t * H + g * G, *L = hlo + t * H + g * G, *U = hhi + t * H + g * G;
-            double alo = 0, ahi = 0;
             int exact = 1;
-            for (int64_t i = 0; i < G; i++) {
-                if (!isfinite(P[i])) continue;
-                if (L[i] != U[i]) exact = 0;
-                double a1 = fabs(L[i]), a2 = fabs(U[i]);
-                double mn = (L[i] <= 0 && U[i] >= 0) ? 0 : (a1 < a2 ? a1 : a2);
-                double mx = a1 > a2 ? a1 : a2;
-                if (mn > alo) alo = mn;
-                if (mx > ahi) ahi = mx;
-            }
-            if (alo < eps) alo = eps;
-            if (ahi < eps) ahi = eps;
-            double slo = or_f32(alo / d), shi = or_f32(ahi / d);
+            for (int64_t i = 0; i < G; i++)
+                if (isfinite(P[i]) && L[i] != U[i]) exact = 0;
+            double slo, shi;
+            h_scale_band(P, L, U, G, eps, is_f8, &slo, &shi);
             int eb;
             double s = h_scale_at(sc, layout, e, t, g, &eb);
             if (ue8m0) {

@@ -9,8 +9,12 @@
 #include "moefuse.h"
 #include "oracle.h"
 
-extern moefuse_context *g_ctx;
+extern moefuse_context *g_ctx;  /* the backend under test (MOEFUSE_TEST_BACKEND) */
+extern moefuse_context *g_ref;  /* cross-backend tests only: the CPU golden backend */
 extern unsigned long long g_seed;
+
+/* MOEFUSE_TEST_BACKEND, or "cpu" */
+const char *h_backend(void);
 
 /* every assertion message carries the seed */
 #define HCHECK(cond, ...) \
@@ -24,7 +28,8 @@ int64_t h_randint(int64_t lo, int64_t hi); /* inclusive */
 
 /* A tensor in a backend buffer laid out as pad + payload + pad. */
 typedef struct tbuf {
-    char name[32];
+    char name[48];
+    moefuse_context *ctx; /* the context that owns buf */
     void *buf;
     size_t total; /* bytes incl. pads */
     size_t pad;
@@ -33,6 +38,7 @@ typedef struct tbuf {
     unsigned char *shadow; /* last uploaded whole buffer */
     unsigned char *logical;/* 1 where a byte belongs to an element */
     int is_input;
+    struct tbuf *twin; /* tb_twin's copy in another context, or NULL */
     struct tbuf *next;
 } tbuf;
 
@@ -47,7 +53,13 @@ void *tb_el(tbuf *tb, int64_t i0, int64_t i1, int64_t i2); /* unused indices 0 *
 double tb_get(tbuf *tb, int64_t i0, int64_t i1, int64_t i2);
 void tb_set(tbuf *tb, int64_t i0, int64_t i1, int64_t i2, double v); /* rounds to dtype */
 void tb_fill_unif(tbuf *tb, double a, double b);
+/* writes the host bytes to the buffer, and to the twin's buffer when tb has one */
 void tb_upload(tbuf *tb);
+/* The same tensor in another context: same shape, strides, pads and bytes
+ * (canaries and poison included), named "<name>@<backend>". It is a live tbuf
+ * like any other (h_check_all checks it, tb_free_all frees it), and every later
+ * tb_upload(tb) copies tb's host bytes into it too. */
+tbuf *tb_twin(tbuf *tb, moefuse_context *ctx);
 /* read everything back; checks canaries of every live tbuf and, when
  * untouched, that no byte of any tensor changed. Called after every call. */
 void h_check_all(int untouched);
@@ -58,8 +70,11 @@ moefuse_tensor *T(tbuf *tb);     /* &tb->t, NULL-safe */
 
 /* fixtures */
 void h_setup(void);
+void h_setup_cross(void); /* h_setup, plus g_ref on the cpu backend */
 void h_teardown(void);
-/* runs the suite: seed handling, srunner, exit code */
+/* Runs the suite: seed handling, srunner, exit code. When the selected backend
+ * is built but has no device, prints "SKIP: backend X unavailable: <why>" and
+ * returns 77 (Meson's SKIP) without running anything. */
 int h_run(Suite *s);
 
 /* call + canary check */
@@ -73,8 +88,14 @@ moefuse_status h_call(moefuse_status st);
 void h_check_quant(tbuf *q, tbuf *sc, int64_t e, int64_t T, int64_t Tdim, int64_t H, int64_t G,
                    int layout, int ue8m0, float eps, const double *hp, const double *hlo,
                    const double *hhi, const char *what);
+/* The f32 scales the oracle allows for one group of G elements with point
+ * values P and intervals [L, U] (as h_check_quant): [*slo, *shi]. */
+void h_scale_band(const double *P, const double *L, const double *U, int64_t G, float eps,
+                  int is_f8, double *slo, double *shi);
 /* scale layout helpers: byte pointer / value for (e, t, g) */
 double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *ebyte);
+/* the element of (e, t, g) in a row- or column-major scale tensor (not packed) */
+void *h_scale_el(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g);
 /* padding rows T..Ta-1; unused packed bytes of the rows 0..Tn-1 */
 void h_check_scale_padding(tbuf *sc, int layout, int64_t e, int64_t Tn, int64_t T, int64_t Gn);
 

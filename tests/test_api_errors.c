@@ -544,6 +544,20 @@ START_TEST(t_context)
         HCHECK(moefuse_set_stream(g_ctx, NULL) == MOEFUSE_OK, "set_stream(NULL) failed");
     }
     HCHECK(moefuse_synchronize(g_ctx) == MOEFUSE_OK, "synchronize failed");
+    /* get_stream: a NULL out pointer is refused; the cpu backend has no stream */
+    st = moefuse_get_stream(g_ctx, NULL);
+    HCHECK(st == MOEFUSE_ERR_NULL_POINTER, "get_stream(ctx, NULL) returned %s", moefuse_status_name(st));
+    HCHECK(strstr(moefuse_last_error(g_ctx), "get_stream") != NULL, "get_stream: message \"%s\" does not name the call",
+           moefuse_last_error(g_ctx));
+    void *stream = &st;
+    st = moefuse_get_stream(NULL, &stream);
+    HCHECK(st == MOEFUSE_ERR_NULL_POINTER, "get_stream(NULL ctx) returned %s", moefuse_status_name(st));
+    HCHECK(moefuse_get_stream(g_ctx, &stream) == MOEFUSE_OK, "get_stream: %s", moefuse_last_error(g_ctx));
+    if (strcmp(moefuse_backend_name(g_ctx), "cpu") == 0)
+        HCHECK(stream == NULL, "get_stream on cpu gave %p, want NULL", stream);
+    else
+        HCHECK(stream != NULL && stream != (void *)&st, "get_stream on %s gave %p, want its queue/stream",
+               moefuse_backend_name(g_ctx), stream);
     HCHECK(strcmp(moefuse_status_name(MOEFUSE_ERR_SHAPE), "MOEFUSE_ERR_SHAPE") == 0, "status_name");
     HCHECK(strcmp(moefuse_status_name((moefuse_status)999), "unknown status") == 0, "status_name out of range");
     HCHECK(moefuse_dtype_size(MOEFUSE_BF16) == 2 && moefuse_dtype_size(MOEFUSE_U8) == 1, "dtype_size");

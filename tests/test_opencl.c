@@ -1,0 +1,521 @@
+/*
+ * The OpenCL backend's own plumbing: device choice (MOEFUSE_OPENCL_DEVICE),
+ * handles that belong to something else, the caller's queue
+ * (moefuse_get_stream / moefuse_set_stream), and the on-disk cache of program
+ * binaries (MOEFUSE_OPENCL_CACHE). Always runs on "opencl"; without an OpenCL
+ * platform it is skipped (h_run). Environment variables are set before the
+ * contexts that read them are created, and restored afterwards.
+ */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ------------------------------------------------------------ environment */
+
+typedef struct {
+    const char *name;
+    char *value; /* NULL: was unset */
+} saved_env;
+
+static saved_env env_save(const char *name)
+{
+    const char *v = getenv(name);
+    saved_env s = {name, v ? strdup(v) : NULL};
+    return s;
+}
+
+static void env_restore(saved_env *s)
+{
+    if (s->value)
+        setenv(s->name, s->value, 1);
+    else
+        unsetenv(s->name);
+    free(s->value);
+    s->value = NULL;
+}
+
+/* A context on "opencl" with MOEFUSE_OPENCL_DEVICE set to device (NULL: unset). */
+static moefuse_status context_on(moefuse_context **c, const char *device)
+{
+    if (device)
+        setenv("MOEFUSE_OPENCL_DEVICE", device, 1);
+    else
+        unsetenv("MOEFUSE_OPENCL_DEVICE");
+    return moefuse_context_create(c, "opencl");
+}
+
+/* ------------------------------------------------------- device selection */
+
+/* Name of device 0 of platform 0, the first device in MOEFUSE_OPENCL_DEVICE's order. */
+static void first_device_name(char *name, size_t size)
+{
+    cl_platform_id p;
+    cl_device_id d;
+    name[0] = '\0';
+    cl_uint np = 0, nd = 0;
+    HCHECK(clGetPlatformIDs(1, &p, &np) == CL_SUCCESS && np > 0, "no OpenCL platform");
+    HCHECK(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d, &nd) == CL_SUCCESS && nd > 0,
+           "platform 0 has no device");
+    HCHECK(clGetDeviceInfo(d, CL_DEVICE_NAME, size - 1, name, NULL) == CL_SUCCESS, "CL_DEVICE_NAME failed");
+    name[size - 1] = '\0';
+}
+
+static void expect_bad_device(const char *value)
+{
+    moefuse_context *c = (moefuse_context *)&c;
+    moefuse_status st = context_on(&c, value);
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == MOEFUSE_ERR_BACKEND_UNAVAILABLE, "MOEFUSE_OPENCL_DEVICE=%s gave %s, want BACKEND_UNAVAILABLE",
+           value, moefuse_status_name(st));
+    HCHECK(c == NULL, "MOEFUSE_OPENCL_DEVICE=%s: failed create left *out set", value);
+    HCHECK(strstr(msg, "MOEFUSE_OPENCL_DEVICE") && strstr(msg, value),
+           "MOEFUSE_OPENCL_DEVICE=%s: message \"%s\" should name the variable and its value", value, msg);
+}
+
+START_TEST(t_device_selection)
+{
+    saved_env dev = env_save("MOEFUSE_OPENCL_DEVICE");
+    char name[256];
+    first_device_name(name, sizeof name);
+    moefuse_context *c = NULL;
+    HCHECK(context_on(&c, "0:0") == MOEFUSE_OK, "MOEFUSE_OPENCL_DEVICE=0:0: %s", moefuse_last_error(NULL));
+    HCHECK(strncmp(moefuse_device_name(c), name, strlen(name)) == 0, "0:0 gave \"%s\", want device \"%s\"",
+           moefuse_device_name(c), name);
+    moefuse_context_destroy(c);
+
+    /* a piece of the name in the other case: matched case-insensitively */
+    char part[8];
+    size_t n = strlen(name) < 5 ? strlen(name) : 5;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        part[i] = (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+    }
+    part[n] = '\0';
+    c = NULL;
+    HCHECK(context_on(&c, part) == MOEFUSE_OK, "MOEFUSE_OPENCL_DEVICE=%s: %s", part, moefuse_last_error(NULL));
+    HCHECK(strncmp(moefuse_device_name(c), name, strlen(name)) == 0, "\"%s\" gave \"%s\", want device \"%s\"",
+           part, moefuse_device_name(c), name);
+    moefuse_context_destroy(c);
+
+    expect_bad_device("no-such-device-moefuse");
+    expect_bad_device("0:999");
+    expect_bad_device("999:0");
+    expect_bad_device("0:"); /* not "p:d": a name that matches nothing */
+    env_restore(&dev);
+}
+END_TEST
+
+static int any_gpu(void)
+{
+    cl_platform_id plats[16];
+    cl_uint np = 0, nd = 0;
+    if (clGetPlatformIDs(16, plats, &np) != CL_SUCCESS) return 0;
+    for (cl_uint p = 0; p < np && p < 16; p++)
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_GPU, 0, NULL, &nd) == CL_SUCCESS && nd > 0) return 1;
+    return 0;
+}
+
+/* auto takes OpenCL only for a GPU (a CPU device such as PoCL is slower than the cpu backend). */
+START_TEST(t_auto_needs_gpu)
+{
+    moefuse_context *c = NULL;
+    HCHECK(moefuse_context_create(&c, "auto") == MOEFUSE_OK, "auto: %s", moefuse_last_error(NULL));
+    const char *be = moefuse_backend_name(c);
+    if (any_gpu())
+        HCHECK(strcmp(be, "cpu") != 0, "auto chose cpu although an OpenCL platform has a GPU");
+    else
+        HCHECK(strcmp(be, "opencl") != 0, "auto chose opencl without a GPU (%s)", moefuse_device_name(c));
+    moefuse_context_destroy(c);
+}
+END_TEST
+
+/* --------------------------------------------------------- foreign handles */
+
+static tbuf *X, *Q, *SC;
+
+/* act_quant operands on g_ctx: x [4, 256] f32, q [4, 128] f8, scales [4, 1] f32 */
+static void operands(void)
+{
+    X = tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1);
+    tb_fill_unif(X, -2, 2);
+    tb_upload(X);
+    Q = tb_new2("q", MOEFUSE_F8_E4M3, 4, 128, 0, 0);
+    SC = tb_new2("scales", MOEFUSE_F32, 4, 1, 0, 0);
+}
+
+/* The call fails with WRONG_DEVICE, names the operand, and writes nothing. */
+static void expect_wrong_device(moefuse_status st, const char *operand, const char *desc)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", moefuse_last_error(g_ctx));
+    h_check_all(1);
+    HCHECK(st == MOEFUSE_ERR_WRONG_DEVICE, "%s: %s (%s), want WRONG_DEVICE", desc, moefuse_status_name(st),
+           msg);
+    if (operand)
+        HCHECK(strstr(msg, operand) != NULL, "%s: message \"%s\" does not name %s", desc, msg, operand);
+}
+
+START_TEST(t_wrong_device)
+{
+    operands();
+    moefuse_context *other = NULL, *cpu = NULL;
+    HCHECK(moefuse_context_create(&other, "opencl") == MOEFUSE_OK, "second context: %s",
+           moefuse_last_error(NULL));
+    HCHECK(moefuse_context_create(&cpu, "cpu") == MOEFUSE_OK, "cpu context: %s", moefuse_last_error(NULL));
+    void *foreign = NULL, *host_buf = NULL;
+    HCHECK(moefuse_buffer_alloc(other, 8192, &foreign) == MOEFUSE_OK, "alloc: %s", moefuse_last_error(other));
+    HCHECK(moefuse_buffer_alloc(cpu, 8192, &host_buf) == MOEFUSE_OK, "alloc: %s", moefuse_last_error(cpu));
+    unsigned char before[8192], after[8192];
+    memset(before, 0x5A, sizeof before);
+    HCHECK(moefuse_buffer_write(other, foreign, 0, before, sizeof before) == MOEFUSE_OK, "write");
+    static float host_array[4 * 256];
+
+    moefuse_tensor t = X->t;
+    t.data = host_array;
+    t.offset = 0;
+    expect_wrong_device(moefuse_act_quant(g_ctx, &t, NULL, T(Q), T(SC), NULL), "x", "x in host memory");
+    t.data = host_buf;
+    expect_wrong_device(moefuse_act_quant(g_ctx, &t, NULL, T(Q), T(SC), NULL), "x", "x from a cpu context");
+    t.data = foreign;
+    expect_wrong_device(moefuse_act_quant(g_ctx, &t, NULL, T(Q), T(SC), NULL), "x",
+                        "x from another opencl context");
+    t = Q->t;
+    t.data = foreign;
+    t.offset = 0;
+    expect_wrong_device(moefuse_act_quant(g_ctx, T(X), NULL, &t, T(SC), NULL), "q",
+                        "q from another opencl context");
+    t = SC->t;
+    t.data = host_array;
+    t.offset = 0;
+    expect_wrong_device(moefuse_act_quant(g_ctx, T(X), NULL, T(Q), &t, NULL), "scales",
+                        "scales in host memory");
+
+    char tmp[16] = {0};
+    expect_wrong_device(moefuse_buffer_read(g_ctx, foreign, 0, tmp, sizeof tmp), NULL,
+                        "buffer_read of a foreign handle");
+    expect_wrong_device(moefuse_buffer_write(g_ctx, foreign, 0, tmp, sizeof tmp), NULL,
+                        "buffer_write of a foreign handle");
+    expect_wrong_device(moefuse_buffer_read(g_ctx, host_array, 0, tmp, sizeof tmp), NULL,
+                        "buffer_read of a host pointer");
+    /* freeing what is not ours is ignored, and leaves it usable where it belongs */
+    HCHECK(moefuse_buffer_free(g_ctx, foreign) == MOEFUSE_OK, "buffer_free(foreign): %s",
+           moefuse_last_error(g_ctx));
+    HCHECK(moefuse_buffer_read(other, foreign, 0, after, sizeof after) == MOEFUSE_OK, "read back: %s",
+           moefuse_last_error(other));
+    HCHECK(memcmp(before, after, sizeof before) == 0, "the other context's buffer changed");
+    /* and the right operands still work */
+    HCHECK(CALL(moefuse_act_quant(g_ctx, T(X), NULL, T(Q), T(SC), NULL)) == MOEFUSE_OK, "act_quant: %s",
+           moefuse_last_error(g_ctx));
+    moefuse_buffer_free(cpu, host_buf);
+    moefuse_context_destroy(cpu);
+    moefuse_context_destroy(other); /* frees `foreign` */
+}
+END_TEST
+
+/* Copies past the end of a buffer fail with the OpenCL call named, and write nothing. */
+START_TEST(t_buffer_bounds)
+{
+    void *buf = NULL;
+    unsigned char init[64], data[32], out[32];
+    memset(init, 0x11, sizeof init);
+    memset(data, 0x22, sizeof data);
+    memset(out, 0x33, sizeof out);
+    HCHECK(moefuse_buffer_alloc(g_ctx, sizeof init, &buf) == MOEFUSE_OK, "alloc: %s",
+           moefuse_last_error(g_ctx));
+    HCHECK(moefuse_buffer_write(g_ctx, buf, 0, init, sizeof init) == MOEFUSE_OK, "write: %s",
+           moefuse_last_error(g_ctx));
+    moefuse_status st = moefuse_buffer_read(g_ctx, buf, 48, out, sizeof out);
+    HCHECK(st == MOEFUSE_ERR_BACKEND_FAILURE && strstr(moefuse_last_error(g_ctx), "clEnqueueReadBuffer"),
+           "read past the end gave %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    for (size_t i = 0; i < sizeof out; i++)
+        HCHECK(out[i] == 0x33, "a read past the end wrote into its destination");
+    st = moefuse_buffer_write(g_ctx, buf, 48, data, sizeof data);
+    HCHECK(st == MOEFUSE_ERR_BACKEND_FAILURE && strstr(moefuse_last_error(g_ctx), "clEnqueueWriteBuffer"),
+           "write past the end gave %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    unsigned char back[64];
+    HCHECK(moefuse_buffer_read(g_ctx, buf, 0, back, sizeof back) == MOEFUSE_OK, "read: %s",
+           moefuse_last_error(g_ctx));
+    HCHECK(memcmp(back, init, sizeof init) == 0, "a write past the end changed the buffer");
+    moefuse_buffer_free(g_ctx, buf);
+}
+END_TEST
+
+/* ------------------------------------------------------------ caller's queue */
+
+static cl_command_queue current_queue(void)
+{
+    void *q = NULL;
+    HCHECK(moefuse_get_stream(g_ctx, &q) == MOEFUSE_OK, "get_stream: %s", moefuse_last_error(g_ctx));
+    return q;
+}
+
+/* quant of x [4, 256] itself (no activation), G = 128 */
+static moefuse_status quant_x(tbuf *q, tbuf *sc)
+{
+    moefuse_quant_options o = {0};
+    return moefuse_quant(g_ctx, T(X), T(q), T(sc), &o);
+}
+
+/* Work the caller enqueues on its queue runs before moefuse's next call on it. */
+static void check_order_on(cl_command_queue mine, tbuf *q, tbuf *sc)
+{
+    for (int64_t t = 0; t < 4; t++)
+        for (int64_t c = 0; c < 256; c++) tb_set(X, t, c, 0, h_unif(-300, 300));
+    cl_int e = clEnqueueWriteBuffer(mine, (cl_mem)X->buf, CL_FALSE, 0, X->total, X->full, 0, NULL, NULL);
+    HCHECK(e == CL_SUCCESS, "clEnqueueWriteBuffer: %d", (int)e);
+    moefuse_status st = quant_x(q, sc); /* no wait in between: the queue orders them */
+    HCHECK(st == MOEFUSE_OK, "quant on the caller's queue: %s", moefuse_last_error(g_ctx));
+    HCHECK(moefuse_synchronize(g_ctx) == MOEFUSE_OK, "synchronize: %s", moefuse_last_error(g_ctx));
+    tb_upload(X); /* the same bytes again, so the canary check knows them */
+    h_check_all(0);
+    unsigned char *first = malloc(q->total);
+    memcpy(first, q->full, q->total);
+    HCHECK(CALL(quant_x(q, sc)) == MOEFUSE_OK, "quant: %s", moefuse_last_error(g_ctx));
+    int same = memcmp(first, q->full, q->total) == 0;
+    free(first);
+    HCHECK(same, "quant enqueued after the caller's write did not see the written x");
+}
+
+START_TEST(t_caller_queue)
+{
+    operands();
+    tbuf *q = tb_new2("q256", MOEFUSE_F8_E4M3, 4, 256, 0, 0), *sc = tb_new2("s256", MOEFUSE_F32, 4, 2, 0, 0);
+    cl_command_queue own = current_queue();
+    HCHECK(own != NULL, "get_stream gave NULL on opencl");
+    cl_context clctx = NULL;
+    cl_device_id dev = NULL;
+    HCHECK(clGetCommandQueueInfo(own, CL_QUEUE_CONTEXT, sizeof clctx, &clctx, NULL) == CL_SUCCESS &&
+               clGetCommandQueueInfo(own, CL_QUEUE_DEVICE, sizeof dev, &dev, NULL) == CL_SUCCESS,
+           "clGetCommandQueueInfo on the context's queue failed");
+    cl_int e;
+    cl_command_queue mine = clCreateCommandQueue(clctx, dev, 0, &e);
+    HCHECK(e == CL_SUCCESS, "clCreateCommandQueue: %d", (int)e);
+    HCHECK(moefuse_set_stream(g_ctx, mine) == MOEFUSE_OK, "set_stream(in-order queue): %s",
+           moefuse_last_error(g_ctx));
+    HCHECK(current_queue() == mine, "get_stream does not return the queue set");
+    clReleaseCommandQueue(mine); /* the context holds its own reference until the queue is replaced */
+    check_order_on(mine, q, sc);
+
+    /* an out-of-order queue is refused, and the one in use stays */
+    cl_command_queue_properties props = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) {
+        cl_command_queue ooo = clCreateCommandQueue(clctx, dev, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
+        HCHECK(e == CL_SUCCESS, "clCreateCommandQueue(out of order): %d", (int)e);
+        moefuse_status st = moefuse_set_stream(g_ctx, ooo);
+        HCHECK(st == MOEFUSE_ERR_INVALID_ARGUMENT && strstr(moefuse_last_error(g_ctx), "out-of-order"),
+               "set_stream(out-of-order queue) gave %s (%s)", moefuse_status_name(st),
+               moefuse_last_error(g_ctx));
+        HCHECK(current_queue() == mine, "a refused queue replaced the one in use");
+        clReleaseCommandQueue(ooo);
+    } else {
+        fprintf(stderr, "note: this device has no out-of-order queues; their refusal is not tested\n");
+    }
+
+    /* a queue of another cl_context on the same device */
+    cl_platform_id plat = NULL;
+    clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL);
+    cl_context_properties cp[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0};
+    cl_context ctx2 = clCreateContext(cp, 1, &dev, NULL, NULL, &e);
+    HCHECK(e == CL_SUCCESS, "clCreateContext: %d", (int)e);
+    cl_command_queue stranger = clCreateCommandQueue(ctx2, dev, 0, &e);
+    HCHECK(e == CL_SUCCESS, "clCreateCommandQueue: %d", (int)e);
+    moefuse_status st = moefuse_set_stream(g_ctx, stranger);
+    HCHECK(st == MOEFUSE_ERR_WRONG_DEVICE, "set_stream(queue of another cl_context) gave %s",
+           moefuse_status_name(st));
+    HCHECK(current_queue() == mine, "a refused queue replaced the one in use");
+    clReleaseCommandQueue(stranger);
+    clReleaseContext(ctx2);
+
+    HCHECK(moefuse_set_stream(g_ctx, NULL) == MOEFUSE_OK, "set_stream(NULL): %s", moefuse_last_error(g_ctx));
+    HCHECK(current_queue() == own, "set_stream(NULL) did not restore the context's own queue");
+    HCHECK(CALL(quant_x(q, sc)) == MOEFUSE_OK, "quant on the own queue again: %s", moefuse_last_error(g_ctx));
+}
+END_TEST
+
+/* ------------------------------------------------------------ binary cache */
+
+enum { CQ_T = 4, CQ_H = 256, CQ_BYTES = CQ_T * CQ_H + CQ_T * 2 * 4 };
+
+/* quant of a fixed input on ctx (T = 4, H = 256, G = 128): codes then scales. */
+static void quant_on(moefuse_context *ctx, unsigned char *out)
+{
+    static float x[CQ_T * CQ_H];
+    for (int i = 0; i < CQ_T * CQ_H; i++) x[i] = (float)((i * 37 % 1001) - 500) * 0.37f;
+    void *xb = NULL, *qb = NULL, *sb = NULL;
+    int64_t xs[2] = {CQ_T, CQ_H}, ss[2] = {CQ_T, 2};
+    HCHECK(moefuse_buffer_alloc(ctx, sizeof x, &xb) == MOEFUSE_OK &&
+               moefuse_buffer_alloc(ctx, CQ_T * CQ_H, &qb) == MOEFUSE_OK &&
+               moefuse_buffer_alloc(ctx, CQ_T * 2 * 4, &sb) == MOEFUSE_OK,
+           "alloc: %s", moefuse_last_error(ctx));
+    HCHECK(moefuse_buffer_write(ctx, xb, 0, x, sizeof x) == MOEFUSE_OK, "write: %s", moefuse_last_error(ctx));
+    moefuse_tensor xt = moefuse_tensor_dense(xb, MOEFUSE_F32, 2, xs);
+    moefuse_tensor qt = moefuse_tensor_dense(qb, MOEFUSE_F8_E4M3, 2, xs);
+    moefuse_tensor st = moefuse_tensor_dense(sb, MOEFUSE_F32, 2, ss);
+    HCHECK(moefuse_quant(ctx, &xt, &qt, &st, NULL) == MOEFUSE_OK, "quant: %s", moefuse_last_error(ctx));
+    HCHECK(moefuse_buffer_read(ctx, qb, 0, out, CQ_T * CQ_H) == MOEFUSE_OK &&
+               moefuse_buffer_read(ctx, sb, 0, out + CQ_T * CQ_H, CQ_T * 2 * 4) == MOEFUSE_OK,
+           "read: %s", moefuse_last_error(ctx));
+    moefuse_buffer_free(ctx, xb);
+    moefuse_buffer_free(ctx, qb);
+    moefuse_buffer_free(ctx, sb);
+}
+
+/* Files in dir: how many, and the path of the last "*.bin" (entries) or any (all). */
+static int count_files(const char *dir, int bins_only, char *last, size_t size)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        size_t len = strlen(nm);
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        if (bins_only && (len < 4 || strcmp(nm + len - 4, ".bin") != 0)) continue;
+        n++;
+        if (last) snprintf(last, size, "%s/%s", dir, nm);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A context built with the cache as it is now: was its program loaded from it? Its quant must equal `want`. */
+static int context_from_cache(const unsigned char *want, const char *step)
+{
+    moefuse_context *c = NULL;
+    HCHECK(moefuse_context_create(&c, "opencl") == MOEFUSE_OK, "%s: context_create: %s", step,
+           moefuse_last_error(NULL));
+    int cached = strstr(moefuse_device_name(c), "cached binary") != NULL;
+    unsigned char got[CQ_BYTES];
+    quant_on(c, got);
+    moefuse_context_destroy(c);
+    HCHECK(memcmp(got, want, CQ_BYTES) == 0, "%s: quant differs from the context built from source", step);
+    return cached;
+}
+
+static long file_size(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* Rewrite the entry: garbage of the same size, the first half only, or one payload byte flipped. */
+static void damage(const char *path, int how)
+{
+    long size = file_size(path);
+    unsigned char *b = malloc((size_t)size);
+    FILE *f = fopen(path, "rb");
+    HCHECK(f && fread(b, 1, (size_t)size, f) == (size_t)size, "cannot read %s", path);
+    fclose(f);
+    if (how == 0)
+        for (long i = 0; i < size; i++) b[i] = (unsigned char)h_rand();
+    if (how == 2) b[size - 1] ^= 0x40; /* past the 32-byte header: the checksum must catch it */
+    f = fopen(path, "wb");
+    HCHECK(f && fwrite(b, 1, (size_t)(how == 1 ? size / 2 : size), f) == (size_t)(how == 1 ? size / 2 : size),
+           "cannot write %s", path);
+    fclose(f);
+    free(b);
+}
+
+/* rm -r; stops at the first thing it cannot remove */
+static int remove_tree(const char *dir)
+{
+    char path[1200];
+    while (count_files(dir, 0, path, sizeof path) > 0) {
+        struct stat sb;
+        int gone = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? remove_tree(path) : remove(path) == 0;
+        if (!gone) break;
+    }
+    return rmdir(dir) == 0;
+}
+
+static void temp_dir(char *out, size_t size, const char *what)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(out, size, "%s/moefuse-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", what);
+    HCHECK(mkdtemp(out) != NULL, "mkdtemp %s failed", out);
+}
+
+START_TEST(t_program_cache)
+{
+    saved_env cache = env_save("MOEFUSE_OPENCL_CACHE"), xdg = env_save("XDG_CACHE_HOME"),
+              home = env_save("HOME");
+    char root[512], dir[600], entry[1200];
+    temp_dir(root, sizeof root, "cache");
+    snprintf(dir, sizeof dir, "%s/not/yet/there", root); /* created on first use */
+    setenv("MOEFUSE_OPENCL_CACHE", dir, 1);
+
+    unsigned char want[CQ_BYTES];
+    moefuse_context *c = NULL;
+    HCHECK(moefuse_context_create(&c, "opencl") == MOEFUSE_OK, "first context: %s", moefuse_last_error(NULL));
+    HCHECK(strstr(moefuse_device_name(c), "cached binary") == NULL, "first context on an empty cache: \"%s\"",
+           moefuse_device_name(c));
+    quant_on(c, want);
+    moefuse_context_destroy(c);
+    HCHECK(count_files(dir, 0, entry, sizeof entry) == 1 && count_files(dir, 1, entry, sizeof entry) == 1,
+           "the first context should leave exactly one entry (*.bin) in %s", dir);
+    if (strstr(moefuse_device_name(g_ctx), "division not correctly rounded") == NULL) {
+        moefuse_context *cpu = NULL;
+        unsigned char ref[CQ_BYTES];
+        HCHECK(moefuse_context_create(&cpu, "cpu") == MOEFUSE_OK, "cpu: %s", moefuse_last_error(NULL));
+        quant_on(cpu, ref);
+        moefuse_context_destroy(cpu);
+        HCHECK(memcmp(ref, want, CQ_BYTES) == 0,
+               "quant from the source-built program differs from the cpu backend");
+    }
+    HCHECK(context_from_cache(want, "second context"), "the second context did not load the cached binary");
+
+    static const char *const damages[3] = {"garbage", "truncated", "one payload byte flipped"};
+    for (int how = 0; how < 3; how++) {
+        damage(entry, how);
+        HCHECK(!context_from_cache(want, damages[how]), "a %s entry was loaded", damages[how]);
+        HCHECK(count_files(dir, 0, NULL, 0) == 1, "%s: the rebuild should leave one file", damages[how]);
+        HCHECK(context_from_cache(want, damages[how]), "%s: the entry was not rewritten valid", damages[how]);
+    }
+
+    /* off: nothing written, not under XDG_CACHE_HOME or HOME, nor in a folder named "off"
+     * (run from inside the empty folder so a relative one would show) */
+    char elsewhere[512], cwd[1024];
+    temp_dir(elsewhere, sizeof elsewhere, "home");
+    setenv("MOEFUSE_OPENCL_CACHE", "off", 1);
+    setenv("XDG_CACHE_HOME", elsewhere, 1);
+    setenv("HOME", elsewhere, 1);
+    HCHECK(getcwd(cwd, sizeof cwd) && chdir(elsewhere) == 0, "cannot enter %s", elsewhere);
+    int cached = context_from_cache(want, "cache off");
+    HCHECK(chdir(cwd) == 0, "cannot go back to %s", cwd);
+    HCHECK(!cached, "MOEFUSE_OPENCL_CACHE=off loaded a cached binary");
+    HCHECK(count_files(elsewhere, 0, NULL, 0) == 0, "MOEFUSE_OPENCL_CACHE=off wrote into %s", elsewhere);
+    HCHECK(count_files(dir, 0, NULL, 0) == 1, "MOEFUSE_OPENCL_CACHE=off changed %s", dir);
+
+    env_restore(&cache);
+    env_restore(&xdg);
+    env_restore(&home);
+    remove_tree(elsewhere);
+    remove_tree(root);
+}
+END_TEST
+
+int main(void)
+{
+    setenv("MOEFUSE_TEST_BACKEND", "opencl", 1);
+    Suite *s = suite_create("opencl");
+    TCase *tc = tcase_create("opencl");
+    tcase_add_checked_fixture(tc, h_setup, h_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t_device_selection);
+    tcase_add_test(tc, t_auto_needs_gpu);
+    tcase_add_test(tc, t_buffer_bounds);
+    tcase_add_test(tc, t_wrong_device);
+    tcase_add_test(tc, t_caller_queue);
+    tcase_add_test(tc, t_program_cache);
+    suite_add_tcase(s, tc);
+    return h_run(s);
+}
