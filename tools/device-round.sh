@@ -9,8 +9,9 @@
 #   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
 #   test-cuda       the Check suite on CUDA
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
-#   bench-opencl    the `moefuse bench` list of tools/bench-list.txt on OpenCL
-#   bench-cuda      the same list on CUDA
+#   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
+#   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
+# SETUP_ARGS adds `meson setup` options (e.g. -Dcuda=disabled).
 #
 # The machine has no Check and no internet: the Debian packages of Check,
 # subunit and CLBlast (the OpenCL GEMM ceiling) travel in .deps/ (fetched by
@@ -47,7 +48,8 @@ export MOEFUSE_OPENCL_CACHE=/tmp/mf_clcache
 
 build=build-device
 if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" -Dcuda=auto -Dopencl=enabled >"$out/setup.log" 2>&1 ||
+    # shellcheck disable=SC2086
+    meson setup "$build" -Dopencl=enabled ${SETUP_ARGS:-} >"$out/setup.log" 2>&1 ||
         { note "meson setup FAILED"; tail -40 "$out/setup.log"; exit 1; }
 fi
 t0=$(date +%s)
@@ -66,7 +68,7 @@ run_suite() { # backend
 run_bench() { # backend
     local log="$out/bench-$1.txt"
     : >"$log"
-    grep -vE '^\s*(#|$)' tools/bench-list.txt | while read -r line; do
+    grep -vE '^\s*(#|$)' "tools/bench-$1.txt" | while read -r line; do
         echo "== moefuse bench --backend $1 $line" >>"$log"
         # shellcheck disable=SC2086
         timeout 120 "$build/tools/moefuse" bench --backend "$1" $line >>"$log" 2>&1 ||
