@@ -11,6 +11,8 @@
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
+#   test-python     the pytest suite (torch CUDA tensors included) on this build's library
+#   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
 # SETUP_ARGS adds `meson setup` options (e.g. -Dcuda=disabled).
 #
 # The machine has no Check and no internet: the Debian packages of Check,
@@ -100,6 +102,21 @@ for stage in "$@"; do
         done
         ;;
     bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
+    test-python)
+        log="$out/test-python.log"
+        MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 -m pytest -p no:cacheprovider -q -rs \
+            python/tests >"$log" 2>&1
+        note "test-python: rc=$?, $(tail -1 "$log")"
+        grep -E "^(FAILED|ERROR)" "$log" | head -30
+        ;;
+    compare-torch)
+        # shellcheck disable=SC2086
+        MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 bench/compare_torch.py \
+            ${COMPARE_ARGS:-} --json "$out/compare-torch.json" >"$out/compare-torch.txt" 2>&1
+        note "compare-torch: rc=$?"
+        sed -n '/^# moefuse vs PyTorch/,/^| op /p' "$out/compare-torch.txt" >>"$summary"
+        sed -n '/^## Table/,$p' "$out/compare-torch.txt" >>"$summary"
+        ;;
     *) note "unknown stage $stage" ;;
     esac
 done

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what building and testing moefuse needs on Debian 12 / Ubuntu 22.04+.
 # Compilers and Meson, Check for the tests, OpenBLAS for the benchmark ceiling,
-# and the OpenCL headers, ICD loader and PoCL (a CPU OpenCL platform).
+# the OpenCL headers, ICD loader and PoCL (a CPU OpenCL platform), and Python
+# with venv for the Python package (pip install .).
 set -eu
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -11,4 +12,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential pkg-config meson ninja-build \
     check libsubunit-dev \
     libopenblas-dev \
-    ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo >/dev/null
+    ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo \
+    python3 python3-venv >/dev/null

@@ -1,0 +1,75 @@
+"""Keyword arguments -> the C option structs.
+
+Names map to enum values; whether a value is in range is the C API's to judge.
+"""
+
+from . import _capi, errors
+
+DEFAULT_GROUP = 128
+
+
+def _choice(value, names, what):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # a raw enum value: the C API says if it is out of range
+    if value in names:
+        return names.index(value)
+    raise errors.InvalidArgumentError(
+        errors.code_of("MOEFUSE_ERR_INVALID_ARGUMENT"),
+        f"{what} {value!r} is not one of {', '.join(repr(n) for n in names)}")
+
+
+def activation_code(value):
+    return _choice(value, _capi.ACTIVATIONS, "activation")
+
+
+def order_code(value):
+    return _choice(value, _capi.GATE_ORDERS, "order")
+
+
+def rounding_code(value):
+    # None and "none": one f32 value per element
+    return _choice("none" if value is None else value, ("none",) + _capi.ROUNDINGS[1:],
+                   "intermediate")
+
+
+def layout_code(value):
+    return _choice(value, _capi.SCALE_LAYOUTS, "scale_layout")
+
+
+def act(activation, order, limit, intermediate):
+    return _capi.ActOptions(activation=activation_code(activation), order=order_code(order),
+                            limit=float(limit or 0.0), intermediate=rounding_code(intermediate))
+
+
+def quant(group_size, scale_layout, ue8m0, eps):
+    # 0 is the C default for group_size (128) and eps (1e-10)
+    return _capi.QuantOptions(group_size=int(group_size or 0),
+                              scale_layout=layout_code(scale_layout),
+                              ue8m0=int(bool(ue8m0)), eps=float(eps or 0.0))
+
+
+def moe(activation, order, limit):
+    return _capi.MoeOptions(activation=activation_code(activation), order=order_code(order),
+                            limit=float(limit or 0.0))
+
+
+def scales_shape(layout, rows, hidden, group_size, experts=None):
+    """Shape of the scales tensor the C API expects (for allocating it)."""
+    g = int(group_size or DEFAULT_GROUP)
+    # Invalid sizes get some shape: the C API refuses the options before looking at it.
+    groups = hidden // g if g > 0 and hidden % g == 0 else 1
+    padded = (rows + 3) // 4 * 4
+    code = layout_code(layout)
+    if code == 1:
+        inner = (groups, padded)
+    elif code == 2:
+        inner = ((groups + 3) // 4, padded)
+    else:
+        inner = (rows, groups)
+    return inner if experts is None else (experts,) + inner
+
+
+def scales_dtype(layout, scale_dtype):
+    if scale_dtype is not None:
+        return scale_dtype
+    return "i32" if layout_code(layout) == 2 else "f32"

@@ -1,0 +1,242 @@
+"""The operations, one function per C call, with keyword arguments and C defaults.
+
+Every function takes numpy arrays, torch tensors (CPU or CUDA) or DLPack objects,
+allocates the results it is not given (out=, scales=, ...) where its first input
+lives, and returns them. `ctx` is a Context, a backend name, or None: the cuda
+context of the inputs' device for CUDA tensors, else the cpu one.
+Shapes, dtypes and strides are judged by the C API; its message is raised as a
+moefuse.Error subclass (ShapeError, DtypeError, ...).
+"""
+
+import ctypes
+
+from . import _capi, _dtypes, _options, _tensors
+from ._call import Call, resolve_context
+from ._capi import lib
+
+
+def _dims(operand, rank):
+    """The operand's shape when it has `rank` dims, else ones (the C API will refuse it)."""
+    if operand is not None and len(operand.shape) == rank:
+        return operand.shape
+    return (1,) * rank
+
+
+def _ref(t):
+    return ctypes.byref(t) if t.data else None
+
+
+def _result(given, name, source, shape, dtype, zero=False):
+    """Describe `given`, or allocate it like `source`. Returns (object, Operand)."""
+    if given is None:
+        given = _tensors.empty_like(source, shape, _dtypes.resolve(dtype), zero)
+    return given, _tensors.describe(given, name)
+
+
+def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit=0.0,
+              intermediate=None, group_size=128, scale_layout="row_major", ue8m0=False, eps=None,
+              dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
+    """q, scales = quantize(act(gate) * up [* row_scale]) for x [T, 2H].
+
+    dtype: the codes, "f8_e4m3" or "i8". scale_layout: "row_major" [T, H/G],
+    "column_major" [H/G, round_up(T, 4)] or "packed_ue8m0" [ceil(H/G/4), round_up(T, 4)] i32.
+    Scales are f32 unless scale_dtype="u8" (UE8M0 exponents, with ue8m0=True).
+    intermediate="bf16" rounds act(gate) and h to bf16 as unfused engines do.
+    """
+    xo = _tensors.describe(x, "x")
+    rs = _tensors.describe(row_scale, "row_scale")
+    c = resolve_context(ctx, [xo, rs])
+    T, width = _dims(xo, 2)
+    H = width // 2
+    out, qo = _result(out, "q", xo, (T, H), dtype)
+    scales, so = _result(scales, "scales", xo,
+                         _options.scales_shape(scale_layout, T, H, group_size),
+                         _options.scales_dtype(scale_layout, scale_dtype))
+    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
+                                quant=_options.quant(group_size, scale_layout, ue8m0, eps))
+    with Call(c, "act_quant") as call:
+        tx, tr = call.tensor(xo), call.tensor(rs)
+        tq, ts = call.tensor(qo, output=True), call.tensor(so, output=True)
+        call.run(lib.moefuse_act_quant, ctypes.byref(tx), _ref(tr), ctypes.byref(tq),
+                 ctypes.byref(ts), ctypes.byref(opt))
+    return out, scales
+
+
+def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation="silu",
+                     order="gate_first", limit=0.0, intermediate=None, group_size=128,
+                     scale_layout="row_major", ue8m0=False, eps=None, zero_tail=False,
+                     dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
+    """The expert-masked 3-D layout: x [E, Tmax, 2H], counts [E] i32 (clamped to [0, Tmax]).
+
+    Rows t >= counts[e] are left as they are (0 in results this function allocates)
+    unless zero_tail=True. Scales get a leading E: [E, Tmax, H/G], [E, H/G, Ta], ...
+    """
+    xo = _tensors.describe(x, "x")
+    co = _tensors.describe(counts, "counts")
+    rs = _tensors.describe(row_scale, "row_scale")
+    es = _tensors.describe(expert_scale, "expert_scale")
+    c = resolve_context(ctx, [xo, co, rs, es])
+    E, Tmax, width = _dims(xo, 3)
+    H = width // 2
+    out, qo = _result(out, "q", xo, (E, Tmax, H), dtype, zero=True)
+    scales, so = _result(scales, "scales", xo,
+                         _options.scales_shape(scale_layout, Tmax, H, group_size, experts=E),
+                         _options.scales_dtype(scale_layout, scale_dtype), zero=True)
+    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
+                                quant=_options.quant(group_size, scale_layout, ue8m0, eps),
+                                zero_tail=int(bool(zero_tail)))
+    with Call(c, "act_quant_masked") as call:
+        tx, tc, tr, te = (call.tensor(o) for o in (xo, co, rs, es))
+        tq, ts = call.tensor(qo, output=True), call.tensor(so, output=True)
+        call.run(lib.moefuse_act_quant_masked, ctypes.byref(tx), ctypes.byref(tc), _ref(tr),
+                 _ref(te), ctypes.byref(tq), ctypes.byref(ts), ctypes.byref(opt))
+    return out, scales
+
+
+def act_mul(x, *, row_scale=None, activation="silu", order="gate_first", limit=0.0,
+            intermediate=None, out=None, ctx=None):
+    """act(gate) * up [* row_scale] for x [T, 2H], in x's dtype: out [T, H] (SwiGLU, GeGLU)."""
+    xo = _tensors.describe(x, "x")
+    rs = _tensors.describe(row_scale, "row_scale")
+    c = resolve_context(ctx, [xo, rs])
+    T, width = _dims(xo, 2)
+    out, oo = _result(out, "out", xo, (T, width // 2), xo.dtype)
+    opt = _options.act(activation, order, limit, intermediate)
+    with Call(c, "act_mul") as call:
+        tx, tr, to = call.tensor(xo), call.tensor(rs), call.tensor(oo, output=True)
+        call.run(lib.moefuse_act_mul, ctypes.byref(tx), _ref(tr), ctypes.byref(to),
+                 ctypes.byref(opt))
+    return out
+
+
+def quant(x, *, group_size=128, scale_layout="row_major", ue8m0=False, eps=None,
+          dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
+    """Per-token-group quantization of x [T, H]: returns (q [T, H], scales)."""
+    xo = _tensors.describe(x, "x")
+    c = resolve_context(ctx, [xo])
+    T, H = _dims(xo, 2)
+    out, qo = _result(out, "q", xo, (T, H), dtype)
+    scales, so = _result(scales, "scales", xo,
+                         _options.scales_shape(scale_layout, T, H, group_size),
+                         _options.scales_dtype(scale_layout, scale_dtype))
+    opt = _options.quant(group_size, scale_layout, ue8m0, eps)
+    with Call(c, "quant") as call:
+        tx, tq, ts = call.tensor(xo), call.tensor(qo, output=True), call.tensor(so, output=True)
+        call.run(lib.moefuse_quant, ctypes.byref(tx), ctypes.byref(tq), ctypes.byref(ts),
+                 ctypes.byref(opt))
+    return out, scales
+
+
+def dequant(q, scales, *, group_size=128, scale_layout="row_major", ue8m0=None, eps=None,
+            dtype="f32", out=None, ctx=None):
+    """out [T, H] = q * scale, in `dtype` (f32, f16 or bf16). ue8m0=None: True when the
+    scales are u8 exponents."""
+    qo = _tensors.describe(q, "q")
+    so = _tensors.describe(scales, "scales")
+    c = resolve_context(ctx, [qo, so])
+    if ue8m0 is None:
+        ue8m0 = so is not None and so.dtype == "u8"
+    out, oo = _result(out, "out", qo, _dims(qo, 2), dtype)
+    opt = _options.quant(group_size, scale_layout, ue8m0, eps)
+    with Call(c, "dequant") as call:
+        tq, ts, to = call.tensor(qo), call.tensor(so), call.tensor(oo, output=True)
+        call.run(lib.moefuse_dequant, ctypes.byref(tq), _ref(ts), ctypes.byref(to),
+                 ctypes.byref(opt))
+    return out
+
+
+def _routing(call, ids, weights, expert_map):
+    return _capi.Routing(topk_ids=call.tensor(ids), topk_weights=call.tensor(weights),
+                         expert_map=call.tensor(expert_map))
+
+
+def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
+             order="gate_first", limit=0.0, dtype=None, out=None, ctx=None):
+    """h [M, k, I] = act(x @ w1[e]^T + b1[e]) gated, per routed slot. x [M, K],
+    w1 [E, 2I, K], topk_ids [M, k] i32, expert_map optional [E_global] i32.
+    Invalid slots (bad id, or mapped to -1) give rows of 0. dtype: h's, default x's."""
+    ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (b1, "b1"),
+                                                (topk_ids, "topk_ids"), (expert_map, "expert_map"))]
+    xo, wo, bo, io, mo = ops
+    c = resolve_context(ctx, ops)
+    M = _dims(xo, 2)[0]
+    k = _dims(io, 2)[1]
+    I = _dims(wo, 3)[1] // 2
+    out, ho = _result(out, "h", xo, (M, k, I), dtype or xo.dtype)
+    opt = _options.moe(activation, order, limit)
+    with Call(c, "moe_gate") as call:
+        tx, tw, tb = call.tensor(xo), call.tensor(wo), call.tensor(bo)
+        route = _routing(call, io, None, mo)
+        th = call.tensor(ho, output=True)
+        call.run(lib.moefuse_moe_gate, ctypes.byref(tx), ctypes.byref(tw), _ref(tb),
+                 ctypes.byref(route), ctypes.byref(th), ctypes.byref(opt))
+    return out
+
+
+def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, reduce=True,
+              dtype=None, out=None, ctx=None):
+    """y = h[m, j] @ w2[e]^T + b2[e] per slot; reduce=True: out [M, K] = sum over j in order of
+    topk_weights[m, j] * y (f32, rounded once); reduce=False: out [M, k, K] = y.
+    A given out decides by its rank. dtype: out's, default h's."""
+    ops = [_tensors.describe(a, n) for a, n in ((h, "h"), (w2, "w2"), (b2, "b2"),
+                                                (topk_ids, "topk_ids"),
+                                                (topk_weights, "topk_weights"),
+                                                (expert_map, "expert_map"))]
+    ho, wo, bo, io, wto, mo = ops
+    c = resolve_context(ctx, ops)
+    M, k, _ = _dims(ho, 3)
+    K = _dims(wo, 3)[1]
+    out, oo = _result(out, "out", ho, (M, K) if reduce else (M, k, K), dtype or ho.dtype)
+    opt = _options.moe("silu", "gate_first", 0.0)
+    with Call(c, "moe_final") as call:
+        th, tw, tb = call.tensor(ho), call.tensor(wo), call.tensor(bo)
+        route = _routing(call, io, wto, mo)
+        to = call.tensor(oo, output=True)
+        call.run(lib.moefuse_moe_final, ctypes.byref(th), ctypes.byref(tw), _ref(tb),
+                 ctypes.byref(route), ctypes.byref(to), ctypes.byref(opt))
+    return out
+
+
+def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_map=None,
+                activation="silu", order="gate_first", limit=0.0, dtype=None, out=None,
+                ctx=None):
+    """The whole MoE layer: out [M, K] = sum over the k routed experts of
+    topk_weights * (act(x @ w1^T + b1) gated @ w2^T + b2). dtype: out's, default x's."""
+    ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (w2, "w2"), (b1, "b1"),
+                                                (b2, "b2"), (topk_ids, "topk_ids"),
+                                                (topk_weights, "topk_weights"),
+                                                (expert_map, "expert_map"))]
+    xo, w1o, w2o, b1o, b2o, io, wto, mo = ops
+    c = resolve_context(ctx, ops)
+    out, oo = _result(out, "out", xo, _dims(xo, 2), dtype or xo.dtype)
+    opt = _options.moe(activation, order, limit)
+    with Call(c, "moe_forward") as call:
+        tx, t1, t2 = call.tensor(xo), call.tensor(w1o), call.tensor(w2o)
+        tb1, tb2 = call.tensor(b1o), call.tensor(b2o)
+        route = _routing(call, io, wto, mo)
+        to = call.tensor(oo, output=True)
+        call.run(lib.moefuse_moe_forward, ctypes.byref(tx), ctypes.byref(t1), ctypes.byref(t2),
+                 _ref(tb1), _ref(tb2), ctypes.byref(route), ctypes.byref(to),
+                 ctypes.byref(opt))
+    return out
+
+
+def topk_softmax(logits, k=None, *, renormalize=False, ids=None, weights=None, ctx=None):
+    """Router: softmax over logits [M, E] in f32, the k largest in descending order
+    (ties to the lower id). Returns (ids [M, k] i32, weights [M, k] f32); k defaults
+    to ids' width when ids is given."""
+    lo = _tensors.describe(logits, "logits")
+    io = _tensors.describe(ids, "ids")
+    c = resolve_context(ctx, [lo])
+    M = _dims(lo, 2)[0]
+    if k is None:
+        if io is None:
+            raise TypeError("moefuse topk_softmax: give k, or ids to write into")
+        k = _dims(io, 2)[1]
+    ids, io = _result(ids, "ids", lo, (M, k), "i32")
+    weights, wo = _result(weights, "weights", lo, (M, k), "f32")
+    with Call(c, "topk_softmax") as call:
+        tl, ti, tw = call.tensor(lo), call.tensor(io, output=True), call.tensor(wo, output=True)
+        call.run(lib.moefuse_topk_softmax, ctypes.byref(tl), int(bool(renormalize)),
+                 ctypes.byref(ti), ctypes.byref(tw))
+    return ids, weights
