@@ -129,8 +129,9 @@ struct moefuse_backend_i {
     moefuse_status (*moe_gate)(moefuse_context *ctx, void *state, const mf_moe_args *a);
     moefuse_status (*moe_final)(moefuse_context *ctx, void *state, const mf_moe_args *a);
     /*
-     * [optional] whole layer; a->h is scratch of [M, k, I] in x's dtype that the
-     * core allocated. Default: moe_gate then moe_final on that scratch.
+     * [optional] whole layer, keeping the [M, k, I] intermediate in scratch of
+     * its own (a->h is absent), so it can grow it without synchronising.
+     * Default: moe_gate then moe_final on a context workspace the core allocates.
      */
     moefuse_status (*moe_forward)(moefuse_context *ctx, void *state, const mf_moe_args *a);
 };

@@ -223,7 +223,11 @@ moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x
     MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
     a.reduce = true;
     a.out = *out;
-    if (!ctx->backend->moe_forward && (!ctx->backend->moe_gate || !ctx->backend->moe_final))
+    if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
+        a.h = mf_absent();
+        return ctx->backend->moe_forward(ctx, ctx->state, &a);
+    }
+    if (!ctx->backend->moe_gate || !ctx->backend->moe_final)
         return mf_unimplemented(ctx, op);
 
     size_t bytes = moefuse_moe_forward_workspace_bytes(ctx, a.tokens, a.topk, a.inter_dim, x->dtype);
@@ -234,8 +238,6 @@ moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x
     int64_t h_shape[3] = {a.tokens, a.topk, a.inter_dim};
     a.h = moefuse_tensor_dense(scratch, x->dtype, 3, h_shape);
 
-    if (ctx->backend->moe_forward)
-        return ctx->backend->moe_forward(ctx, ctx->state, &a);
     MF_TRY(ctx->backend->moe_gate(ctx, ctx->state, &a));
     return ctx->backend->moe_final(ctx, ctx->state, &a);
 }

@@ -1,0 +1,435 @@
+/*
+ * moe_gate, moe_final and moe_forward of the CUDA backend: the host side.
+ * Everything is enqueued on s->stream; nothing waits for the device and no
+ * device data is read on the host. Scratch comes from one mf_cuda_scratch
+ * request per call, sized from M, k, E and K alone.
+ *
+ * Per call, from the shapes (and the device) only, so moe_forward takes the
+ * same decisions as moe_gate then moe_final and gives the same bits:
+ *  - f32 operands: FMA kernels (moe_simt.cu); bf16 / f16: tensor cores,
+ *    mma.sync (moe_mma.cu) or, for the 128-slot tiles on sm_90a, wgmma
+ *    (moe_wgmma.cu);
+ *  - tile height from the average slots per touched expert, S / min(E, S):
+ *    16 (decode: weight streaming), 64, or 128 (compute bound);
+ *  - S <= 16: direct mode, the GEMM blocks route themselves (no route
+ *    kernels: a decode layer is two launches, gate and final).
+ * The reduced final sums the top-k slots itself (fused, moe_tiles.cuh); its
+ * f32 y rows go through scratch, so the sum order is fixed (j = 0..k-1).
+ */
+#include "cuda/moe_internal.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+int moe_cfg_bm(int cfg)
+{
+    switch (cfg) {
+    case MOE_SIMT16: return 16;
+    case MOE_SIMT64: return 64;
+    case MOE_MMA_S: return 16;
+    case MOE_MMA_M: return 64;
+    default: return 128;
+    }
+}
+
+int moe_cfg_cols(int cfg, int gate)
+{
+    /* weight rows per block; the gate's block makes half as many h columns */
+    const int bn = cfg == MOE_WGMMA_L                       ? 256
+                   : (cfg == MOE_MMA_M || cfg == MOE_MMA_L) ? 128
+                   : cfg == MOE_MMA_S                       ? MOE_S_BN
+                                                            : 64;
+    return gate ? bn / 2 : bn;
+}
+
+/* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
+#define MOE_DIRECT_MAX_SLOTS 16
+
+typedef struct moe_plan {
+    int cfg, bm, direct, f16, simt;
+    int64_t S, tiles_bound;
+    int64_t nblk_final; /* column blocks of the final GEMM (fused reduction counters) */
+    size_t off_count, off_cnt, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of;
+    size_t off_list, off_tok_valid, off_y, bytes;
+    size_t cnt_n;
+} moe_plan;
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/*
+ * Configuration and scratch layout. reduce: the reduced final runs in this
+ * call (f32 y [S, K], arrival counters [M, nblk]).
+ * Routed mode: count u64 [E] | cnt u32 [M, nblk] (one memset zeroes both) |
+ * fill [E] | offs [E+1] | tiles [E+1] | tile_expert [S/bm + min(E,S)] |
+ * expert_of [S] | list [S] | tok_valid [M] | y. Direct mode: cnt | y.
+ */
+static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const char *op,
+                                const mf_moe_args *a, moefuse_dtype a_dt, int reduce, moe_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    const int64_t M = a->tokens, S = a->tokens * a->topk, E = a->experts, K = a->model_dim;
+    pl->S = S;
+    pl->f16 = a_dt == MOEFUSE_F16;
+    pl->simt = a_dt == MOEFUSE_F32;
+    const int64_t busy = E < S ? E : S;
+    const int64_t avg = busy > 0 ? (S + busy - 1) / busy : 1;
+    if (S <= MOE_DIRECT_MAX_SLOTS) {
+        pl->cfg = pl->simt ? MOE_SIMT16 : MOE_MMA_S;
+        pl->direct = 1;
+    } else if (pl->simt) {
+        pl->cfg = avg <= 8 ? MOE_SIMT16 : MOE_SIMT64;
+    } else {
+        pl->cfg = avg <= 8 ? MOE_MMA_S : (avg <= 48 ? MOE_MMA_M : MOE_MMA_L);
+        if (pl->cfg == MOE_MMA_L && moe_wgmma_usable(s))
+            pl->cfg = MOE_WGMMA_L;
+    }
+    pl->bm = moe_cfg_bm(pl->cfg);
+    /* sum over experts of ceil(n_e / bm) <= S / bm + (experts touched) */
+    pl->tiles_bound = S / pl->bm + busy;
+    const int64_t cols = moe_cfg_cols(pl->cfg, 0);
+    pl->nblk_final = (K + cols - 1) / cols;
+    pl->cnt_n = reduce ? (size_t)M * (size_t)pl->nblk_final : 0;
+
+    size_t at = 0;
+    if (!pl->direct) {
+        pl->off_count = at, at += (size_t)E * 8;
+        pl->off_cnt = at, at = align256(at + pl->cnt_n * 4);
+        pl->off_fill = at, at = align256(at + (size_t)E * 8);
+        pl->off_offs = at, at = align256(at + (size_t)(E + 1) * 8);
+        pl->off_tiles = at, at = align256(at + (size_t)(E + 1) * 8);
+        pl->off_tile_expert = at, at = align256(at + (size_t)pl->tiles_bound * 4);
+        pl->off_expert_of = at, at = align256(at + (size_t)S * 4);
+        pl->off_list = at, at = align256(at + (size_t)S * 8);
+        pl->off_tok_valid = at, at = align256(at + (size_t)M * 4);
+    } else {
+        pl->off_cnt = at, at = align256(at + pl->cnt_n * 4);
+    }
+    if (reduce) {
+        size_t y;
+        if (__builtin_mul_overflow((size_t)S, (size_t)K, &y) ||
+            __builtin_mul_overflow(y, sizeof(float), &y) || __builtin_add_overflow(at, y, &y))
+            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                            "%s: the f32 [M*k, K] scratch of %lld x %lld overflows size_t", op,
+                            (long long)S, (long long)K);
+        pl->off_y = at;
+        at = y;
+    }
+    pl->bytes = at;
+    return MOEFUSE_OK;
+}
+
+static MoeRouteBufs route_bufs(const moe_plan *pl, char *scratch)
+{
+    MoeRouteBufs b;
+    memset(&b, 0, sizeof b);
+    if (!scratch)
+        return b;
+    if (pl->cnt_n) {
+        b.cnt = (unsigned *)(scratch + pl->off_cnt);
+        b.cnt_n = pl->cnt_n;
+    }
+    if (pl->direct)
+        return b;
+    b.count = (unsigned long long *)(scratch + pl->off_count);
+    b.fill = (unsigned long long *)(scratch + pl->off_fill);
+    b.offs = (long long *)(scratch + pl->off_offs);
+    b.tiles = (long long *)(scratch + pl->off_tiles);
+    b.tile_expert = (int *)(scratch + pl->off_tile_expert);
+    b.expert_of = (int *)(scratch + pl->off_expert_of);
+    b.list = (long long *)(scratch + pl->off_list);
+    b.tok_valid = (int *)(scratch + pl->off_tok_valid);
+    return b;
+}
+
+static MoeRoute route_view(const mf_moe_args *a, const moe_plan *pl, const MoeRouteBufs *b)
+{
+    MoeRoute rt;
+    memset(&rt, 0, sizeof rt);
+    rt.ids = (const int32_t *)mf_cuda_base(&a->topk_ids);
+    rt.ids_s0 = a->topk_ids.stride[0];
+    rt.map = a->expert_map.data ? (const int32_t *)mf_cuda_base(&a->expert_map) : NULL;
+    rt.map_s0 = a->expert_map.data ? a->expert_map.stride[0] : 0;
+    rt.topk = a->topk;
+    rt.S = pl->S;
+    rt.E = a->experts;
+    rt.Eg = a->global_experts;
+    rt.direct = pl->direct;
+    rt.offs = b->offs;
+    rt.tiles = b->tiles;
+    rt.tile_expert = b->tile_expert;
+    rt.list = b->list;
+    return rt;
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* 16-byte cp.async needs the row starts 16-byte aligned: base and strides (2-byte elements). */
+static int vec_ok(const void *base, int64_t s0, int64_t s1)
+{
+    return aligned16(base) && s0 % 8 == 0 && s1 % 8 == 0;
+}
+
+/* The epilogue's 4-wide stores: every out row starts at a multiple of 4 elements. */
+static int vec_out_ok(const void *base, moefuse_dtype dt, int64_t s0, int64_t s1)
+{
+    const uintptr_t align = (uintptr_t)(4 * moefuse_dtype_size(dt));
+    return ((uintptr_t)base % align) == 0 && s0 % 4 == 0 && s1 % 4 == 0;
+}
+
+static long long lin_bound(const moe_plan *pl, int64_t nblk)
+{
+    long long v;
+    if (__builtin_mul_overflow((long long)nblk, (long long)pl->tiles_bound, &v))
+        return LLONG_MAX; /* blocks loop and stop at the first index past the real tiles */
+    return v;
+}
+
+static MoeGemm gate_params(const mf_moe_args *a, const moe_plan *pl, const MoeRoute *rt,
+                           const moefuse_tensor *h, int zero_invalid)
+{
+    MoeGemm g;
+    memset(&g, 0, sizeof g);
+    const int64_t I = a->inter_dim;
+    const int64_t cols = moe_cfg_cols(pl->cfg, 1);
+    g.rt = *rt;
+    g.a = mf_cuda_base(&a->x);
+    g.a_s0 = a->x.stride[0];
+    g.a_s1 = 0;
+    g.w = mf_cuda_base(&a->w1);
+    g.w_s0 = a->w1.stride[0];
+    g.w_s1 = a->w1.stride[1];
+    g.depth = a->model_dim;
+    g.ncols = I;
+    g.nblk = (I + cols - 1) / cols;
+    g.gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
+    g.up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    if (a->b1.data) {
+        g.bias = mf_cuda_base(&a->b1);
+        g.bias_s0 = a->b1.stride[0];
+        g.bias_dt = (int)a->b1.dtype;
+    }
+    g.out = mf_cuda_base(h);
+    g.o_s0 = h->stride[0];
+    g.o_s1 = h->stride[1];
+    g.out_dt = (int)h->dtype;
+    g.vec_out = vec_out_ok(g.out, h->dtype, g.o_s0, g.o_s1);
+    g.act = (int)a->opt.activation;
+    g.limit = a->opt.limit;
+    g.vec_a = vec_ok(g.a, g.a_s0, 0);
+    g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
+    g.zero_invalid = pl->direct && zero_invalid;
+    g.lin_bound = lin_bound(pl, g.nblk);
+    return g;
+}
+
+/*
+ * y: f32 [S, K] scratch of the reduced output (the final sums it itself, fused),
+ * else NULL (un-reduced: y rounded straight into a->out).
+ */
+static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeRoute *rt,
+                            const MoeRouteBufs *b, const moefuse_tensor *h, float *y)
+{
+    MoeGemm g;
+    memset(&g, 0, sizeof g);
+    const int64_t K = a->model_dim;
+    const int64_t cols = moe_cfg_cols(pl->cfg, 0);
+    g.rt = *rt;
+    g.a = mf_cuda_base(h);
+    g.a_s0 = h->stride[0];
+    g.a_s1 = h->stride[1];
+    g.w = mf_cuda_base(&a->w2);
+    g.w_s0 = a->w2.stride[0];
+    g.w_s1 = a->w2.stride[1];
+    g.depth = a->inter_dim;
+    g.ncols = K;
+    g.nblk = (K + cols - 1) / cols;
+    if (a->b2.data) {
+        g.bias = mf_cuda_base(&a->b2);
+        g.bias_s0 = a->b2.stride[0];
+        g.bias_dt = (int)a->b2.dtype;
+    }
+    if (y) {
+        g.out = y;
+        g.o_s0 = a->topk * K; /* row of slot s = m * k + j at s * K */
+        g.o_s1 = K;
+        g.out_dt = (int)MOEFUSE_F32;
+        g.fuse = 1;
+        g.cnt = b->cnt;
+        g.tok_valid = b->tok_valid;
+        g.expert_of = b->expert_of;
+        g.tw = (const float *)mf_cuda_base(&a->topk_weights);
+        g.tw_s0 = a->topk_weights.stride[0];
+        g.rout = mf_cuda_base(&a->out);
+        g.rout_s0 = a->out.stride[0];
+        g.rout_dt = (int)a->out.dtype;
+    } else {
+        g.out = mf_cuda_base(&a->out);
+        g.o_s0 = a->out.stride[0];
+        g.o_s1 = a->out.stride[1];
+        g.out_dt = (int)a->out.dtype;
+        g.zero_invalid = pl->direct;
+    }
+    g.vec_out = vec_out_ok(g.out, (moefuse_dtype)g.out_dt, g.o_s0, g.o_s1);
+    g.act = (int)a->opt.activation;
+    g.limit = a->opt.limit;
+    g.vec_a = vec_ok(g.a, g.a_s0, g.a_s1);
+    g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
+    g.lin_bound = lin_bound(pl, g.nblk);
+    return g;
+}
+
+static moefuse_status launch_gemm(moefuse_context *ctx, cuda_state *s, const char *op,
+                                  const moe_plan *pl, int gate, const MoeGemm *g)
+{
+    if (pl->simt)
+        return moe_launch_simt(ctx, s, op, pl->cfg, gate, g);
+    if (pl->cfg == MOE_WGMMA_L)
+        return moe_launch_wgmma(ctx, s, op, gate, pl->f16, g);
+    return moe_launch_mma(ctx, s, op, pl->cfg, gate, pl->f16, g);
+}
+
+/* Zero `rows` rows of `width` bytes, `pitch` bytes apart (k = 0: the reduced output). */
+static moefuse_status zero_rows(moefuse_context *ctx, cuda_state *s, const char *op, void *p,
+                                size_t pitch, size_t width, size_t rows)
+{
+    if (rows == 0 || width == 0)
+        return MOEFUSE_OK;
+    cudaError_t e = rows == 1 ? cudaMemsetAsync(p, 0, width, s->stream)
+                              : cudaMemset2DAsync(p, pitch, 0, width, rows, s->stream);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(out)");
+}
+
+/* k = 0 (M * k = 0 slots): the reduced output is all zeros. */
+static moefuse_status zero_output(moefuse_context *ctx, cuda_state *s, const char *op,
+                                  const mf_moe_args *a)
+{
+    const size_t es = moefuse_dtype_size(a->out.dtype);
+    return zero_rows(ctx, s, op, mf_cuda_base(&a->out), (size_t)a->out.stride[0] * es,
+                     (size_t)a->model_dim * es, (size_t)a->tokens);
+}
+
+/*
+ * Scratch and route of one call: route kernels in routed mode (zero: rows of
+ * invalid slots to zero; zero_tok: output rows of tokens without a valid slot).
+ */
+static moefuse_status prepare(moefuse_context *ctx, cuda_state *s, const char *op,
+                              const mf_moe_args *a, const moe_plan *pl, const MoeZero *zero,
+                              const MoeZero *zero_tok, MoeRouteBufs *b, char **scratch,
+                              MoeRoute *rt)
+{
+    *scratch = NULL;
+    if (pl->bytes > 0)
+        MOE_TRY(mf_cuda_scratch(ctx, s, pl->bytes, op, (void **)scratch));
+    *b = route_bufs(pl, *scratch);
+    *rt = route_view(a, pl, b);
+    if (!pl->direct)
+        MOE_TRY(moe_route(ctx, s, op, rt, b, pl->bm, a->tokens, zero, zero_tok));
+    return MOEFUSE_OK;
+}
+
+/* The reduced output's rows, for tokens without a valid slot (routed mode). */
+static MoeZero out_rows(const mf_moe_args *a)
+{
+    MoeZero z = {mf_cuda_base(&a->out), a->out.stride[0], 0, a->model_dim, (int)a->out.dtype};
+    return z;
+}
+
+extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)
+{
+    static const char op[] = "moe_gate";
+    cuda_state *s = (cuda_state *)state;
+    moe_plan pl;
+    MOE_TRY(plan_call(ctx, s, op, a, a->x.dtype, 0, &pl));
+    if (pl.S == 0)
+        return MOEFUSE_OK; /* h is [M, k, I] with M * k = 0: nothing to write */
+    const MoeZero z = {mf_cuda_base(&a->h), a->h.stride[0], a->h.stride[1], a->inter_dim,
+                       (int)a->h.dtype};
+    const MoeZero none = {NULL, 0, 0, 0, 0};
+    char *scratch;
+    MoeRouteBufs b;
+    MoeRoute rt;
+    MOE_TRY(prepare(ctx, s, op, a, &pl, &z, &none, &b, &scratch, &rt));
+    const MoeGemm g = gate_params(a, &pl, &rt, &a->h, 1);
+    return launch_gemm(ctx, s, op, &pl, 1, &g);
+}
+
+extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
+{
+    static const char op[] = "moe_final";
+    cuda_state *s = (cuda_state *)state;
+    moe_plan pl;
+    MOE_TRY(plan_call(ctx, s, op, a, a->h.dtype, a->reduce, &pl));
+    if (pl.S == 0)
+        return a->reduce ? zero_output(ctx, s, op, a) : MOEFUSE_OK;
+    MoeZero z = {NULL, 0, 0, 0, 0}, ztok = {NULL, 0, 0, 0, 0};
+    if (a->reduce) {
+        ztok = out_rows(a);
+    } else {
+        z.p = mf_cuda_base(&a->out);
+        z.s0 = a->out.stride[0];
+        z.s1 = a->out.stride[1];
+        z.width = a->model_dim;
+        z.dt = (int)a->out.dtype;
+    }
+    char *scratch;
+    MoeRouteBufs b;
+    MoeRoute rt;
+    MOE_TRY(prepare(ctx, s, op, a, &pl, &z, &ztok, &b, &scratch, &rt));
+    if (pl.direct && b.cnt) { /* routed mode zeroes the counters with the expert counts */
+        cudaError_t e = cudaMemsetAsync(b.cnt, 0, b.cnt_n * sizeof *b.cnt, s->stream);
+        if (e != cudaSuccess)
+            return mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(reduction counters)");
+    }
+    float *y = a->reduce ? (float *)(scratch + pl.off_y) : NULL;
+    const MoeGemm g = final_params(a, &pl, &rt, &b, &a->h, y);
+    return launch_gemm(ctx, s, op, &pl, 0, &g);
+}
+
+/*
+ * The layer: one route for both GEMMs, gate into a->h (the core's scratch
+ * [M, k, I] in x's dtype, already allocated), then the final with the fused
+ * reduction. Same kernels and configuration as moe_gate then moe_final, so the
+ * same bits. Direct mode (decode) is two launches: the gate zeroes the final's
+ * arrival counters on the way.
+ */
+extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
+                                              const mf_moe_args *a)
+{
+    static const char op[] = "moe_forward";
+    cuda_state *s = (cuda_state *)state;
+    moe_plan pl;
+    MOE_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, &pl));
+    if (pl.S == 0)
+        return zero_output(ctx, s, op, a);
+    /* h [M, k, I] in x's dtype lives in the same scratch, after the rest: the core
+     * leaves it to us, so growing it is stream-ordered, never a cudaMalloc/cudaFree */
+    const size_t off_h = align256(pl.bytes);
+    size_t h_bytes;
+    if (__builtin_mul_overflow((size_t)pl.S * moefuse_dtype_size(a->x.dtype),
+                               (size_t)a->inter_dim, &h_bytes) ||
+        __builtin_add_overflow(off_h, h_bytes, &pl.bytes))
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "%s: the [M, k, I] intermediate overflows size_t", op);
+    const MoeZero none = {NULL, 0, 0, 0, 0}; /* h is internal: invalid slots' rows never read */
+    const MoeZero ztok = out_rows(a);
+    char *scratch;
+    MoeRouteBufs b;
+    MoeRoute rt;
+    MOE_TRY(prepare(ctx, s, op, a, &pl, &none, &ztok, &b, &scratch, &rt));
+    const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
+    const moefuse_tensor h = moefuse_tensor_dense(scratch + off_h, a->x.dtype, 3, h_shape);
+    /* sm_90, tensor cores: the final launches while the gate runs and streams its weights */
+    const int pdl = s->cc_major >= 9 && !pl.simt;
+    MoeGemm gg = gate_params(a, &pl, &rt, &h, 0);
+    if (pl.direct) {
+        gg.zero_cnt = b.cnt;
+        gg.zero_cnt_n = (long long)b.cnt_n;
+    }
+    gg.trigger = pdl;
+    MOE_TRY(launch_gemm(ctx, s, op, &pl, 1, &gg));
+    float *y = (float *)(scratch + pl.off_y);
+    MoeGemm gf = final_params(a, &pl, &rt, &b, &h, y);
+    gf.pdl = pdl;
+    return launch_gemm(ctx, s, op, &pl, 0, &gf);
+}

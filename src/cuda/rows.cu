@@ -1,0 +1,1273 @@
+/*
+ * Row operations of the CUDA backend: act_quant (2-D and 3-D masked), quant
+ * and act_mul, bit for bit the CPU reference (src/cpu/rows.c) but for the
+ * last bit of exp (docs/NUMERICS.md, SPEC section 5).
+ *
+ * Work unit ("item"): one warp, one row, 1024 consecutive channels (staged
+ * kernels) or 512 (direct kernels) in slots of 256; in a slot, lane l owns
+ * channels [slot + 8l, slot + 8l + 8): one 16-byte load of gate and one of up
+ * (bf16/f16; two each for f32). A quantization group of G channels is G/8
+ * neighbouring lanes, reduced with __shfl_xor; codes leave as one 8-byte
+ * store per lane and slot. Items are walked grid-stride over the flattened
+ * valid rows, so the masked 3-D call costs sum(n[e]) rows whatever E * Tmax
+ * is or however the tokens spread: each block turns the clamped counts into
+ * row offsets in shared memory (never on the host) and finds an item's
+ * expert by a search that starts from the warp's last expert.
+ *
+ * Kernels: the staged ones (x 16-byte aligned) copy each warp's next item to
+ * shared memory with cp.async while computing the current one (walk_staged);
+ * the direct ones (any alignment: narrower loads) load from memory
+ * (walk_items). Each comes as "plain silu" (silu without clamp, factors or
+ * rounding, or quant with no activation: every option a constant; bf16 also
+ * a constant in the hottest one) and "any" (everything else). silu is
+ * branch-free (table exp, division without nvcc's range check) for |g| < 64,
+ * proved bit-equal to the reference path by src/cuda/tools/device_check.cu.
+ * G = H (other than 32/64/128) takes a block per row instead. Rows that are
+ * zeroed rather than computed (zero_tail, and the padding rows of the
+ * column-major and packed layouts) are a second kernel.
+ */
+#include "cuda/cuda_internal.h"
+#include "cuda/numerics.cuh"
+#include "cuda/vec.cuh"
+
+#include <string.h>
+
+#define MF_WARPS 8 /* warps per block */
+#define MF_THREADS (MF_WARPS * 32)
+/*
+ * Blocks per SM asked of ptxas (__launch_bounds__), which caps registers:
+ * the silu and quant kernels fit 80 registers without spilling at 3 (24
+ * warps per SM); the gelu forms (double-precision erf/tanh) get 2.
+ */
+#ifndef MF_BLOCKS_PER_SM
+#define MF_BLOCKS_PER_SM 3
+#endif
+#define MF_BLOCKS_ANY 2
+#define MF_ITEM 512           /* channels of one warp item of the direct kernels */
+#define MF_SMEM_EXPERTS 4096  /* row offsets of up to this many experts in shared memory */
+#define MF_SMEM_BYTES (46 * 1024) /* dynamic shared memory without opt-in, some left static */
+#define MF_FULL 0xFFFFFFFFu
+
+typedef struct rows_params {
+    const char *x;          /* x[e, t, c] at x + (e xs0 + t xs1 + c) * xes */
+    int64_t xs0, xs1, xes;
+    int64_t goff, uoff;     /* channel of the gate / up half inside a row */
+    const char *rs;         /* row_scale[e, t] f32, or NULL */
+    int64_t rss0, rss1;
+    const char *es;         /* expert_scale[e] f32/bf16, or NULL */
+    int64_t ess0;
+    const int32_t *counts;  /* [E] or NULL (2-D: all T rows valid, E = 1) */
+    int64_t cs0;
+    const int64_t *offs_g;  /* row offsets in global memory when E > MF_SMEM_EXPERTS */
+    char *q;                /* codes (or act_mul's out): q + (e qs0 + t qs1 + c) * qes */
+    int64_t qs0, qs1, qes;
+    char *sc;               /* scales: f32, u8 or i32 words, strides in elements */
+    int64_t ss0, ss1;
+    int64_t E, T, H, Gn, Gw, chunks;
+    int glog;               /* log2 G (G in 32, 64, 128), else 0 */
+    int lpg;                /* lanes per group: G / 8 */
+    float limit, eps;
+    int xdt, qdt, esdt, act, activate, round_bf16, has_rs, has_es;
+    int fp8, ue8m0, layout, sc_f32;
+    int vec_x, vec_q;       /* 16-byte x loads / 8-byte (quant) or 16-byte (act_mul) stores */
+} rows_params;
+
+/* ------------------------------------------------------------- h values */
+
+/* Factors of row (e, t): row_scale and expert_scale, 1 when absent. */
+static __device__ __forceinline__ void row_factors(const rows_params &p, int64_t e, int64_t t,
+                                                   float *rs, float *es)
+{
+    *rs = p.has_rs ? *(const float *)(p.rs + (e * p.rss0 + t * p.rss1) * 4) : 1.0f;
+    *es = 1.0f;
+    if (p.has_es) {
+        const char *a = p.es + e * p.ess0 * (p.esdt == MF_DT_F32 ? 4 : 2);
+        *es = p.esdt == MF_DT_F32 ? *(const float *)a : mf_bf16_to_f32(*(const uint16_t *)a);
+    }
+}
+
+/*
+ * h of 8 channels in place of g: the NUMERICS.md steps in the CPU's order,
+ * with the GPU's NaN bits (a NaN result is redone by h_exact). Each option is
+ * one uniform branch around a loop, so the 8 channels stay independent;
+ * `plain` (a constant in the kernels for silu without options) drops them.
+ */
+/* silu of the inputs the fast path does not take: out of line, so the compiler shares (and
+ * keeps in registers) nothing between the two paths. */
+static __device__ __noinline__ float silu_slow(float g, const float *tab)
+{
+    return mf_silu_tab(g, tab);
+}
+
+static __device__ __forceinline__ void act8(const rows_params &p, int act, int plain,
+                                            const float *tab, float g[8], float u[8], float rs,
+                                            float es)
+{
+    if (!plain && p.limit > 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            g[i] = mf_clamp_gate(g[i], p.limit);
+            u[i] = mf_clamp_up(u[i], p.limit);
+        }
+    }
+    if (act == MF_ACT_SILU) {
+        /* branch-free for |g| < 64; the others (rare) take the reference path afterwards */
+        const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
+        float r[8];
+        int ok = 1;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ok &= mf_silu_fast_ok(g[i]);
+            r[i] = mf_silu_fast(g[i], tabs);
+        }
+        if (!ok) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (!mf_silu_fast_ok(g[i]))
+                    r[i] = silu_slow(g[i], tab);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = r[i];
+    } else if (act == MF_ACT_GELU) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = mf_gelu(g[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = mf_gelu_tanh(g[i]);
+    }
+    if (!plain && p.round_bf16) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = mf_round_bf16(g[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        g[i] = g[i] * u[i];
+    if (!plain && p.has_rs) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = g[i] * rs;
+    }
+    if (!plain && p.has_es) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = g[i] * es;
+    }
+    if (!plain && p.round_bf16) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = mf_round_bf16(g[i]);
+    }
+}
+
+/* What h_exact needs, passed by value: a reference to the kernel's parameters would put them
+ * in local memory (a stack frame) for the out-of-line call. */
+typedef struct act_opts {
+    const char *xrow;
+    int64_t goff, uoff;
+    float limit, rs, es;
+    int xdt, act, activate, round_bf16, has_rs, has_es;
+} act_opts;
+
+static __device__ __forceinline__ act_opts make_opts(const rows_params &p, const char *xrow,
+                                                     float rs, float es)
+{
+    act_opts o;
+    o.xrow = xrow;
+    o.goff = p.goff;
+    o.uoff = p.uoff;
+    o.limit = p.limit;
+    o.rs = rs;
+    o.es = es;
+    o.xdt = p.xdt;
+    o.act = p.act;
+    o.activate = p.activate;
+    o.round_bf16 = p.round_bf16;
+    o.has_rs = p.has_rs;
+    o.has_es = p.has_es;
+    return o;
+}
+
+/* h of channel c with the CPU's (x86) NaN bits, from memory: the rare NaN path. */
+static __device__ __noinline__ float h_exact(act_opts o, int64_t c)
+{
+    if (!o.activate)
+        return load_elem(o.xrow, c, o.xdt);
+    float g = load_elem(o.xrow, o.goff + c, o.xdt), u = load_elem(o.xrow, o.uoff + c, o.xdt);
+    if (o.limit > 0.0f) {
+        g = mf_clamp_gate(g, o.limit);
+        u = mf_clamp_up(u, o.limit);
+    }
+    float a = mf_activate(o.act, g);
+    if (o.round_bf16)
+        a = mf_round_bf16(a);
+    float h = mf_mul(a, u);
+    if (o.has_rs)
+        h = mf_mul(h, o.rs);
+    if (o.has_es)
+        h = mf_mul(h, o.es);
+    if (o.round_bf16)
+        h = mf_round_bf16(h);
+    return h;
+}
+
+/* h of one channel (the block-per-row kernel): fast path, exact NaN bits. */
+static __device__ __forceinline__ float h_one(const rows_params &p, const float *tab,
+                                              const char *xrow, int64_t c, float rs, float es)
+{
+    float v[8], u[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        v[i] = u[i] = 0.0f;
+    if (!p.activate) {
+        v[0] = load_elem(xrow, c, p.xdt);
+        return v[0];
+    }
+    v[0] = load_elem(xrow, p.goff + c, p.xdt);
+    u[0] = load_elem(xrow, p.uoff + c, p.xdt);
+    act8(p, p.act, 0, tab, v, u, rs, es); /* the other 7 lanes of the arrays are dead code */
+    return mf_is_nan(v[0]) ? h_exact(make_opts(p, xrow, rs, es), c) : v[0];
+}
+
+/* --------------------------------------------------------- quantization */
+
+/* Scale of a group from its amax: s, and the exponent byte when ue8m0. */
+static __device__ __forceinline__ float group_scale(const rows_params &p, float amax,
+                                                    uint32_t *ue)
+{
+    amax = amax > p.eps ? amax : p.eps;
+    const float qmax = p.fp8 ? 448.0f : 127.0f;
+    /* the branch-free division where device_check.cu proved it exact, IEEE's elsewhere */
+    float s = mf_div_fast_ok(amax) ? mf_div_fast(amax, qmax) : amax / qmax;
+    *ue = 0u;
+    if (p.ue8m0) {
+        *ue = mf_ue8m0_exponent(s);
+        s = mf_bits_f32(*ue << 23);
+    }
+    return s;
+}
+
+/* Two f8 codes (lo in the low byte) of finite values: RNE with saturation to 448. */
+static __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r; /* the hardware conversion: the same bits for every finite input */
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return mf_f32_to_e4m3(lo) | (mf_f32_to_e4m3(hi) << 8);
+#endif
+}
+
+/* An i8 code of a non-NaN value: half to even, clamped to [-127, 127] (= mf_f32_to_i8). */
+static __device__ __forceinline__ uint32_t i8code(float d)
+{
+    const float c = fminf(fmaxf(d, -127.0f), 127.0f);
+    return (uint32_t)__float2int_rn(c) & 0xFFu;
+}
+
+/*
+ * Codes of 8 finite values of h with scale s (y = 1/s, s in the range of
+ * mf_div_scale): q = h / s, correctly rounded. The 8 bytes go to w[2].
+ */
+static __device__ __forceinline__ void codes8(int fp8, const float h[8], float s, float y,
+                                              uint32_t w[2])
+{
+    float d[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        d[i] = mf_div_scale(h[i], s, y);
+    if (fp8) {
+        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
+        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
+    } else {
+        w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
+        w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
+    }
+}
+
+/* Code of one value of h: NaN (with the CPU's bits), +-Inf, finite with either division. */
+static __device__ __forceinline__ uint32_t code1(int fp8, float v, float s, float y, int fast)
+{
+    if (mf_is_nan(v))
+        return fp8 ? (((mf_f32_bits(v) >> 24) & 0x80u) | 0x7Fu) : 0u;
+    const float q = fast ? mf_div_scale(v, s, y) : v / s;
+    const float d = mf_is_finite(v) ? q : copysignf(448.0f, v); /* Inf: +-448 or +-127 */
+    return fp8 ? (e4m3x2(d, 0.0f) & 0xFFu) : i8code(d);
+}
+
+/*
+ * Codes of 8 values when one is not finite, or s is outside the range of
+ * mf_div_scale: rare (a divergent branch). A NaN's sign is the one the CPU
+ * computes, recomputed from memory. (Out of line, the call would cost the
+ * hot kernel registers: the ABI keeps every live value across it.)
+ */
+static __device__ __forceinline__ uint2 codes8_slow(act_opts o, int64_t c0, const float h[8],
+                                                    float s, float y, int fp8)
+{
+    const int fast = mf_scale_fast_ok(s);
+    uint32_t w[2] = {0u, 0u};
+    for (int i = 0; i < 8; i++) {
+        const float v = mf_is_nan(h[i]) ? h_exact(o, c0 + i) : h[i];
+        w[i >> 2] |= code1(fp8, v, s, y, fast) << ((i & 3) * 8);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+/* Store the scale of group g of row (e, t) in the layout (byte of a packed word). */
+static __device__ __forceinline__ void put_scale(const rows_params &p, int64_t e, int64_t t,
+                                                 int64_t g, float s, uint32_t ue)
+{
+    if (p.layout == MF_LAYOUT_PACKED) {
+        const int64_t word = e * p.ss0 + (g >> 2) * p.ss1 + t;
+        p.sc[word * 4 + (g & 3)] = (char)ue; /* byte g % 4 of a little-endian word */
+        return;
+    }
+    const int64_t i = e * p.ss0 + (p.layout == MF_LAYOUT_COL ? g * p.ss1 + t : t * p.ss1 + g);
+    if (p.sc_f32)
+        ((float *)p.sc)[i] = s;
+    else
+        ((uint8_t *)p.sc)[i] = (uint8_t)ue;
+}
+
+/* ------------------------------------------------------------- staging */
+
+/*
+ * The staged kernels copy items to shared memory with cp.async (16-byte
+ * copies that hold no registers while in flight): a ring of MF_STAGES items
+ * per warp, so the loads of the next item overlap the arithmetic of this
+ * one, and the item is read back one 256-channel slot at a time (few live
+ * registers, so items can be 1024 channels: less per-item overhead). Each
+ * lane copies and later reads only its own 16-byte chunks, so it needs
+ * cp.async.wait_group and no barrier. Chunk (half hh, slot k, part j) of
+ * lane l sits at 16 * (hh * slots * parts * 32 + (k * parts + j) * 32 + l);
+ * parts = 2 for f32 (8 channels = 32 bytes), 1 for bf16/f16.
+ */
+#ifndef MF_STAGES
+#define MF_STAGES 2
+#endif
+#ifndef MF_ST_SLOTS
+#define MF_ST_SLOTS 4 /* slots of 256 channels in a staged item */
+#endif
+#define MF_ST_ITEM (MF_ST_SLOTS * 256)
+
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Wait until at most MF_STAGES - 1 groups (the newer items) are in flight. */
+static __device__ __forceinline__ void cp_async_wait_oldest(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(MF_STAGES - 1) : "memory");
+}
+
+/* Bytes of one staged item of one warp. */
+static __host__ __device__ __forceinline__ int64_t stage_bytes(int64_t xes, int activate)
+{
+    return (activate ? 2 : 1) * MF_ST_SLOTS * (xes / 2) * 32 * 16;
+}
+
+static __device__ __forceinline__ void stage_fetch(const rows_params &p, int xdt, char *stage,
+                                                   const char *xrow, int64_t ch, int lane)
+{
+    const int parts = xdt == MF_DT_F32 ? 2 : 1;
+    const int64_t xes = xdt == MF_DT_F32 ? 4 : 2;
+    const int half = MF_ST_SLOTS * parts * 32 * 16;
+    const char *g = xrow + p.goff * xes, *u = xrow + p.uoff * xes;
+#pragma unroll
+    for (int k = 0; k < MF_ST_SLOTS; k++) {
+        const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
+        if (c0 >= p.H)
+            break;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if (j < parts) {
+                char *d = stage + ((k * parts + j) * 32 + lane) * 16;
+                cp_async16(d, g + c0 * xes + j * 16);
+                if (p.activate)
+                    cp_async16(d + half, u + c0 * xes + j * 16);
+            }
+        }
+    }
+}
+
+/* The 8 values of (slot k, half hh) of a staged item; zeros past the row (n = 0). */
+static __device__ __forceinline__ void stage_read8(const char *stage, int xdt, int activate,
+                                                   int k, int hh, int n, int lane, float v[8])
+{
+    (void)activate;
+    if (n == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = 0.0f;
+        return;
+    }
+    if (xdt == MF_DT_F32) {
+        const float4 *c = (const float4 *)stage + hh * MF_ST_SLOTS * 2 * 32 + k * 2 * 32 + lane;
+        const float4 a = c[0], b = c[32];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        const uint4 w = ((const uint4 *)stage)[hh * MF_ST_SLOTS * 32 + k * 32 + lane];
+        unpack16(w.x, xdt, &v[0], &v[1]);
+        unpack16(w.y, xdt, &v[2], &v[3]);
+        unpack16(w.z, xdt, &v[4], &v[5]);
+        unpack16(w.w, xdt, &v[6], &v[7]);
+    }
+}
+
+/* One slot of a quantizing item: 8 channels per lane from c0 (n = 8 or 0 past the row). */
+static __device__ __forceinline__ void quant_slot(const rows_params &p, int act, int plain,
+                                                  const float *tab, int64_t e, int64_t t,
+                                                  const char *xrow, char *qrow, float rs, float es,
+                                                  int64_t c0, int n, float h[8], float u[8],
+                                                  int lane)
+{
+    if (p.activate)
+        act8(p, act, plain, tab, h, u, rs, es);
+    /*
+     * amax over the lane's finite values, then over its group's lanes. The fast
+     * test: chk = sum of h * 0 is NaN exactly when some h is Inf or NaN; only
+     * then is the finite filter needed (fmaxf already skips NaN, not Inf).
+     */
+    float m = 0.0f, chk = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        m = fmaxf(m, fabsf(h[i]));
+        chk = fmaf(h[i], 0.0f, chk);
+    }
+    const int special = mf_is_nan(chk);
+    if (special) {
+        m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            m = mf_is_finite(h[i]) ? fmaxf(m, fabsf(h[i])) : m;
+    }
+    for (int off = 1; off < p.lpg; off <<= 1) /* every lane takes part */
+        m = fmaxf(m, __shfl_xor_sync(MF_FULL, m, off));
+    uint32_t ue;
+    const float s = group_scale(p, m, &ue);
+    if ((lane & (p.lpg - 1)) == 0) { /* the group's first lane writes its scale */
+        const int64_t g = c0 >> p.glog;
+        if (n != 0)
+            put_scale(p, e, t, g, s, ue);
+        else if (p.layout == MF_LAYOUT_PACKED && g < p.Gw * 4)
+            put_scale(p, e, t, g, 0.0f, 0u); /* unused byte of the row's last word */
+    }
+    if (n == 0)
+        return;
+    const float y = mf_scale_fast_ok(s) ? mf_div_fast(1.0f, s) : 1.0f / s;
+    uint32_t w[2];
+    if (!special && mf_scale_fast_ok(s)) {
+        codes8(p.fp8, h, s, y, w);
+    } else {
+        const uint2 c = codes8_slow(make_opts(p, xrow, rs, es), c0, h, s, y, p.fp8);
+        w[0] = c.x;
+        w[1] = c.y;
+    }
+    if (p.vec_q) {
+        *(uint2 *)(qrow + c0) = make_uint2(w[0], w[1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            qrow[c0 + i] = (char)(w[i >> 2] >> ((i & 3) * 8));
+    }
+}
+
+/* One warp item of the quantizing ops, from memory: row (e, t), 512 channels from ch * 512. */
+static __device__ __forceinline__ void quant_item(const rows_params &p, int xdt, int act,
+                                                  int plain, const float *tab, int64_t e,
+                                                  int64_t t, int64_t ch, int lane)
+{
+    const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
+    char *qrow = p.q + e * p.qs0 + t * p.qs1;
+    float rs, es;
+    row_factors(p, e, t, &rs, &es);
+    float h[2][8], u[2][8];
+    int64_t c0[2];
+    int n[2];
+    /* every load of the item first: 2 KiB (bf16) in flight per warp */
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        c0[k] = ch * MF_ITEM + k * 256 + lane * 8;
+        n[k] = c0[k] < p.H ? 8 : 0; /* H is a multiple of 32 here: all 8 or none */
+        load8(xrow + p.goff * p.xes, c0[k], xdt, p.vec_x, n[k], h[k]);
+        if (p.activate)
+            load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        quant_slot(p, act, plain, tab, e, t, xrow, qrow, rs, es, c0[k], n[k], h[k], u[k], lane);
+}
+
+/* The same from a staged item (MF_ST_SLOTS slots of 256 channels), slot by slot. */
+static __device__ __forceinline__ void quant_item_st(const rows_params &p, int xdt, int act,
+                                                     int plain, const float *tab,
+                                                     const char *stage, int64_t e, int64_t t,
+                                                     int64_t ch, int lane)
+{
+    const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
+    char *qrow = p.q + e * p.qs0 + t * p.qs1;
+    float rs, es;
+    row_factors(p, e, t, &rs, &es);
+#pragma unroll
+    for (int k = 0; k < MF_ST_SLOTS; k++) {
+        const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
+        const int n = c0 < p.H ? 8 : 0;
+        float h[8], u[8];
+        stage_read8(stage, xdt, p.activate, k, 0, n, lane, h);
+        if (p.activate)
+            stage_read8(stage, xdt, p.activate, k, 1, n, lane, u);
+        quant_slot(p, act, plain, tab, e, t, xrow, qrow, rs, es, c0, n, h, u, lane);
+    }
+}
+
+/* One slot of act_mul: h of n (<= 8) channels from c0, rounded to out's (x's) dtype. */
+static __device__ __forceinline__ void mul_slot(const rows_params &p, int xdt, int act,
+                                                int plain, const float *tab, const char *xrow,
+                                                char *orow, float rs, float es, int64_t c0,
+                                                int n, float g[8], float u[8])
+{
+    if (n == 0)
+        return;
+    act8(p, act, plain, tab, g, u, rs, es);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (mf_is_nan(g[i]) && i < n)
+            g[i] = h_exact(make_opts(p, xrow, rs, es), c0 + i);
+    store8(orow, c0, xdt, p.vec_q, n, g);
+}
+
+/* One warp item of act_mul, from memory: 512 channels from ch * 512 (H may be odd). */
+static __device__ __forceinline__ void mul_item(const rows_params &p, int xdt, int act,
+                                                int plain, const float *tab, int64_t e,
+                                                int64_t t, int64_t ch, int lane)
+{
+    const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
+    char *orow = p.q + (e * p.qs0 + t * p.qs1) * p.qes;
+    float rs, es;
+    row_factors(p, e, t, &rs, &es);
+    float g[2][8], u[2][8];
+    int64_t c0[2];
+    int n[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        c0[k] = ch * MF_ITEM + k * 256 + lane * 8;
+        const int64_t left = p.H - c0[k]; /* the last vector of an odd row is partial */
+        n[k] = left >= 8 ? 8 : (left > 0 ? (int)left : 0);
+        load8(xrow + p.goff * p.xes, c0[k], xdt, p.vec_x, n[k], g[k]);
+        load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        mul_slot(p, xdt, act, plain, tab, xrow, orow, rs, es, c0[k], n[k], g[k], u[k]);
+}
+
+/* The same from a staged item (H is a multiple of 8 there: n is 8 or 0). */
+static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt, int act,
+                                                   int plain, const float *tab,
+                                                   const char *stage, int64_t e, int64_t t,
+                                                   int64_t ch, int lane)
+{
+    const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
+    char *orow = p.q + (e * p.qs0 + t * p.qs1) * p.qes;
+    float rs, es;
+    row_factors(p, e, t, &rs, &es);
+#pragma unroll
+    for (int k = 0; k < MF_ST_SLOTS; k++) {
+        const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
+        const int n = c0 < p.H ? 8 : 0;
+        float g[8], u[8];
+        stage_read8(stage, xdt, 1, k, 0, n, lane, g);
+        stage_read8(stage, xdt, 1, k, 1, n, lane, u);
+        mul_slot(p, xdt, act, plain, tab, xrow, orow, rs, es, c0, n, g, u);
+    }
+}
+
+/* ------------------------------------------------------------ row walk */
+
+/*
+ * Clamped counts -> offs[0..E] (offs[0] = 0), by the whole block in chunks of
+ * blockDim.x experts: warp scans by shuffles, then the warp totals. Every
+ * thread must call it; offs is complete for every thread on return.
+ */
+static __device__ void block_prefix(const int32_t *counts, int64_t cs0, int64_t E, int64_t T,
+                                    int64_t *offs)
+{
+    __shared__ int64_t wsum[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    if (tid == 0)
+        offs[0] = 0;
+    int64_t carry = 0;
+    for (int64_t base = 0; base < E; base += blockDim.x) {
+        const int64_t e = base + tid;
+        int64_t v = 0;
+        if (e < E) {
+            const int64_t c = counts[e * cs0]; /* device data: never trusted */
+            v = c < 0 ? 0 : (c > T ? T : c);
+        }
+        for (int off = 1; off < 32; off <<= 1) {
+            const int64_t o = __shfl_up_sync(MF_FULL, v, off);
+            if (lane >= off)
+                v += o;
+        }
+        if (lane == 31)
+            wsum[warp] = v;
+        __syncthreads();
+        int64_t before = 0, total = 0;
+        for (int w = 0; w < nw; w++) {
+            const int64_t sw = wsum[w];
+            before += w < warp ? sw : 0;
+            total += sw;
+        }
+        if (e < E)
+            offs[e + 1] = carry + before + v;
+        carry += total;
+        __syncthreads(); /* wsum is rewritten by the next chunk */
+    }
+    __syncthreads(); /* offs[0] when E = 0 */
+}
+
+/* Expert of flattened valid row `row`: the last e with offs[e] <= row (skips empty experts). */
+static __device__ __forceinline__ int64_t find_expert(const int64_t *offs, int64_t E, int64_t row)
+{
+    int64_t lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) >> 1;
+        if (offs[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/*
+ * The same, knowing the answer is at least lo (a warp's rows only grow):
+ * gallop forward from lo, then bisect. Cheap when the expert barely moved.
+ */
+static __device__ __forceinline__ int64_t find_expert_from(const int64_t *offs, int64_t E,
+                                                           int64_t row, int64_t lo)
+{
+    int64_t step = 1;
+    while (lo + step < E && offs[lo + step] <= row) {
+        lo += step;
+        step <<= 1;
+    }
+    int64_t hi = lo + step - 1 < E - 1 ? lo + step - 1 : E - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) >> 1;
+        if (offs[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Row offsets (shared memory, global memory, or none for the 2-D form); returns the valid rows. */
+static __device__ __forceinline__ int64_t setup_rows(const rows_params &p, int64_t *smem,
+                                                     const int64_t **offs)
+{
+    if (!p.counts) {
+        *offs = NULL;
+        return p.T;
+    }
+    if (p.offs_g) {
+        *offs = p.offs_g;
+        return p.offs_g[p.E];
+    }
+    block_prefix(p.counts, p.cs0, p.E, p.T, smem);
+    *offs = smem;
+    return smem[p.E];
+}
+
+enum { MODE_QUANT, MODE_MUL };
+
+/* 2^(j/32) for mf_expf_tab, copied to shared memory by every block (lanes index it freely). */
+__constant__ float mf_c_exp2_tab[64] = MF_EXP2_TAB_INIT;
+
+static __device__ __forceinline__ void load_exp_table(float *tab)
+{
+    if (threadIdx.x < 64)
+        tab[threadIdx.x] = mf_c_exp2_tab[threadIdx.x];
+    __syncthreads();
+}
+
+/*
+ * Grid-stride walk of the warps over the items (row, chunk), chunk fastest:
+ * neighbouring warps read neighbouring memory. The item index is advanced
+ * without a division per step.
+ */
+static __device__ __forceinline__ void walk_items(const rows_params &p, int mode, int xdt,
+                                                  int act, int plain)
+{
+    extern __shared__ int64_t mf_smem[];
+    __shared__ float tab[64];
+    load_exp_table(tab);
+    const int64_t *offs;
+    const int64_t rows = setup_rows(p, mf_smem, &offs);
+    const int lane = threadIdx.x & 31;
+    const int64_t W = (int64_t)gridDim.x * MF_WARPS;
+    const int64_t it = (int64_t)blockIdx.x * MF_WARPS + (threadIdx.x >> 5);
+    int64_t row = it / p.chunks, ch = it % p.chunks;
+    const int64_t Wq = W / p.chunks, Wr = W % p.chunks;
+    while (row < rows) {
+        int64_t e = 0, t = row;
+        if (offs) {
+            e = find_expert(offs, p.E, row);
+            t = row - offs[e];
+        }
+        if (mode == MODE_QUANT)
+            quant_item(p, xdt, act, plain, tab, e, t, ch, lane);
+        else
+            mul_item(p, xdt, act, plain, tab, e, t, ch, lane);
+        ch += Wr;
+        row += Wq;
+        if (ch >= p.chunks) {
+            ch -= p.chunks;
+            row++;
+        }
+    }
+}
+
+/* Item iterator of a warp: (row, chunk), advanced by the grid's warp count. */
+typedef struct item_it {
+    int64_t row, ch;
+} item_it;
+
+static __device__ __forceinline__ void it_next(const rows_params &p, item_it *i, int64_t Wq,
+                                               int64_t Wr)
+{
+    i->ch += Wr;
+    i->row += Wq;
+    if (i->ch >= p.chunks) {
+        i->ch -= p.chunks;
+        i->row++;
+    }
+}
+
+/*
+ * The same walk with the items' x staged in shared memory MF_STAGES - 1
+ * items ahead (rows with 16-byte aligned vectors only). Dynamic shared
+ * memory: the row offsets (masked, E small), then each warp's ring.
+ */
+static __device__ __forceinline__ void walk_staged(const rows_params &p, int mode, int xdt,
+                                                   int act, int plain)
+{
+    extern __shared__ int64_t mf_smem[];
+    __shared__ float tab[64];
+    load_exp_table(tab);
+    const int64_t *offs;
+    const int64_t rows = setup_rows(p, mf_smem, &offs);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t noffs = (p.counts && !p.offs_g) ? (p.E + 2) / 2 * 2 : 0; /* 16-byte aligned */
+    const int64_t sb = stage_bytes(xdt == MF_DT_F32 ? 4 : 2, p.activate);
+    char *ring = (char *)(mf_smem + noffs) + (int64_t)warp * MF_STAGES * sb;
+    const int64_t W = (int64_t)gridDim.x * MF_WARPS;
+    const int64_t it = (int64_t)blockIdx.x * MF_WARPS + warp;
+    const int64_t Wq = W / p.chunks, Wr = W % p.chunks;
+    item_it fetch_i = {it / p.chunks, it % p.chunks}, proc_i = fetch_i;
+    /* (e, t) of each staged item, found once at its fetch (register "arrays": every index is
+     * compared with constants, so nothing goes to local memory) */
+    int64_t ring_e[MF_STAGES], ring_t[MF_STAGES];
+    int64_t fe = 0; /* expert of the last fetch: the next is at least that */
+#pragma unroll
+    for (int i = 0; i < MF_STAGES; i++)
+        ring_e[i] = ring_t[i] = 0;
+    /* prologue: the first MF_STAGES - 1 items (every lane commits a group per item, even empty) */
+#pragma unroll
+    for (int sidx = 0; sidx < MF_STAGES - 1; sidx++) {
+        if (fetch_i.row < rows) {
+            int64_t t = fetch_i.row;
+            if (offs) {
+                fe = find_expert_from(offs, p.E, fetch_i.row, fe);
+                t = fetch_i.row - offs[fe];
+            }
+            ring_e[sidx] = fe;
+            ring_t[sidx] = t;
+            stage_fetch(p, xdt, ring + sidx * sb, p.x + (fe * p.xs0 + t * p.xs1) * p.xes,
+                        fetch_i.ch, lane);
+        }
+        cp_async_commit();
+        it_next(p, &fetch_i, Wq, Wr);
+    }
+    for (int sidx = 0; proc_i.row < rows; sidx = sidx + 1 == MF_STAGES ? 0 : sidx + 1) {
+        /* the next item goes to the slot this lane emptied last iteration */
+        const int fslot = sidx == 0 ? MF_STAGES - 1 : sidx - 1;
+        if (fetch_i.row < rows) {
+            int64_t t = fetch_i.row;
+            if (offs) {
+                fe = find_expert_from(offs, p.E, fetch_i.row, fe);
+                t = fetch_i.row - offs[fe];
+            }
+#pragma unroll
+            for (int i = 0; i < MF_STAGES; i++) {
+                ring_e[i] = i == fslot ? fe : ring_e[i];
+                ring_t[i] = i == fslot ? t : ring_t[i];
+            }
+            stage_fetch(p, xdt, ring + fslot * sb, p.x + (fe * p.xs0 + t * p.xs1) * p.xes,
+                        fetch_i.ch, lane);
+        }
+        cp_async_commit();
+        it_next(p, &fetch_i, Wq, Wr);
+        cp_async_wait_oldest();
+        int64_t e = ring_e[0], t = ring_t[0];
+#pragma unroll
+        for (int i = 1; i < MF_STAGES; i++) {
+            e = i == sidx ? ring_e[i] : e;
+            t = i == sidx ? ring_t[i] : t;
+        }
+        if (mode == MODE_QUANT)
+            quant_item_st(p, xdt, act, plain, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
+        else
+            mul_item_st(p, xdt, act, plain, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
+        it_next(p, &proc_i, Wq, Wr);
+    }
+}
+
+/*
+ * Each op has a kernel for plain silu (the hot path: silu without clamp,
+ * factors or intermediate rounding, and quant, which has no activation;
+ * every option is a constant there, and no register goes to the
+ * double-precision gelu code) and one for everything else.
+ */
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu(rows_params p)
+{
+    walk_items(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_any(rows_params p)
+{
+    walk_items(p, MODE_QUANT, p.xdt, p.act, 0);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu(rows_params p)
+{
+    walk_items(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any(rows_params p)
+{
+    walk_items(p, MODE_MUL, p.xdt, p.act, 0);
+}
+
+/* The staged (cp.async) versions of the four, for 16-byte aligned x. */
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st(rows_params p)
+{
+    walk_staged(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1);
+}
+
+/* The hot path of all: bf16 x, plain silu (or quant), staged; the dtype a constant too. */
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st_bf16(rows_params p)
+{
+    walk_staged(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_any_st(rows_params p)
+{
+    walk_staged(p, MODE_QUANT, p.xdt, p.act, 0);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st(rows_params p)
+{
+    walk_staged(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st_bf16(rows_params p)
+{
+    walk_staged(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any_st(rows_params p)
+{
+    walk_staged(p, MODE_MUL, p.xdt, p.act, 0);
+}
+
+/*
+ * G = H (not 32, 64 or 128): one block per row, grid-stride over the valid
+ * rows. h is kept in shared memory between the amax and the codes when it
+ * fits (hcache), else computed again (the same bits).
+ */
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_row(rows_params p, int hcache)
+{
+    extern __shared__ int64_t mf_smem[];
+    __shared__ float red[MF_WARPS];
+    __shared__ float tab[64];
+    load_exp_table(tab);
+    const int64_t *offs;
+    const int64_t rows = setup_rows(p, mf_smem, &offs);
+    float *hc = (float *)(mf_smem + ((p.counts && !p.offs_g) ? p.E + 1 : 0));
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        int64_t e = 0, t = row;
+        if (offs) {
+            e = find_expert(offs, p.E, row);
+            t = row - offs[e];
+        }
+        const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
+        char *qrow = p.q + e * p.qs0 + t * p.qs1;
+        float rs, es;
+        row_factors(p, e, t, &rs, &es);
+        float m = 0.0f;
+        for (int64_t c = tid; c < p.H; c += MF_THREADS) {
+            const float v = h_one(p, tab, xrow, c, rs, es);
+            const float a = fabsf(v);
+            m = (mf_is_finite(v) && a > m) ? a : m;
+            if (hcache)
+                hc[c] = v;
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(MF_FULL, m, off));
+        if (lane == 0)
+            red[warp] = m;
+        __syncthreads();
+        float amax = 0.0f;
+        for (int w = 0; w < MF_WARPS; w++)
+            amax = fmaxf(amax, red[w]);
+        uint32_t ue;
+        const float s = group_scale(p, amax, &ue);
+        const float y = 1.0f / s;
+        const int fast = mf_scale_fast_ok(s);
+        for (int64_t c = tid; c < p.H; c += MF_THREADS) {
+            const float v = hcache ? hc[c] : h_one(p, tab, xrow, c, rs, es);
+            qrow[c] = (char)code1(p.fp8, v, s, y, fast);
+        }
+        if (tid == 0) {
+            if (p.layout == MF_LAYOUT_PACKED) /* one group: the whole word, bytes 1..3 zero */
+                ((int32_t *)p.sc)[e * p.ss0 + t] = (int32_t)ue;
+            else
+                put_scale(p, e, t, 0, s, ue);
+        }
+        __syncthreads(); /* red (and hc) are rewritten for the next row */
+    }
+}
+
+/* Row offsets in global memory for E > MF_SMEM_EXPERTS: one block. */
+__global__ void __launch_bounds__(1024) mf_k_count_prefix(const int32_t *counts, int64_t cs0,
+                                                          int64_t E, int64_t T, int64_t *offs)
+{
+    block_prefix(counts, cs0, E, T, offs);
+}
+
+/*
+ * Rows t in [t_begin, t_end) of every expert that are zeroed rather than
+ * computed: with zero_tail the rows t >= n[e] (codes and scales), and the
+ * padding rows T..Ta-1 of the column-major and packed layouts (scales). One
+ * warp per row.
+ */
+__global__ void __launch_bounds__(MF_THREADS) mf_k_rows_tail(rows_params p, int64_t t_begin,
+                                                             int64_t t_end, int zero_tail,
+                                                             int vec16)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t span = t_end - t_begin, items = p.E * span;
+    for (int64_t it = (int64_t)blockIdx.x * MF_WARPS + (threadIdx.x >> 5); it < items;
+         it += (int64_t)gridDim.x * MF_WARPS) {
+        const int64_t e = it / span, t = t_begin + it % span;
+        if (t < p.T) {
+            if (!zero_tail)
+                continue;
+            const int64_t c = p.counts ? (int64_t)p.counts[e * p.cs0] : p.T;
+            const int64_t n = c < 0 ? 0 : (c > p.T ? p.T : c);
+            if (t < n)
+                continue; /* a computed row */
+            char *qrow = p.q + e * p.qs0 + t * p.qs1;
+            int64_t c16 = 0;
+            if (vec16) {
+                c16 = p.H / 16 * 16;
+                for (int64_t c = (int64_t)lane * 16; c < c16; c += 32 * 16)
+                    *(uint4 *)(qrow + c) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            for (int64_t c = c16 + lane; c < p.H; c += 32)
+                qrow[c] = 0;
+        }
+        if (p.layout == MF_LAYOUT_PACKED) {
+            for (int64_t w = lane; w < p.Gw; w += 32)
+                ((int32_t *)p.sc)[e * p.ss0 + w * p.ss1 + t] = 0;
+        } else {
+            for (int64_t g = lane; g < p.Gn; g += 32)
+                put_scale(p, e, t, g, 0.0f, 0u);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ host */
+
+#define MF_CU_TRY(expr)                                                                          \
+    do {                                                                                         \
+        moefuse_status st_ = (expr);                                                             \
+        if (st_ != MOEFUSE_OK)                                                                   \
+            return st_;                                                                          \
+    } while (0)
+
+static size_t elem_size(moefuse_dtype dt)
+{
+    switch (dt) {
+    case MOEFUSE_F32:
+    case MOEFUSE_I32: return 4;
+    case MOEFUSE_F16:
+    case MOEFUSE_BF16: return 2;
+    default: return 1;
+    }
+}
+
+/*
+ * Can every row of t be accessed `align` bytes at a time? The data start and
+ * the row strides (in bytes) must be multiples of align; the expert stride
+ * matters only when there is more than one expert. The core guarantees only
+ * element alignment, so the kernels fall back to narrower accesses.
+ */
+static int rows_aligned(const moefuse_tensor *t, int64_t align, int64_t experts)
+{
+    const int64_t es = (int64_t)elem_size(t->dtype);
+    if ((uintptr_t)mf_cuda_base(t) % (uintptr_t)align != 0)
+        return 0;
+    if ((t->stride[1] * es) % align != 0)
+        return 0;
+    return experts <= 1 || (t->stride[0] * es) % align == 0;
+}
+
+/* The fields every row op shares: x, the activation options, the factors, the shapes. */
+static void fill_common(rows_params *p, const mf_rows_args *a)
+{
+    memset(p, 0, sizeof *p);
+    p->x = mf_cuda_base(&a->x);
+    p->xs0 = a->x.stride[0];
+    p->xs1 = a->x.stride[1];
+    p->xdt = (int)a->x.dtype;
+    p->xes = (int64_t)elem_size(a->x.dtype);
+    p->activate = a->activate;
+    p->goff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? a->hidden : 0;
+    p->uoff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? 0 : a->hidden;
+    p->act = (int)a->act.activation;
+    p->limit = a->activate ? a->act.limit : 0.0f;
+    p->round_bf16 = a->activate && a->act.intermediate == MOEFUSE_ROUND_BF16;
+    if (a->row_scale.data) {
+        p->has_rs = 1;
+        p->rs = mf_cuda_base(&a->row_scale);
+        p->rss0 = a->row_scale.stride[0];
+        p->rss1 = a->row_scale.stride[1];
+    }
+    if (a->expert_scale.data) {
+        p->has_es = 1;
+        p->es = mf_cuda_base(&a->expert_scale);
+        p->ess0 = a->expert_scale.stride[0];
+        p->esdt = (int)a->expert_scale.dtype;
+    }
+    if (a->counts.data) {
+        p->counts = (const int32_t *)mf_cuda_base(&a->counts);
+        p->cs0 = a->counts.stride[0];
+    }
+    p->E = a->experts;
+    p->T = a->rows;
+    p->H = a->hidden;
+    p->chunks = (a->hidden + MF_ITEM - 1) / MF_ITEM;
+    p->q = mf_cuda_base(&a->out);
+    p->qs0 = a->out.stride[0];
+    p->qs1 = a->out.stride[1];
+    p->qdt = (int)a->out.dtype;
+    p->qes = (int64_t)elem_size(a->out.dtype);
+}
+
+/* Can the plain kernels take the call: silu without options, or no activation at all? */
+static int plain_silu(const rows_params *p)
+{
+    if (!p->activate)
+        return 1;
+    return p->act == MF_ACT_SILU && !(p->limit > 0.0f) && !p->round_bf16 && !p->has_rs &&
+           !p->has_es;
+}
+
+/* Row offsets of the masked layout: shared memory (dynamic bytes in *smem) or global scratch. */
+static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_params *p,
+                                     const char *op, size_t *smem)
+{
+    *smem = 0;
+    if (!p->counts)
+        return MOEFUSE_OK;
+    if (p->E <= MF_SMEM_EXPERTS) {
+        *smem = (size_t)(p->E + 1) * sizeof(int64_t);
+        return MOEFUSE_OK;
+    }
+    void *offs;
+    MF_CU_TRY(mf_cuda_scratch(ctx, s, (size_t)(p->E + 1) * sizeof(int64_t), op, &offs));
+    mf_k_count_prefix<<<1, 1024, 0, s->stream>>>(p->counts, p->cs0, p->E, p->T, (int64_t *)offs);
+    MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_count_prefix"));
+    p->offs_g = (const int64_t *)offs;
+    return MOEFUSE_OK;
+}
+
+/*
+ * Dynamic shared memory of a staged kernel: the row offsets (offs_bytes,
+ * rounded to 16) and MF_STAGES items per warp. Above the default 48 KiB the
+ * kernel is allowed more (f32 input, many experts); *bytes = 0 when even the
+ * device's opt-in limit is too small (the unstaged kernel runs instead).
+ */
+static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const rows_params *p,
+                                  size_t offs_bytes, const void *kernel, const char *op,
+                                  size_t *bytes)
+{
+    const size_t need = (offs_bytes + 15) / 16 * 16 +
+                        (size_t)MF_WARPS * MF_STAGES * (size_t)stage_bytes(p->xes, p->activate);
+    *bytes = 0;
+    if (need > s->smem_optin)
+        return MOEFUSE_OK;
+    if (need + 1024 > 48 * 1024) { /* 1 KiB for the static shared memory */
+        cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need);
+        if (e != cudaSuccess)
+            return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    }
+    *bytes = need;
+    return MOEFUSE_OK;
+}
+
+static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
+                                 const char *op)
+{
+    rows_params p;
+    fill_common(&p, a);
+    const int masked = p.counts != NULL;
+    if (!masked && p.E != 1)
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: %lld experts without counts", op,
+                        (long long)p.E);
+    const int64_t G = a->group;
+    p.Gn = a->groups;
+    p.Gw = (a->groups + 3) / 4;
+    p.eps = a->quant.eps;
+    p.fp8 = a->out.dtype == MOEFUSE_F8_E4M3;
+    p.layout = (int)a->quant.scale_layout;
+    p.ue8m0 = a->quant.ue8m0 || p.layout == MF_LAYOUT_PACKED;
+    p.sc = mf_cuda_base(&a->scales);
+    p.ss0 = a->scales.stride[0];
+    p.ss1 = a->scales.stride[1];
+    p.sc_f32 = a->scales.dtype == MOEFUSE_F32;
+    p.qes = 1;
+    const int warp_path = G == 32 || G == 64 || G == 128;
+    if (warp_path) {
+        p.lpg = (int)(G / 8);
+        p.glog = G == 32 ? 5 : (G == 64 ? 6 : 7);
+    }
+    const int64_t E = p.E, T = p.T;
+    const int64_t Ta = a->rows_padded;
+    if (E > 0 && T > 0) {
+        /* 16-byte x loads need every gate/up vector aligned: rows, and the half at H */
+        p.vec_x = rows_aligned(&a->x, 16, E) && (p.H * p.xes) % 16 == 0;
+        p.vec_q = rows_aligned(&a->out, 8, E);
+        size_t smem;
+        MF_CU_TRY(masked_offsets(ctx, s, &p, op, &smem));
+        if (warp_path) {
+            /* quant (no activation) runs in the plain kernel, which never calls act8 for it */
+            const int silu = plain_silu(&p);
+            const int per_sm = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
+            const int bf16 = p.xdt == MF_DT_BF16;
+            const void *k = silu ? (bf16 ? (const void *)mf_k_quant_silu_st_bf16
+                                         : (const void *)mf_k_quant_silu_st)
+                                 : (const void *)mf_k_quant_any_st;
+            size_t bytes = 0;
+            if (p.vec_x)
+                MF_CU_TRY(staged_smem(ctx, s, &p, smem, k, op, &bytes));
+            /* staged items are 1024 channels, the others 512 */
+            p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
+            /* masked: a persistent grid (the valid rows are known on the device only) */
+            const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm
+                                         : mf_cuda_grid(s, T * p.chunks, MF_WARPS, per_sm);
+            if (bytes) {
+                if (silu && bf16)
+                    mf_k_quant_silu_st_bf16<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+                else if (silu)
+                    mf_k_quant_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+                else
+                    mf_k_quant_any_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+                MF_CU_TRY(mf_cuda_launched(ctx, op, silu ? "mf_k_quant_silu_st" : "mf_k_quant_any_st"));
+            } else if (silu) {
+                mf_k_quant_silu<<<grid, MF_THREADS, smem, s->stream>>>(p);
+                MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_silu"));
+            } else {
+                mf_k_quant_any<<<grid, MF_THREADS, smem, s->stream>>>(p);
+                MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_any"));
+            }
+        } else {
+            const int hcache = smem + (size_t)p.H * sizeof(float) <= MF_SMEM_BYTES;
+            const size_t bytes = smem + (hcache ? (size_t)p.H * sizeof(float) : 0);
+            const unsigned grid = masked ? (unsigned)s->sm_count * MF_BLOCKS_ANY
+                                         : mf_cuda_grid(s, T, 1, MF_BLOCKS_ANY);
+            mf_k_quant_row<<<grid, MF_THREADS, bytes, s->stream>>>(p, hcache);
+            MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_row"));
+        }
+    }
+    /* rows zeroed rather than computed: the tail (zero_tail) and the layout's padding rows */
+    const int tail = a->zero_tail && masked;
+    const int64_t t_begin = tail ? 0 : T;
+    const int64_t t_end = p.layout == MF_LAYOUT_ROW ? T : Ta;
+    if (E > 0 && t_end > t_begin) {
+        const int vec16 = rows_aligned(&a->out, 16, E);
+        const unsigned grid =
+            mf_cuda_grid(s, E * (t_end - t_begin), MF_WARPS, MF_BLOCKS_PER_SM);
+        mf_k_rows_tail<<<grid, MF_THREADS, 0, s->stream>>>(p, t_begin, t_end, tail, vec16);
+        MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_rows_tail"));
+    }
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_cuda_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a)
+{
+    return rows_quant(ctx, (cuda_state *)state, a,
+                      a->counts.data ? "act_quant_masked" : "act_quant");
+}
+
+moefuse_status mf_cuda_quant(moefuse_context *ctx, void *state, const mf_rows_args *a)
+{
+    return rows_quant(ctx, (cuda_state *)state, a, "quant");
+}
+
+moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a)
+{
+    static const char op[] = "act_mul";
+    cuda_state *s = (cuda_state *)state;
+    rows_params p;
+    fill_common(&p, a);
+    if (p.counts || p.E != 1)
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: expects the 2-D form", op);
+    if (p.T == 0)
+        return MOEFUSE_OK;
+    p.vec_x = rows_aligned(&a->x, 16, 1) && (p.H * p.xes) % 16 == 0;
+    p.vec_q = rows_aligned(&a->out, 16, 1);
+    const int silu = plain_silu(&p);
+    const int per_sm = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
+    const int bf16 = p.xdt == MF_DT_BF16;
+    const void *k = silu ? (bf16 ? (const void *)mf_k_act_mul_silu_st_bf16
+                                 : (const void *)mf_k_act_mul_silu_st)
+                         : (const void *)mf_k_act_mul_any_st;
+    size_t bytes = 0;
+    if (p.vec_x)
+        MF_CU_TRY(staged_smem(ctx, s, &p, 0, k, op, &bytes));
+    p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
+    const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, per_sm);
+    if (bytes) {
+        if (silu && bf16)
+            mf_k_act_mul_silu_st_bf16<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+        else if (silu)
+            mf_k_act_mul_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+        else
+            mf_k_act_mul_any_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+        return mf_cuda_launched(ctx, op, silu ? "mf_k_act_mul_silu_st" : "mf_k_act_mul_any_st");
+    }
+    if (silu) {
+        mf_k_act_mul_silu<<<grid, MF_THREADS, 0, s->stream>>>(p);
+        return mf_cuda_launched(ctx, op, "mf_k_act_mul_silu");
+    }
+    mf_k_act_mul_any<<<grid, MF_THREADS, 0, s->stream>>>(p);
+    return mf_cuda_launched(ctx, op, "mf_k_act_mul_any");
+}

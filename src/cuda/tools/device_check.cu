@@ -1,0 +1,265 @@
+/*
+ * Device-side checks of the CUDA numerics (not part of the build; for the GPU
+ * machine). check_numerics.c proves the host versions; this shows the device
+ * computes the same bits, and that the hardware shortcuts the kernels take
+ * agree with the integer reference code:
+ *  1. cvt.rn.satfinite.e4m3x2.f32 (sm_89+) against mf_f32_to_e4m3 for every
+ *     finite float (2^32 patterns less Inf/NaN), and the i8 shortcut
+ *     (__float2int_rn after clamping) against mf_f32_to_i8 for every non-NaN.
+ *  2. mf_expf and mf_expf_tab on the device against the same functions on
+ *     the host, bit for bit, for every float in [-104, 89], and the largest
+ *     error of the device results against exp((double)x).
+ *  3. mf_div_scale against the device's IEEE division h / s.
+ *  4. The kernels' branch-free silu (mf_silu_fast) against mf_silu_tab, bit for
+ *     bit, for every float it takes (|g| < 64), and the branch-free division
+ *     mf_div_fast against IEEE division on the scale computations' ranges.
+ *
+ *   nvcc -O2 -std=c++17 --fmad=false -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+ *        -Xcompiler -fopenmp src/cuda/tools/device_check.cu -o device_check && ./device_check
+ */
+#include "cuda/numerics.cuh"
+
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));           \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+__constant__ float c_tab[64] = MF_EXP2_TAB_INIT;
+static const float h_tab[64] = MF_EXP2_TAB_INIT;
+
+static __device__ uint32_t hw_e4m3(float f)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+    return r & 0xFFu;
+#else
+    return mf_f32_to_e4m3(f);
+#endif
+}
+
+static __device__ uint32_t fast_i8(float d)
+{
+    const float c = fminf(fmaxf(d, -127.0f), 127.0f);
+    return (uint32_t)__float2int_rn(c) & 0xFFu;
+}
+
+__global__ void k_conv(unsigned long long *bad, uint32_t *first)
+{
+    for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (1ull << 32);
+         b += (uint64_t)gridDim.x * blockDim.x) {
+        const float f = mf_bits_f32((uint32_t)b);
+        if (mf_is_finite(f) && hw_e4m3(f) != mf_f32_to_e4m3(f)) {
+            if (atomicAdd(&bad[0], 1ull) < 4)
+                first[0] = (uint32_t)b;
+        }
+        if (!mf_is_nan(f) && fast_i8(f) != mf_f32_to_i8(f)) {
+            if (atomicAdd(&bad[1], 1ull) < 4)
+                first[1] = (uint32_t)b;
+        }
+    }
+}
+
+__global__ void k_exp(uint32_t b0, uint32_t n, float *out_poly, float *out_tab)
+{
+    __shared__ float tab[64];
+    if (threadIdx.x < 64)
+        tab[threadIdx.x] = c_tab[threadIdx.x];
+    __syncthreads();
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float x = mf_bits_f32(b0 + i);
+        out_poly[i] = mf_expf(x);
+        out_tab[i] = mf_expf_tab(x, tab);
+    }
+}
+
+/* The kernels' branch-free silu against mf_silu_tab (mf_expf_tab, IEEE division) for every
+ * float the fast path takes (|g| < 64), bit for bit. */
+__global__ void k_silu(unsigned long long *bad, uint32_t *first)
+{
+    __shared__ float tab[64];
+    if (threadIdx.x < 64)
+        tab[threadIdx.x] = c_tab[threadIdx.x];
+    __syncthreads();
+    const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
+    for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < (1ull << 32);
+         b += (uint64_t)gridDim.x * blockDim.x) {
+        const float g = mf_bits_f32((uint32_t)b);
+        if (!mf_silu_fast_ok(g))
+            continue;
+        const float a = mf_silu_fast(g, tabs), r = mf_silu_tab(g, tab);
+        if (mf_f32_bits(a) != mf_f32_bits(r) && atomicAdd(bad, 1ull) < 4)
+            first[2] = (uint32_t)b;
+    }
+}
+
+/* mf_div_fast against IEEE division: a / 448 and a / 127 for every a in [2^-100, 2^100],
+ * 1 / s for every s in [2^-60, 2^60]. */
+__global__ void k_divfast(unsigned long long *bad, uint32_t *first)
+{
+    const uint32_t lo = 0x0D800000u, hi = 0x71800000u; /* 2^-100, 2^100 */
+    for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x + lo; b <= hi;
+         b += (uint64_t)gridDim.x * blockDim.x) {
+        const float a = mf_bits_f32((uint32_t)b);
+        int differ = mf_f32_bits(mf_div_fast(a, 448.0f)) != mf_f32_bits(a / 448.0f) ||
+                     mf_f32_bits(mf_div_fast(a, 127.0f)) != mf_f32_bits(a / 127.0f);
+        if (mf_scale_fast_ok(a))
+            differ |= mf_f32_bits(mf_div_fast(1.0f, a)) != mf_f32_bits(1.0f / a);
+        if (differ && atomicAdd(bad, 1ull) < 4)
+            first[3] = (uint32_t)b;
+    }
+}
+
+__global__ void k_div(uint64_t seed, long long n, unsigned long long *bad, float *ex)
+{
+    uint64_t st = seed ^ ((uint64_t)(blockIdx.x * blockDim.x + threadIdx.x) * 0x9E3779B97F4A7C15ull);
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        const float s = mf_bits_f32((uint32_t)((st >> 40) % (120u << 23)) + (67u << 23));
+        const float frac = (float)((st & 0xFFFFFF) | 1) / 16777216.0f;
+        float h = s * 448.0f * ldexpf(frac, -(int)((st >> 24) % 40));
+        h = fminf(h, 448.0f * s);
+        if ((st >> 63) & 1)
+            h = -h;
+        const float y = 1.0f / s;
+        const float q = mf_div_scale(h, s, y), r = h / s;
+        const int differ = fabsf(r) >= 0x1p-24f ? mf_f32_bits(q) != mf_f32_bits(r)
+                                                 : mf_f32_to_e4m3(q) != mf_f32_to_e4m3(r);
+        if (differ && atomicAdd(bad, 1ull) == 0) {
+            ex[0] = h;
+            ex[1] = s;
+        }
+    }
+}
+
+static double ulp_of(double v)
+{
+    v = fabs(v);
+    if (v < 0x1p-126)
+        return 0x1p-149;
+    int e;
+    frexp(v, &e);
+    return ldexp(1.0, e - 24);
+}
+
+int main(void)
+{
+    int fails = 0;
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+
+    unsigned long long *bad;
+    uint32_t *first;
+    CU(cudaMallocManaged(&bad, 4 * sizeof *bad));
+    CU(cudaMallocManaged(&first, 4 * sizeof *first));
+    memset(bad, 0, 4 * sizeof *bad);
+    k_conv<<<prop.multiProcessorCount * 8, 256>>>(bad, first);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    printf("e4m3 hardware vs integer: %llu mismatches over every finite float%s",
+           bad[0], bad[0] ? "" : "\n");
+    if (bad[0]) {
+        const float f = mf_bits_f32(first[0]);
+        printf(" (e.g. %a: int 0x%02X)\n", (double)f, mf_f32_to_e4m3(f));
+        fails++;
+    }
+    printf("i8 shortcut vs integer: %llu mismatches over every non-NaN float\n", bad[1]);
+    fails += bad[1] != 0;
+
+    bad[3] = 0;
+    k_silu<<<prop.multiProcessorCount * 8, 256>>>(&bad[3], first);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    printf("fast silu (branch-free exp and division) vs mf_silu_tab: %llu mismatches over every "
+           "float with |g| < 64%s", bad[3], bad[3] ? "" : "\n");
+    if (bad[3])
+        printf(" (e.g. g = %a)\n", (double)mf_bits_f32(first[2]));
+    fails += bad[3] != 0;
+
+    bad[0] = 0;
+    k_divfast<<<prop.multiProcessorCount * 8, 256>>>(&bad[0], first);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    printf("branch-free division vs IEEE (a/448, a/127 for a in [2^-100, 2^100], 1/s for s in "
+           "[2^-60, 2^60]): %llu mismatches%s", bad[0], bad[0] ? "" : "\n");
+    if (bad[0])
+        printf(" (e.g. %a)\n", (double)mf_bits_f32(first[3]));
+    fails += bad[0] != 0;
+
+    /* exp, in chunks */
+    const uint32_t ranges[2][2] = {{0x00000000u, 0x42B20000u}, {0x80000000u, 0xC2D00000u}};
+    const uint32_t chunk = 1u << 27;
+    float *dp, *dt, *hp, *ht;
+    CU(cudaMalloc(&dp, chunk * 4ull));
+    CU(cudaMalloc(&dt, chunk * 4ull));
+    hp = (float *)malloc(chunk * 4ull);
+    ht = (float *)malloc(chunk * 4ull);
+    long long diff_poly = 0, diff_tab = 0, count = 0;
+    double worst_poly = 0, worst_tab = 0;
+    const int skip_exp = getenv("DC_SKIP_EXP") != NULL; /* the slow part: host double exp */
+    for (int rg = 0; rg < 2 && !skip_exp; rg++) {
+        for (uint64_t b0 = ranges[rg][0]; b0 <= ranges[rg][1]; b0 += chunk) {
+            const uint32_t n = (uint32_t)((ranges[rg][1] - b0 + 1) < chunk ? ranges[rg][1] - b0 + 1 : chunk);
+            k_exp<<<prop.multiProcessorCount * 8, 256>>>((uint32_t)b0, n, dp, dt);
+            CU(cudaGetLastError());
+            CU(cudaMemcpy(hp, dp, n * 4ull, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(ht, dt, n * 4ull, cudaMemcpyDeviceToHost));
+            long long dp_ = 0, dt_ = 0;
+            double wp = 0, wt = 0;
+#pragma omp parallel for reduction(+ : dp_, dt_) reduction(max : wp, wt)
+            for (long long i = 0; i < (long long)n; i++) {
+                const float x = mf_bits_f32((uint32_t)(b0 + i));
+                const float a = mf_expf(x), t = mf_expf_tab(x, h_tab);
+                dp_ += mf_f32_bits(a) != mf_f32_bits(hp[i]);
+                dt_ += mf_f32_bits(t) != mf_f32_bits(ht[i]);
+                const double ref = exp((double)x);
+                if (ref < 0x1p128 * (1.0 - 0x1p-25)) {
+                    const double u = ulp_of(ref);
+                    const double ep = fabs((double)hp[i] - ref) / u, et = fabs((double)ht[i] - ref) / u;
+                    wp = ep > wp ? ep : wp;
+                    wt = et > wt ? et : wt;
+                }
+            }
+            diff_poly += dp_;
+            diff_tab += dt_;
+            worst_poly = wp > worst_poly ? wp : worst_poly;
+            worst_tab = wt > worst_tab ? wt : worst_tab;
+            count += n;
+        }
+    }
+    printf("exp on the device, %lld floats in [-104, 89]: mf_expf %lld differ from the host, "
+           "max %.4f ulp; mf_expf_tab %lld differ from the host, max %.4f ulp\n",
+           count, diff_poly, worst_poly, diff_tab, worst_tab);
+    fails += diff_poly != 0 || diff_tab != 0 || worst_poly >= 0.6 || worst_tab >= 0.6;
+
+    float *ex;
+    CU(cudaMallocManaged(&ex, 2 * sizeof *ex));
+    bad[2] = 0;
+    const long long nd = 1ll << 33;
+    k_div<<<prop.multiProcessorCount * 8, 256>>>(12345, nd, &bad[2], ex);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    printf("mf_div_scale vs h / s on the device: %llu of %lld random pairs differ", bad[2], nd);
+    if (bad[2])
+        printf(" (e.g. h = %a, s = %a)", (double)ex[0], (double)ex[1]);
+    printf("\n");
+    fails += bad[2] != 0;
+    printf(fails ? "device_check: FAILED\n" : "device_check: all passed\n");
+    return fails ? 1 : 0;
+}
