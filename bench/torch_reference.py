@@ -58,7 +58,9 @@ def group_quant(h, group=128, dtype=FP8, ue8m0=False, eps=1e-10):
     """h [..., T, H] f32 -> codes [..., T, H], scales [..., T, H/G] f32, exponents or None."""
     groups = h.unflatten(-1, (h.shape[-1] // group, group))
     amax = torch.where(groups.isfinite(), groups.abs(), 0.0).amax(-1).clamp(min=eps)
-    s = amax / (FP8_MAX if dtype == FP8 else I8_MAX)
+    # A tensor divisor, not a Python number: PyTorch's CUDA division by a CPU scalar
+    # multiplies by its reciprocal, one bit short of the IEEE quotient the spec asks for.
+    s = amax / torch.full_like(amax, FP8_MAX if dtype == FP8 else I8_MAX)
     exps = None
     if ue8m0:
         exps = ue8m0_exponent(s)
