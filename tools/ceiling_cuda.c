@@ -10,6 +10,7 @@
 #include "ceiling.h"
 #include "convert.h"
 #include "random.h"
+#include "median.h"
 #include "timer.h"
 
 #ifdef MOEFUSE_HAVE_DLOPEN
@@ -202,12 +203,6 @@ static void *random_matrix(size_t count, moefuse_dtype dt, uint64_t seed, cudaSt
     return dev;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * Row-major C[rows, n] = A[rows, inner] B[inner, n] in the op's dtype with f32 accumulation,
  * through cublasGemmEx on the context's stream (as column-major C^T = B^T A^T): one untimed
@@ -263,8 +258,7 @@ static double cuda_gemm_gflops(moefuse_context *ctx, moefuse_dtype dtype, int64_
         if (r >= 0)
             times[r] = seconds;
     }
-    qsort(times, GEMM_RUNS, sizeof times[0], cmp_double);
-    gflops = 2.0 * (double)rows * (double)inner * (double)n / times[GEMM_RUNS / 2] / 1e9;
+    gflops = 2.0 * (double)rows * (double)inner * (double)n / median_sort(times, GEMM_RUNS) / 1e9;
     snprintf(what, what_size, "cublasGemmEx %s (%s) %lldx%lldx%lld, f32 accumulate, median of %d",
              moefuse_dtype_name(dtype), blas.soname, (long long)rows, (long long)inner,
              (long long)n, GEMM_RUNS);

@@ -11,6 +11,7 @@
 
 #include "ceiling.h"
 #include "random.h"
+#include "median.h"
 #include "timer.h"
 
 #ifdef MOEFUSE_HAVE_DLOPEN
@@ -289,12 +290,6 @@ static cl_mem random_buffer(const cl_target *t, size_t count, uint64_t seed, cha
     return m;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * Row-major C[rows, n] = A[rows, inner] B[inner, n] in f32 through CLBlastSgemm on the
  * context's queue: one untimed call (CLBlast compiles, and may tune, its kernels on the first
@@ -341,8 +336,7 @@ static double opencl_gemm_gflops(moefuse_context *ctx, moefuse_dtype dtype, int6
         if (r >= 0)
             times[r] = seconds;
     }
-    qsort(times, GEMM_RUNS, sizeof times[0], cmp_double);
-    gflops = 2.0 * (double)rows * (double)inner * (double)n / times[GEMM_RUNS / 2] / 1e9;
+    gflops = 2.0 * (double)rows * (double)inner * (double)n / median_sort(times, GEMM_RUNS) / 1e9;
     snprintf(what, what_size, "CLBlastSgemm (%s) %lldx%lldx%lld, median of %d%s", blas.soname,
              (long long)rows, (long long)inner, (long long)n, GEMM_RUNS,
              dtype == MOEFUSE_F32 ? ""

@@ -8,6 +8,7 @@
 #include "convert.h"
 #include "random.h"
 #include "shape.h"
+#include "median.h"
 #include "timer.h"
 #include "tools.h"
 
@@ -534,12 +535,6 @@ static void print_ceiling(double figure, double ceil, const char *unit, const ch
         printf("ceiling: n/a (%s)\n", what);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int cmd_bench(int argc, char **argv)
 {
     const char *opname = NULL, *spec = NULL, *backend = NULL;
@@ -665,8 +660,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (progress)
         fprintf(stderr, "\r%40s\r", "");
-    qsort(times, (size_t)iters, sizeof *times, cmp_double);
-    const double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+    const double med = median_sort(times, (size_t)iters);
     const double figure = work / med / 1e9;
     printf("time: %.4f ms median of %lld (min %.4f ms, max %.4f ms)", med * 1e3,
            (long long)iters, times[0] * 1e3, times[iters - 1] * 1e3);

@@ -9,6 +9,8 @@
 #   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
 #   test-cuda       the Check suite on CUDA
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
+#   numerics-cuda   src/cuda/tools: the host proof of numerics.cuh over every float, and
+#                   device_check.cu (the device computes the same bits; hardware shortcuts)
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
@@ -107,6 +109,16 @@ for stage in "$@"; do
             note "sanitize $tool: $(grep -c 'rc=0' "$log") clean of $(grep -c 'rc=' "$log");" \
                  "$(grep -h 'ERROR SUMMARY' "$log" | sort | uniq -c | tr '\n' ' ')"
         done
+        ;;
+    numerics-cuda)
+        gcc -O2 -std=c11 -ffp-contract=off -fno-fast-math -fopenmp -Iinclude -Isrc \
+            src/cuda/tools/check_numerics.c src/cuda/tools/check_numerics_ref.c -lm \
+            -o "$build/check_numerics" && "$build/check_numerics" >"$out/check_numerics.txt" 2>&1
+        note "check_numerics (host): rc=$?, $(tail -1 "$out/check_numerics.txt")"
+        nvcc -O2 -std=c++17 --fmad=false -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
+            -Xcompiler -fopenmp src/cuda/tools/device_check.cu -o "$build/device_check" -lgomp &&
+            "$build/device_check" >"$out/device_check.txt" 2>&1
+        note "device_check: rc=$?, $(tail -1 "$out/device_check.txt")"
         ;;
     bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
     test-python)

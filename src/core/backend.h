@@ -145,6 +145,14 @@ extern const moefuse_backend_i mf_backend_cuda;
 extern const moefuse_backend_i mf_backend_opencl;
 #endif
 
+/* Return from the enclosing function when a step fails (core and backends alike). */
+#define MF_TRY(expr)                                                                             \
+    do {                                                                                         \
+        moefuse_status mf_status_ = (expr);                                                      \
+        if (mf_status_ != MOEFUSE_OK)                                                            \
+            return mf_status_;                                                                   \
+    } while (0)
+
 /* Record a formatted error message on ctx (printf-style) and return `status`. */
 moefuse_status mf_error(moefuse_context *ctx, moefuse_status status, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -23,14 +23,6 @@ typedef unsigned mf_dtype_set;
 #define MF_FLOATS (MF_DT(MOEFUSE_F32) | MF_DT(MOEFUSE_F16) | MF_DT(MOEFUSE_BF16))
 #define MF_QUANTIZED (MF_DT(MOEFUSE_F8_E4M3) | MF_DT(MOEFUSE_I8))
 
-/* Return from the enclosing function when a check fails. */
-#define MF_TRY(expr)                                                                             \
-    do {                                                                                         \
-        moefuse_status mf_status_ = (expr);                                                      \
-        if (mf_status_ != MOEFUSE_OK)                                                            \
-            return mf_status_;                                                                   \
-    } while (0)
-
 /* The status for a vtable member the backend left NULL. */
 moefuse_status mf_unimplemented(moefuse_context *ctx, const char *op);
 

@@ -89,11 +89,6 @@ __global__ void __launch_bounds__(DQ_THREADS, DQ_BLOCKS_PER_SM) mf_k_dequant(dq_
     }
 }
 
-static size_t dq_elem_size(moefuse_dtype dt)
-{
-    return dt == MOEFUSE_F32 ? 4 : (dt == MOEFUSE_F16 || dt == MOEFUSE_BF16) ? 2 : 1;
-}
-
 moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a)
 {
     cuda_state *s = (cuda_state *)state;
@@ -107,7 +102,7 @@ moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequa
     p.ss1 = a->scales.stride[1];
     p.out = mf_cuda_base(&a->out);
     p.os0 = a->out.stride[0];
-    p.oes = (int64_t)dq_elem_size(a->out.dtype);
+    p.oes = (int64_t)moefuse_dtype_size(a->out.dtype);
     p.T = a->rows;
     p.H = a->hidden;
     p.chunks = (a->hidden + DQ_ITEM - 1) / DQ_ITEM;

@@ -12,14 +12,6 @@
 
 #define MOE_MAX_BM 128 /* largest tile height (slots per tile) of any configuration */
 
-/* Return from the enclosing function when a step fails (core.h's MF_TRY, which is C only). */
-#define MOE_TRY(expr)                                                                            \
-    do {                                                                                         \
-        moefuse_status moe_status_ = (expr);                                                     \
-        if (moe_status_ != MOEFUSE_OK)                                                           \
-            return moe_status_;                                                                  \
-    } while (0)
-
 /* Where a block finds its slots; see moe_kernels.cuh. */
 typedef struct MoeRoute {
     const int32_t *ids; /* topk_ids [M, k] */

@@ -320,11 +320,11 @@ static moefuse_status prepare(moefuse_context *ctx, cuda_state *s, const char *o
 {
     *scratch = NULL;
     if (pl->bytes > 0)
-        MOE_TRY(mf_cuda_scratch(ctx, s, pl->bytes, op, (void **)scratch));
+        MF_TRY(mf_cuda_scratch(ctx, s, pl->bytes, op, (void **)scratch));
     *b = route_bufs(pl, *scratch);
     *rt = route_view(a, pl, b);
     if (!pl->direct)
-        MOE_TRY(moe_route(ctx, s, op, rt, b, pl->bm, a->tokens, zero, zero_tok));
+        MF_TRY(moe_route(ctx, s, op, rt, b, pl->bm, a->tokens, zero, zero_tok));
     return MOEFUSE_OK;
 }
 
@@ -340,7 +340,7 @@ extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, co
     static const char op[] = "moe_gate";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MOE_TRY(plan_call(ctx, s, op, a, a->x.dtype, 0, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 0, &pl));
     if (pl.S == 0)
         return MOEFUSE_OK; /* h is [M, k, I] with M * k = 0: nothing to write */
     const MoeZero z = {mf_cuda_base(&a->h), a->h.stride[0], a->h.stride[1], a->inter_dim,
@@ -349,7 +349,7 @@ extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, co
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
-    MOE_TRY(prepare(ctx, s, op, a, &pl, &z, &none, &b, &scratch, &rt));
+    MF_TRY(prepare(ctx, s, op, a, &pl, &z, &none, &b, &scratch, &rt));
     const MoeGemm g = gate_params(a, &pl, &rt, &a->h, 1);
     return launch_gemm(ctx, s, op, &pl, 1, &g);
 }
@@ -359,7 +359,7 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
     static const char op[] = "moe_final";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MOE_TRY(plan_call(ctx, s, op, a, a->h.dtype, a->reduce, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->h.dtype, a->reduce, &pl));
     if (pl.S == 0)
         return a->reduce ? zero_output(ctx, s, op, a) : MOEFUSE_OK;
     MoeZero z = {NULL, 0, 0, 0, 0}, ztok = {NULL, 0, 0, 0, 0};
@@ -375,7 +375,7 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
-    MOE_TRY(prepare(ctx, s, op, a, &pl, &z, &ztok, &b, &scratch, &rt));
+    MF_TRY(prepare(ctx, s, op, a, &pl, &z, &ztok, &b, &scratch, &rt));
     if (pl.direct && b.cnt) { /* routed mode zeroes the counters with the expert counts */
         cudaError_t e = cudaMemsetAsync(b.cnt, 0, b.cnt_n * sizeof *b.cnt, s->stream);
         if (e != cudaSuccess)
@@ -399,7 +399,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     static const char op[] = "moe_forward";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MOE_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, &pl));
     if (pl.S == 0)
         return zero_output(ctx, s, op, a);
     /* h [M, k, I] in x's dtype lives in the same scratch, after the rest: the core
@@ -416,7 +416,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
-    MOE_TRY(prepare(ctx, s, op, a, &pl, &none, &ztok, &b, &scratch, &rt));
+    MF_TRY(prepare(ctx, s, op, a, &pl, &none, &ztok, &b, &scratch, &rt));
     const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
     const moefuse_tensor h = moefuse_tensor_dense(scratch + off_h, a->x.dtype, 3, h_shape);
     /* sm_90, tensor cores: the final launches while the gate runs and streams its weights */
@@ -427,7 +427,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
         gg.zero_cnt_n = (long long)b.cnt_n;
     }
     gg.trigger = pdl;
-    MOE_TRY(launch_gemm(ctx, s, op, &pl, 1, &gg));
+    MF_TRY(launch_gemm(ctx, s, op, &pl, 1, &gg));
     float *y = (float *)(scratch + pl.off_y);
     MoeGemm gf = final_params(a, &pl, &rt, &b, &h, y);
     gf.pdl = pdl;

@@ -165,10 +165,10 @@ moefuse_status moe_route(moefuse_context *ctx, cuda_state *s, const char *op, co
     const unsigned grid = mf_cuda_grid(s, rt->S > M ? rt->S : M, ROUTE_THREADS, 8);
     moe_route_count<<<grid, ROUTE_THREADS, 0, s->stream>>>(*rt, M, b->count, b->expert_of,
                                                            b->tok_valid, *zero, *zero_tok);
-    MOE_TRY(mf_cuda_launched(ctx, op, "moe_route_count"));
+    MF_TRY(mf_cuda_launched(ctx, op, "moe_route_count"));
     moe_route_scan<<<1, SCAN_THREADS, 0, s->stream>>>(rt->E, bm, b->count, b->fill, b->offs,
                                                       b->tiles, b->tile_expert);
-    MOE_TRY(mf_cuda_launched(ctx, op, "moe_route_scan"));
+    MF_TRY(mf_cuda_launched(ctx, op, "moe_route_scan"));
     moe_route_fill<<<grid, ROUTE_THREADS, 0, s->stream>>>(rt->S, b->expert_of, b->fill, b->list);
     return mf_cuda_launched(ctx, op, "moe_route_fill");
 }

@@ -1004,24 +1004,6 @@ __global__ void __launch_bounds__(MF_THREADS) mf_k_rows_tail(rows_params p, int6
 
 /* ------------------------------------------------------------------ host */
 
-#define MF_CU_TRY(expr)                                                                          \
-    do {                                                                                         \
-        moefuse_status st_ = (expr);                                                             \
-        if (st_ != MOEFUSE_OK)                                                                   \
-            return st_;                                                                          \
-    } while (0)
-
-static size_t elem_size(moefuse_dtype dt)
-{
-    switch (dt) {
-    case MOEFUSE_F32:
-    case MOEFUSE_I32: return 4;
-    case MOEFUSE_F16:
-    case MOEFUSE_BF16: return 2;
-    default: return 1;
-    }
-}
-
 /*
  * Can every row of t be accessed `align` bytes at a time? The data start and
  * the row strides (in bytes) must be multiples of align; the expert stride
@@ -1030,7 +1012,7 @@ static size_t elem_size(moefuse_dtype dt)
  */
 static int rows_aligned(const moefuse_tensor *t, int64_t align, int64_t experts)
 {
-    const int64_t es = (int64_t)elem_size(t->dtype);
+    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
     if ((uintptr_t)mf_cuda_base(t) % (uintptr_t)align != 0)
         return 0;
     if ((t->stride[1] * es) % align != 0)
@@ -1046,7 +1028,7 @@ static void fill_common(rows_params *p, const mf_rows_args *a)
     p->xs0 = a->x.stride[0];
     p->xs1 = a->x.stride[1];
     p->xdt = (int)a->x.dtype;
-    p->xes = (int64_t)elem_size(a->x.dtype);
+    p->xes = (int64_t)moefuse_dtype_size(a->x.dtype);
     p->activate = a->activate;
     p->goff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? a->hidden : 0;
     p->uoff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? 0 : a->hidden;
@@ -1077,7 +1059,7 @@ static void fill_common(rows_params *p, const mf_rows_args *a)
     p->qs0 = a->out.stride[0];
     p->qs1 = a->out.stride[1];
     p->qdt = (int)a->out.dtype;
-    p->qes = (int64_t)elem_size(a->out.dtype);
+    p->qes = (int64_t)moefuse_dtype_size(a->out.dtype);
 }
 
 /* Can the plain kernels take the call: silu without options, or no activation at all? */
@@ -1101,9 +1083,9 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
         return MOEFUSE_OK;
     }
     void *offs;
-    MF_CU_TRY(mf_cuda_scratch(ctx, s, (size_t)(p->E + 1) * sizeof(int64_t), op, &offs));
+    MF_TRY(mf_cuda_scratch(ctx, s, (size_t)(p->E + 1) * sizeof(int64_t), op, &offs));
     mf_k_count_prefix<<<1, 1024, 0, s->stream>>>(p->counts, p->cs0, p->E, p->T, (int64_t *)offs);
-    MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_count_prefix"));
+    MF_TRY(mf_cuda_launched(ctx, op, "mf_k_count_prefix"));
     p->offs_g = (const int64_t *)offs;
     return MOEFUSE_OK;
 }
@@ -1166,7 +1148,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
         p.vec_x = rows_aligned(&a->x, 16, E) && (p.H * p.xes) % 16 == 0;
         p.vec_q = rows_aligned(&a->out, 8, E);
         size_t smem;
-        MF_CU_TRY(masked_offsets(ctx, s, &p, op, &smem));
+        MF_TRY(masked_offsets(ctx, s, &p, op, &smem));
         if (warp_path) {
             /* quant (no activation) runs in the plain kernel, which never calls act8 for it */
             const int silu = plain_silu(&p);
@@ -1177,7 +1159,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                                  : (const void *)mf_k_quant_any_st;
             size_t bytes = 0;
             if (p.vec_x)
-                MF_CU_TRY(staged_smem(ctx, s, &p, smem, k, op, &bytes));
+                MF_TRY(staged_smem(ctx, s, &p, smem, k, op, &bytes));
             /* staged items are 1024 channels, the others 512 */
             p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
             /* masked: a persistent grid (the valid rows are known on the device only) */
@@ -1190,13 +1172,13 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                     mf_k_quant_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
                 else
                     mf_k_quant_any_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-                MF_CU_TRY(mf_cuda_launched(ctx, op, silu ? "mf_k_quant_silu_st" : "mf_k_quant_any_st"));
+                MF_TRY(mf_cuda_launched(ctx, op, silu ? "mf_k_quant_silu_st" : "mf_k_quant_any_st"));
             } else if (silu) {
                 mf_k_quant_silu<<<grid, MF_THREADS, smem, s->stream>>>(p);
-                MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_silu"));
+                MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_silu"));
             } else {
                 mf_k_quant_any<<<grid, MF_THREADS, smem, s->stream>>>(p);
-                MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_any"));
+                MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_any"));
             }
         } else {
             const int hcache = smem + (size_t)p.H * sizeof(float) <= MF_SMEM_BYTES;
@@ -1204,7 +1186,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
             const unsigned grid = masked ? (unsigned)s->sm_count * MF_BLOCKS_ANY
                                          : mf_cuda_grid(s, T, 1, MF_BLOCKS_ANY);
             mf_k_quant_row<<<grid, MF_THREADS, bytes, s->stream>>>(p, hcache);
-            MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_row"));
+            MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_row"));
         }
     }
     /* rows zeroed rather than computed: the tail (zero_tail) and the layout's padding rows */
@@ -1216,7 +1198,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
         const unsigned grid =
             mf_cuda_grid(s, E * (t_end - t_begin), MF_WARPS, MF_BLOCKS_PER_SM);
         mf_k_rows_tail<<<grid, MF_THREADS, 0, s->stream>>>(p, t_begin, t_end, tail, vec16);
-        MF_CU_TRY(mf_cuda_launched(ctx, op, "mf_k_rows_tail"));
+        MF_TRY(mf_cuda_launched(ctx, op, "mf_k_rows_tail"));
     }
     return MOEFUSE_OK;
 }
@@ -1252,7 +1234,7 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
                          : (const void *)mf_k_act_mul_any_st;
     size_t bytes = 0;
     if (p.vec_x)
-        MF_CU_TRY(staged_smem(ctx, s, &p, 0, k, op, &bytes));
+        MF_TRY(staged_smem(ctx, s, &p, 0, k, op, &bytes));
     p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
     const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, per_sm);
     if (bytes) {

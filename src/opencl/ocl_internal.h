@@ -106,14 +106,6 @@ void mf_karg_tensor(mf_kargs *a, const moefuse_tensor *t);
 moefuse_status mf_ocl_launch(moefuse_context *ctx, ocl_state *s, mf_kargs *a, const char *op,
                              cl_uint dims, const size_t *global, const size_t *local);
 
-/* Return the status of a failing step. */
-#define MF_OCL_TRY(expr)                                                                         \
-    do {                                                                                         \
-        moefuse_status mf_ocl_st_ = (expr);                                                      \
-        if (mf_ocl_st_ != MOEFUSE_OK)                                                            \
-            return mf_ocl_st_;                                                                   \
-    } while (0)
-
 static inline size_t mf_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 /* Operations (ops_rows.c, ops_topk.c, ops_moe.c). */

@@ -78,7 +78,7 @@ static moefuse_status route(moefuse_context *ctx, ocl_state *s, const mf_moe_arg
             mf_karg_mem(&k, r);
         mf_karg_mem(&k, r);
         mf_karg_long(&k, cfo);
-        MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &local));
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &local));
         if (pass == 1)
             break;
         k = mf_kargs_begin(s->kernels[MF_K_MOE_ROUTE_SCAN]);
@@ -86,7 +86,7 @@ static moefuse_status route(moefuse_context *ctx, ocl_state *s, const mf_moe_arg
         mf_karg_mem(&k, r);
         mf_karg_long(&k, cfo);
         mf_karg_long(&k, a->experts);
-        MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &one, &one));
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &one, &one));
     }
     return MOEFUSE_OK;
 }
@@ -121,9 +121,9 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     static const char op[] = "moe_gate";
     const int64_t S = a->tokens * a->topk;
     cl_mem r;
-    MF_OCL_TRY(mf_ocl_scratch(ctx, s, route_bytes(a, S), op, &r));
-    MF_OCL_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
-    MF_OCL_TRY(route(ctx, s, a, r, 0, S, op));
+    MF_TRY(mf_ocl_scratch(ctx, s, route_bytes(a, S), op, &r));
+    MF_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
+    MF_TRY(route(ctx, s, a, r, 0, S, op));
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE_TILED]);
     mf_karg_tensor(&k, &a->x);
     mf_karg_long(&k, a->x.stride[0]);
@@ -166,12 +166,12 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
     const size_t yoff = mf_round_up(route_bytes(a, chunk * kk), 64);
     const size_t ybytes = a->reduce ? (size_t)(chunk * kk * K) * sizeof(cl_float) : 0;
     cl_mem r;
-    MF_OCL_TRY(mf_ocl_scratch(ctx, s, yoff + ybytes, op, &r));
+    MF_TRY(mf_ocl_scratch(ctx, s, yoff + ybytes, op, &r));
     if (!a->reduce)
-        MF_OCL_TRY(zero_invalid(ctx, s, a, &a->out, K, op));
+        MF_TRY(zero_invalid(ctx, s, a, &a->out, K, op));
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         const int64_t m1 = M - m0 < chunk ? M : m0 + chunk, S = (m1 - m0) * kk;
-        MF_OCL_TRY(route(ctx, s, a, r, m0 * kk, m1 * kk, op));
+        MF_TRY(route(ctx, s, a, r, m0 * kk, m1 * kk, op));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL_TILED]);
         mf_karg_tensor(&k, &a->h);
         mf_karg_long(&k, a->h.stride[0]);
@@ -199,7 +199,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         mf_karg_int(&k, (int32_t)a->out.dtype);
         const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16, tile_bound(a, S) * 16};
         const size_t local[2] = {16, 16};
-        MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
         if (!a->reduce)
             continue;
         k = mf_kargs_begin(s->kernels[MF_K_MOE_REDUCE]);
@@ -218,7 +218,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         mf_karg_int(&k, (int32_t)a->out.dtype);
         const size_t rg[2] = {mf_round_up((size_t)K, 64), (size_t)(m1 - m0)};
         const size_t rlocal[2] = {64, 1};
-        MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 2, rg, rlocal));
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, rg, rlocal));
     }
     return MOEFUSE_OK;
 }

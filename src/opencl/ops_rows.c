@@ -23,7 +23,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     const moefuse_scale_layout layout = a->quant.scale_layout;
     cl_mem offs = NULL;
     if (masked) {
-        MF_OCL_TRY(mf_ocl_scratch(ctx, s, (size_t)(a->experts + 1) * sizeof(cl_long), op, &offs));
+        MF_TRY(mf_ocl_scratch(ctx, s, (size_t)(a->experts + 1) * sizeof(cl_long), op, &offs));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_COUNT_PREFIX]);
         mf_karg_tensor(&k, &a->counts);
         mf_karg_long(&k, a->counts.stride[0]);
@@ -31,7 +31,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
         mf_karg_long(&k, a->rows);
         mf_karg_mem(&k, offs);
         const size_t one = 1;
-        MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &one, &one));
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &one, &one));
     }
 
     /* lanes per quantization group: the fewest (a power of two, at most the
@@ -81,7 +81,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, (int32_t)lanes);
     mf_karg_local(&k, s->wg * sizeof(cl_float));
     const size_t global = row_groups(s, a->experts * a->rows) * s->wg;
-    MF_OCL_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &s->wg));
+    MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &s->wg));
 
     /* rows that are zeroed rather than computed: the tail (zero_tail) and the padding */
     const bool tail = a->zero_tail && masked;
