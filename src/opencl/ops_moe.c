@@ -35,6 +35,37 @@ static void routing_args(mf_kargs *k, const mf_moe_args *a, bool weights)
     mf_karg_long(k, a->global_experts);
 }
 
+/* x, w1, b1 as both gate kernels take them (tiled and simple). */
+static void gate_operand_args(mf_kargs *k, const mf_moe_args *a)
+{
+    mf_karg_tensor(k, &a->x);
+    mf_karg_long(k, a->x.stride[0]);
+    mf_karg_int(k, (int32_t)a->x.dtype);
+    mf_karg_tensor(k, &a->w1);
+    mf_karg_long(k, a->w1.stride[0]);
+    mf_karg_long(k, a->w1.stride[1]);
+    mf_karg_tensor(k, &a->b1);
+    mf_karg_long(k, a->b1.stride[0]);
+    mf_karg_int(k, (int32_t)a->b1.dtype);
+    mf_karg_int(k, a->b1.data != NULL);
+}
+
+/* h, w2, b2 as both final kernels take them. */
+static void final_operand_args(mf_kargs *k, const mf_moe_args *a)
+{
+    mf_karg_tensor(k, &a->h);
+    mf_karg_long(k, a->h.stride[0]);
+    mf_karg_long(k, a->h.stride[1]);
+    mf_karg_int(k, (int32_t)a->h.dtype);
+    mf_karg_tensor(k, &a->w2);
+    mf_karg_long(k, a->w2.stride[0]);
+    mf_karg_long(k, a->w2.stride[1]);
+    mf_karg_tensor(k, &a->b2);
+    mf_karg_long(k, a->b2.stride[0]);
+    mf_karg_int(k, (int32_t)a->b2.dtype);
+    mf_karg_int(k, a->b2.data != NULL);
+}
+
 /* Expert map and sizes for the route / zero / reduce kernels. */
 static void map_args(mf_kargs *k, const mf_moe_args *a)
 {
@@ -125,16 +156,7 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     MF_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
     MF_TRY(route(ctx, s, a, r, 0, S, op));
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE_TILED]);
-    mf_karg_tensor(&k, &a->x);
-    mf_karg_long(&k, a->x.stride[0]);
-    mf_karg_int(&k, (int32_t)a->x.dtype);
-    mf_karg_tensor(&k, &a->w1);
-    mf_karg_long(&k, a->w1.stride[0]);
-    mf_karg_long(&k, a->w1.stride[1]);
-    mf_karg_tensor(&k, &a->b1);
-    mf_karg_long(&k, a->b1.stride[0]);
-    mf_karg_int(&k, (int32_t)a->b1.dtype);
-    mf_karg_int(&k, a->b1.data != NULL);
+    gate_operand_args(&k, a);
     mf_karg_mem(&k, r);
     mf_karg_long(&k, a->experts);
     mf_karg_long(&k, a->topk);
@@ -173,17 +195,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         const int64_t m1 = M - m0 < chunk ? M : m0 + chunk, S = (m1 - m0) * kk;
         MF_TRY(route(ctx, s, a, r, m0 * kk, m1 * kk, op));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL_TILED]);
-        mf_karg_tensor(&k, &a->h);
-        mf_karg_long(&k, a->h.stride[0]);
-        mf_karg_long(&k, a->h.stride[1]);
-        mf_karg_int(&k, (int32_t)a->h.dtype);
-        mf_karg_tensor(&k, &a->w2);
-        mf_karg_long(&k, a->w2.stride[0]);
-        mf_karg_long(&k, a->w2.stride[1]);
-        mf_karg_tensor(&k, &a->b2);
-        mf_karg_long(&k, a->b2.stride[0]);
-        mf_karg_int(&k, (int32_t)a->b2.dtype);
-        mf_karg_int(&k, a->b2.data != NULL);
+        final_operand_args(&k, a);
         mf_karg_mem(&k, r);
         mf_karg_long(&k, a->experts);
         mf_karg_long(&k, kk);
@@ -258,16 +270,7 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
     if (use_tiled(s, a))
         return gate_tiled(ctx, s, a);
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE]);
-    mf_karg_tensor(&k, &a->x);
-    mf_karg_long(&k, a->x.stride[0]);
-    mf_karg_int(&k, (int32_t)a->x.dtype);
-    mf_karg_tensor(&k, &a->w1);
-    mf_karg_long(&k, a->w1.stride[0]);
-    mf_karg_long(&k, a->w1.stride[1]);
-    mf_karg_tensor(&k, &a->b1);
-    mf_karg_long(&k, a->b1.stride[0]);
-    mf_karg_int(&k, (int32_t)a->b1.dtype);
-    mf_karg_int(&k, a->b1.data != NULL);
+    gate_operand_args(&k, a);
     routing_args(&k, a, false);
     mf_karg_int(&k, (int32_t)a->opt.activation);
     mf_karg_int(&k, (int32_t)a->opt.order);
@@ -290,17 +293,7 @@ moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_
     if (use_tiled(s, a))
         return final_tiled(ctx, s, a);
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL]);
-    mf_karg_tensor(&k, &a->h);
-    mf_karg_long(&k, a->h.stride[0]);
-    mf_karg_long(&k, a->h.stride[1]);
-    mf_karg_int(&k, (int32_t)a->h.dtype);
-    mf_karg_tensor(&k, &a->w2);
-    mf_karg_long(&k, a->w2.stride[0]);
-    mf_karg_long(&k, a->w2.stride[1]);
-    mf_karg_tensor(&k, &a->b2);
-    mf_karg_long(&k, a->b2.stride[0]);
-    mf_karg_int(&k, (int32_t)a->b2.dtype);
-    mf_karg_int(&k, a->b2.data != NULL);
+    final_operand_args(&k, a);
     routing_args(&k, a, true);
     mf_karg_int(&k, a->reduce);
     mf_karg_tensor(&k, &a->out);

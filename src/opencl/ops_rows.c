@@ -9,6 +9,19 @@
 /* h values one lane keeps in registers: MF_PRIV of kernels/rows.cl */
 enum { PRIV = 8 };
 
+/* x and row_scale as every row kernel takes them. */
+static void row_input_args(mf_kargs *k, const mf_rows_args *a)
+{
+    mf_karg_tensor(k, &a->x);
+    mf_karg_long(k, a->x.stride[0]);
+    mf_karg_long(k, a->x.stride[1]);
+    mf_karg_int(k, (int32_t)a->x.dtype);
+    mf_karg_tensor(k, &a->row_scale);
+    mf_karg_long(k, a->row_scale.stride[0]);
+    mf_karg_long(k, a->row_scale.stride[1]);
+    mf_karg_int(k, a->row_scale.data != NULL);
+}
+
 /* Work-groups for a grid-stride walk over `rows` rows. */
 static size_t row_groups(const ocl_state *s, int64_t rows)
 {
@@ -43,14 +56,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     while (lanes < s->wg && (int64_t)lanes * PRIV < a->group)
         lanes *= 2;
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_ROWS_QUANT]);
-    mf_karg_tensor(&k, &a->x);
-    mf_karg_long(&k, a->x.stride[0]);
-    mf_karg_long(&k, a->x.stride[1]);
-    mf_karg_int(&k, (int32_t)a->x.dtype);
-    mf_karg_tensor(&k, &a->row_scale);
-    mf_karg_long(&k, a->row_scale.stride[0]);
-    mf_karg_long(&k, a->row_scale.stride[1]);
-    mf_karg_int(&k, a->row_scale.data != NULL);
+    row_input_args(&k, a);
     mf_karg_tensor(&k, &a->expert_scale);
     mf_karg_long(&k, a->expert_scale.stride[0]);
     mf_karg_int(&k, (int32_t)a->expert_scale.dtype);
@@ -126,14 +132,7 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
 {
     ocl_state *s = state;
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_ROWS_ACT_MUL]);
-    mf_karg_tensor(&k, &a->x);
-    mf_karg_long(&k, a->x.stride[0]);
-    mf_karg_long(&k, a->x.stride[1]);
-    mf_karg_int(&k, (int32_t)a->x.dtype);
-    mf_karg_tensor(&k, &a->row_scale);
-    mf_karg_long(&k, a->row_scale.stride[0]);
-    mf_karg_long(&k, a->row_scale.stride[1]);
-    mf_karg_int(&k, a->row_scale.data != NULL);
+    row_input_args(&k, a);
     mf_karg_long(&k, a->rows);
     mf_karg_long(&k, a->hidden);
     mf_karg_int(&k, (int32_t)a->act.activation);
