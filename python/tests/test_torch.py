@@ -227,6 +227,39 @@ def test_runs_on_torchs_current_stream(cuda):
     torch.testing.assert_close(out.float(), want.float(), rtol=2 ** -7, atol=1e-6)
 
 
+@pytest.mark.parametrize("M", [1, 96])  # decode (direct) and routed paths
+def test_calls_replay_in_a_cuda_graph(cuda, M):
+    """Captured with no eager call before (a fresh context, no scratch yet), replayed after
+    the inputs change and after an eager call regrew the context's scratch: same bits as
+    eager calls."""
+    gen = torch.Generator(device=cuda)
+    gen.manual_seed(M)
+    x, w1, w2, ids, weights = _moe_problem(gen, cuda, torch.bfloat16, M=M)
+    xa = randn(gen, (M, 2 * 512), torch.bfloat16, cuda, 3.0)
+    out = torch.empty_like(x)
+    q = torch.empty(M, 512, dtype=tref.FP8, device=cuda)
+    s = torch.empty(M, 4, dtype=torch.float32, device=cuda)
+    with moefuse.Context("cuda") as ctx:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            moefuse.moe_forward(x, w1, w2, ids, weights, out=out, ctx=ctx)
+            moefuse.act_quant(xa, out=q, scales=s, ctx=ctx)
+        for step in range(2):
+            graph.replay()
+            want = moefuse.moe_forward(x, w1, w2, ids, weights, ctx=ctx)
+            want_q, want_s = moefuse.act_quant(xa, ctx=ctx)
+            torch.cuda.synchronize()
+            assert torch.equal(out.view(torch.int16), want.view(torch.int16)), step
+            assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), step
+            assert torch.equal(s, want_s), step
+            # new inputs, and a large eager call that regrows the context's scratch
+            x.copy_(randn(gen, x.shape, torch.bfloat16, cuda))
+            xa.copy_(randn(gen, xa.shape, torch.bfloat16, cuda, 3.0))
+            ids.copy_(torch.randint(-1, 9, ids.shape, generator=gen, device=cuda,
+                                    dtype=torch.int32))
+            moefuse.moe_forward(*_moe_problem(gen, cuda, torch.bfloat16, M=2048), ctx=ctx)
+
+
 def test_cuda_tensors_on_other_backends_are_refused(cuda):
     x = torch.zeros(4, 256, device=cuda)
     with pytest.raises(moefuse.WrongDeviceError, match="x is CUDA memory but the context's "

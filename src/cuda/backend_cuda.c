@@ -49,14 +49,18 @@ static void cuda_release(void *state)
     if (!s)
         return;
     cudaSetDevice(s->device);
-    if (s->scratch) {
-        cudaFreeAsync(s->scratch, s->stream);
-        cudaStreamSynchronize(s->stream);
+    if (s->scratch && s->own_stream) {
+        /* on our own stream: the caller's may be capturing a graph right now */
+        if (s->scratch_stream)
+            cudaStreamWaitEvent(s->own_stream, s->scratch_free, 0);
+        cudaFreeAsync(s->scratch, s->own_stream);
     }
-    if (s->own_stream) {
+    if (s->own_stream)
         cudaStreamSynchronize(s->own_stream);
+    if (s->scratch_free)
+        cudaEventDestroy(s->scratch_free);
+    if (s->own_stream)
         cudaStreamDestroy(s->own_stream);
-    }
     free(s);
 }
 
@@ -94,6 +98,12 @@ static moefuse_status cuda_init(moefuse_context *ctx, void **state)
         return mf_cuda_fail(ctx, e, NULL, "cudaStreamCreateWithFlags");
     }
     s->stream = s->own_stream;
+    e = cudaEventCreateWithFlags(&s->scratch_free, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        s->scratch_free = NULL;
+        cuda_release(s);
+        return mf_cuda_fail(ctx, e, NULL, "cudaEventCreateWithFlags");
+    }
     *state = s;
     return MOEFUSE_OK;
 }
@@ -104,9 +114,9 @@ static const char *cuda_device_name(void *state)
 }
 
 /*
- * The caller's stream (or NULL for our own). Scratch enqueued on the old
- * stream may still be in use, so the old stream is drained first; that is
- * the one synchronisation, and it happens only when the stream changes.
+ * The caller's stream (or NULL for our own). Nothing is waited for: scratch
+ * orders itself across streams with an event (mf_cuda_scratch). A stream
+ * being captured into a CUDA graph is taken as it is; it cannot be queried.
  */
 static moefuse_status cuda_set_stream(moefuse_context *ctx, void *state, void *stream)
 {
@@ -114,16 +124,19 @@ static moefuse_status cuda_set_stream(moefuse_context *ctx, void *state, void *s
     cudaStream_t next = stream ? (cudaStream_t)stream : s->own_stream;
     if (next == s->stream)
         return MOEFUSE_OK;
-    cudaError_t e = cudaStreamQuery(next);
-    if (e != cudaSuccess && e != cudaErrorNotReady) {
+    enum cudaStreamCaptureStatus capture;
+    cudaError_t e = cudaStreamIsCapturing(next, &capture);
+    if (e == cudaSuccess && capture == cudaStreamCaptureStatusNone) {
+        e = cudaStreamQuery(next); /* a stream of another device answers with an error */
+        if (e == cudaErrorNotReady)
+            e = cudaSuccess;
+    }
+    if (e != cudaSuccess) {
         cudaGetLastError();
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "set_stream: the stream is not usable on this device (%s)",
                         cudaGetErrorString(e));
     }
-    e = cudaStreamSynchronize(s->stream);
-    if (e != cudaSuccess)
-        return mf_cuda_fail(ctx, e, "set_stream", "cudaStreamSynchronize(previous stream)");
     s->stream = next;
     return MOEFUSE_OK;
 }
@@ -197,6 +210,22 @@ static bool cuda_owns_pointer(void *state, const void *data)
            attr.device == s->device;
 }
 
+/* Every operation ends in mf_cuda_end_call (scratch bookkeeping, see cuda_internal.h). */
+#define MF_CUDA_OP(name, args_type)                                                            \
+    static moefuse_status cuda_##name(moefuse_context *ctx, void *state, const args_type *a)    \
+    {                                                                                          \
+        return mf_cuda_end_call(ctx, state, #name, mf_cuda_##name(ctx, state, a));             \
+    }
+MF_CUDA_OP(act_quant, mf_rows_args)
+MF_CUDA_OP(act_mul, mf_rows_args)
+MF_CUDA_OP(quant, mf_rows_args)
+MF_CUDA_OP(dequant, mf_dequant_args)
+MF_CUDA_OP(topk_softmax, mf_topk_args)
+MF_CUDA_OP(moe_gate, mf_moe_args)
+MF_CUDA_OP(moe_final, mf_moe_args)
+MF_CUDA_OP(moe_forward, mf_moe_args)
+#undef MF_CUDA_OP
+
 const moefuse_backend_i mf_backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
@@ -212,12 +241,12 @@ const moefuse_backend_i mf_backend_cuda = {
     .buffer_read = cuda_buffer_read,
     .owns_pointer = cuda_owns_pointer,
     .data_is_handle = false,
-    .act_quant = mf_cuda_act_quant,
-    .act_mul = mf_cuda_act_mul,
-    .quant = mf_cuda_quant,
-    .dequant = mf_cuda_dequant,
-    .topk_softmax = mf_cuda_topk_softmax,
-    .moe_gate = mf_cuda_moe_gate,
-    .moe_final = mf_cuda_moe_final,
-    .moe_forward = mf_cuda_moe_forward,
+    .act_quant = cuda_act_quant,
+    .act_mul = cuda_act_mul,
+    .quant = cuda_quant,
+    .dequant = cuda_dequant,
+    .topk_softmax = cuda_topk_softmax,
+    .moe_gate = cuda_moe_gate,
+    .moe_final = cuda_moe_final,
+    .moe_forward = cuda_moe_forward,
 };

@@ -36,6 +36,10 @@ typedef struct cuda_state {
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */
     size_t scratch_bytes;
+    cudaEvent_t scratch_free;  /* recorded after the last work that used scratch */
+    cudaStream_t scratch_stream; /* the stream scratch_free was recorded on */
+    int scratch_used;          /* this call took the scratch: record scratch_free at its end */
+    void *capture_scratch;     /* this call's own scratch inside a graph capture */
     char device_name[256];
 } cuda_state;
 
@@ -47,12 +51,23 @@ moefuse_status mf_cuda_fail(moefuse_context *ctx, cudaError_t err, const char *o
 moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char *kernel);
 
 /*
- * Device scratch of at least `bytes`, ordered on s->stream (cudaMallocAsync):
- * valid for work enqueued on that stream until the next call that asks for
- * scratch. Growing it never synchronises the device.
+ * Device scratch of at least `bytes`, ordered on s->stream (cudaMallocAsync),
+ * for the current call; at most one request per call. Growing it never
+ * synchronises the device, and work on another stream that used it last is
+ * waited for on the device (an event), not on the host. Inside a CUDA graph
+ * capture the call gets scratch of its own, allocated and freed by the
+ * captured work, so a graph never shares or outlives memory it does not own.
  */
 moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
                                void **out);
+
+/*
+ * End of every operation (the vtable wraps each): frees a captured call's
+ * scratch, or marks where the eager scratch's last use ends. Returns `status`,
+ * or the failure of that bookkeeping when `status` was OK.
+ */
+moefuse_status mf_cuda_end_call(moefuse_context *ctx, cuda_state *s, const char *op,
+                                moefuse_status status);
 
 /* Start of a tensor's data: the device pointer plus its byte offset. */
 static inline char *mf_cuda_base(const moefuse_tensor *t)

@@ -24,9 +24,29 @@ moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char
 moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
                                void **out)
 {
+    enum cudaStreamCaptureStatus capture;
+    cudaError_t e = cudaStreamIsCapturing(s->stream, &capture);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, op, "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+        /* becomes an allocation node of the graph, freed by mf_cuda_end_call's node */
+        e = cudaMallocAsync(&s->capture_scratch, bytes ? bytes : 256, s->stream);
+        if (e != cudaSuccess) {
+            s->capture_scratch = NULL;
+            return mf_cuda_fail(ctx, e, op, "cudaMallocAsync(scratch, during graph capture)");
+        }
+        *out = s->capture_scratch;
+        return MOEFUSE_OK;
+    }
+    if (s->scratch_stream && s->scratch_stream != s->stream) {
+        /* the last user ran on another stream: start after it, without a host wait */
+        e = cudaStreamWaitEvent(s->stream, s->scratch_free, 0);
+        if (e != cudaSuccess)
+            return mf_cuda_fail(ctx, e, op, "cudaStreamWaitEvent(scratch)");
+    }
     if (bytes > s->scratch_bytes || !s->scratch) {
         if (s->scratch) {
-            cudaError_t e = cudaFreeAsync(s->scratch, s->stream);
+            e = cudaFreeAsync(s->scratch, s->stream);
             s->scratch = NULL;
             s->scratch_bytes = 0;
             if (e != cudaSuccess)
@@ -34,13 +54,39 @@ moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes
         }
         /* grow by half again, so a slowly rising M does not reallocate every call */
         size_t want = bytes + bytes / 2;
-        cudaError_t e = cudaMallocAsync(&s->scratch, want ? want : 256, s->stream);
+        e = cudaMallocAsync(&s->scratch, want ? want : 256, s->stream);
         if (e != cudaSuccess) {
             s->scratch = NULL;
             return mf_cuda_fail(ctx, e, op, "cudaMallocAsync(scratch)");
         }
         s->scratch_bytes = want;
     }
+    s->scratch_used = 1;
     *out = s->scratch;
     return MOEFUSE_OK;
+}
+
+moefuse_status mf_cuda_end_call(moefuse_context *ctx, cuda_state *s, const char *op,
+                                moefuse_status status)
+{
+    cudaError_t e = cudaSuccess;
+    const char *call = NULL;
+    if (s->capture_scratch) {
+        e = cudaFreeAsync(s->capture_scratch, s->stream);
+        call = "cudaFreeAsync(scratch, during graph capture)";
+        s->capture_scratch = NULL;
+    }
+    if (s->scratch_used) {
+        s->scratch_used = 0;
+        cudaError_t r = cudaEventRecord(s->scratch_free, s->stream);
+        if (r == cudaSuccess) {
+            s->scratch_stream = s->stream;
+        } else if (e == cudaSuccess) {
+            e = r;
+            call = "cudaEventRecord(scratch)";
+        }
+    }
+    if (e != cudaSuccess && status == MOEFUSE_OK)
+        return mf_cuda_fail(ctx, e, op, call);
+    return status;
 }
