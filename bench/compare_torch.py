@@ -11,9 +11,13 @@ layer, the dense bf16 GEMM of the same FLOPs (torch.matmul).
     python3 bench/compare_torch.py [--quick] [--ops act_quant,moe_forward] [--models qwen3]
     MOEFUSE_LIBRARY=build/src/libmoefuse.so python3 bench/compare_torch.py   # without pip
 
-Times are medians over runs of at least --seconds each (after warm-up runs), each run
+Times are per call: the median over samples of back-to-back calls (ten, or fewer when
+one call takes over BATCH_SECONDS), --seconds of samples after warm-up, each sample
 timed with CUDA events on torch's current stream (host clock plus synchronize for
-OpenCL): the latency of one call from Python, launch overhead included.
+OpenCL). Where Python's per-call overhead exceeds the device time, the figure is that
+overhead: what a caller without CUDA graphs gets. Implementations run one at a time:
+the device is drained (torch's stream and the OpenCL queue, which on an NVIDIA
+OpenCL platform shares the GPU) before each is timed.
 """
 
 import argparse
@@ -52,42 +56,53 @@ QUICK = dict(ops=("act_quant", "act_quant_masked", "moe_forward"), models=("qwen
 # ------------------------------------------------------------------ timing
 
 
+BATCH = 10              # calls per sample, as `moefuse bench --batch 10`
+BATCH_SECONDS = 2e-3    # a call this long is timed alone: its launch cost is noise
+
+
+def _batch(first):
+    return max(1, min(BATCH, round(BATCH_SECONDS / max(first, 1e-9))))
+
+
 def timed_cuda(fn, seconds, warmup=2):
-    """Median seconds of one call, CUDA events around each."""
+    """Median seconds per call over samples of back-to-back calls, CUDA events around each."""
     if DEV != "cuda":
         return timed_host(fn, lambda: None, seconds, warmup)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
 
-    def once():
+    def sample(n):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(n):
+            fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3 / n
 
-    first = once()
-    runs = max(5, min(100, int(seconds / max(first, 1e-6))))
-    return statistics.median([first] + [once() for _ in range(runs - 1)])
+    n = _batch(sample(1))
+    runs = max(5, min(100, int(seconds / max(sample(n) * n, 1e-6))))
+    return statistics.median(sample(n) for _ in range(runs))
 
 
 def timed_host(fn, sync, seconds, warmup=2):
-    """Median seconds of fn() + sync(), host clock (OpenCL work is not on torch's stream)."""
+    """Median seconds per call over samples of back-to-back fn() then one sync(), host clock
+    (OpenCL work is not on torch's stream)."""
     for _ in range(warmup):
         fn()
     sync()
 
-    def once():
+    def sample(n):
         t = time.perf_counter()
-        fn()
+        for _ in range(n):
+            fn()
         sync()
-        return time.perf_counter() - t
+        return (time.perf_counter() - t) / n
 
-    first = once()
-    runs = max(5, min(100, int(seconds / max(first, 1e-6))))
-    return statistics.median([first] + [once() for _ in range(runs - 1)])
+    n = _batch(sample(1))
+    runs = max(5, min(100, int(seconds / max(sample(n) * n, 1e-6))))
+    return statistics.median(sample(n) for _ in range(runs))
 
 
 # ------------------------------------------------------------------ ceilings
@@ -235,6 +250,8 @@ class Runner:
     def compare(self, op, shape, work, kind, ref_out, check, impls, floor=None):
         """impls: name -> (call, result getter or None, host sync or None)."""
         for name, (call, result, sync) in impls.items():
+            self.drain()  # the last implementation's work must not overlap this one's
+
             def run():
                 t = (timed_host(call, sync, self.args.seconds) if sync
                      else timed_cuda(call, self.args.seconds))
@@ -243,6 +260,12 @@ class Runner:
             done = self._try(op, shape, name, run)
             if done:
                 self.table.add(op, shape, name, done[0], work, kind, floor, done[1])
+
+    def drain(self):
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        if self.cl:
+            self.cl.synchronize()
 
     def compiled(self, fn):
         return torch.compile(fn) if self.args.compile else None
