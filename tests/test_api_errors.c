@@ -524,6 +524,88 @@ START_TEST(t_topk)
 }
 END_TEST
 
+/* ---------------------------------------------- empty tensors with NULL data */
+/* torch.empty(0, K) has data NULL: an operand with a zero dimension touches no memory,
+ * so NULL data is accepted there (an expert-parallel rank may get no tokens), and the
+ * non-empty operands are still read as usual; a non-empty NULL stays an error. */
+static moefuse_tensor empty_tensor(moefuse_dtype dt, int32_t rank, int64_t d0, int64_t d1,
+                                   int64_t d2)
+{
+    const int64_t shape[3] = {d0, d1, d2};
+    return moefuse_tensor_dense(NULL, dt, rank, shape);
+}
+
+START_TEST(t_empty_null_data)
+{
+    const int64_t H = 128, E = 4, k = 2, K = 16, I = 8;
+    moefuse_tensor x = empty_tensor(MOEFUSE_BF16, 2, 0, 2 * H, 0);
+    moefuse_tensor q = empty_tensor(MOEFUSE_F8_E4M3, 2, 0, H, 0);
+    moefuse_tensor sc = empty_tensor(MOEFUSE_F32, 2, 0, 1, 0);
+    moefuse_tensor o = empty_tensor(MOEFUSE_BF16, 2, 0, H, 0);
+    moefuse_tensor xh = empty_tensor(MOEFUSE_BF16, 2, 0, H, 0);
+    moefuse_tensor qh = empty_tensor(MOEFUSE_I8, 2, 0, H, 0);
+#define OKCALL(call, what)                                                                     \
+    do {                                                                                       \
+        moefuse_status st_ = CALL(call);                                                       \
+        HCHECK(st_ == MOEFUSE_OK, "%s with NULL empty operands: %s (%s)", what,                \
+               moefuse_status_name(st_), moefuse_last_error(g_ctx));                           \
+    } while (0)
+    OKCALL(moefuse_act_quant(g_ctx, &x, NULL, &q, &sc, NULL), "act_quant T=0");
+    moefuse_tensor cs = empty_tensor(MOEFUSE_F32, 2, 1, 0, 0); /* column-major [Gn, Ta = 0] */
+    moefuse_act_quant_options col;
+    memset(&col, 0, sizeof col);
+    col.quant.scale_layout = MOEFUSE_SCALE_COLUMN_MAJOR;
+    OKCALL(moefuse_act_quant(g_ctx, &x, NULL, &q, &cs, &col), "act_quant T=0, column-major");
+    OKCALL(moefuse_act_mul(g_ctx, &x, NULL, &o, NULL), "act_mul T=0");
+    OKCALL(moefuse_quant(g_ctx, &xh, &qh, &sc, NULL), "quant T=0");
+    OKCALL(moefuse_dequant(g_ctx, &qh, &sc, &xh, NULL), "dequant T=0");
+
+    /* masked, Tmax = 0: the counts are real memory and still read (and clamped) */
+    tbuf *cnt = tb_new1("counts", MOEFUSE_I32, E, 1);
+    for (int64_t e = 0; e < E; e++) tb_set(cnt, e, 0, 0, (double)(e - 1));
+    tb_upload(cnt);
+    moefuse_tensor xm = empty_tensor(MOEFUSE_BF16, 3, E, 0, 2 * H);
+    moefuse_tensor qm = empty_tensor(MOEFUSE_F8_E4M3, 3, E, 0, H);
+    moefuse_tensor sm = empty_tensor(MOEFUSE_F32, 3, E, 0, 1);
+    moefuse_act_quant_options zt;
+    memset(&zt, 0, sizeof zt);
+    zt.zero_tail = 1;
+    OKCALL(moefuse_act_quant_masked(g_ctx, &xm, T(cnt), NULL, NULL, &qm, &sm, &zt),
+           "act_quant_masked Tmax=0");
+
+    moefuse_tensor lg = empty_tensor(MOEFUSE_F32, 2, 0, E, 0);
+    moefuse_tensor ids = empty_tensor(MOEFUSE_I32, 2, 0, k, 0);
+    moefuse_tensor wts = empty_tensor(MOEFUSE_F32, 2, 0, k, 0);
+    OKCALL(moefuse_topk_softmax(g_ctx, &lg, 1, &ids, &wts), "topk_softmax M=0");
+
+    /* the MoE calls with M = 0: weights are real, everything per token is empty */
+    tbuf *w1 = tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1);
+    tbuf *w2 = tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1);
+    tb_fill_unif(w1, -1, 1);
+    tb_fill_unif(w2, -1, 1);
+    tb_upload(w1);
+    tb_upload(w2);
+    moefuse_routing r;
+    memset(&r, 0, sizeof r);
+    r.topk_ids = ids;
+    r.topk_weights = wts;
+    moefuse_tensor mx = empty_tensor(MOEFUSE_BF16, 2, 0, K, 0);
+    moefuse_tensor mh = empty_tensor(MOEFUSE_BF16, 3, 0, k, I);
+    moefuse_tensor mo = empty_tensor(MOEFUSE_BF16, 2, 0, K, 0);
+    OKCALL(moefuse_moe_gate(g_ctx, &mx, T(w1), NULL, &r, &mh, NULL), "moe_gate M=0");
+    OKCALL(moefuse_moe_final(g_ctx, &mh, T(w2), NULL, &r, &mo, NULL), "moe_final M=0");
+    OKCALL(moefuse_moe_forward(g_ctx, &mx, T(w1), T(w2), NULL, NULL, &r, &mo, NULL),
+           "moe_forward M=0");
+#undef OKCALL
+
+    /* NULL is still refused where there are elements */
+    moefuse_tensor w1null = w1->t;
+    w1null.data = NULL;
+    EXPECT(moefuse_moe_forward(g_ctx, &mx, &w1null, T(w2), NULL, NULL, &r, &mo, NULL),
+           MOEFUSE_ERR_NULL_POINTER, "moe_forward", "w1", "w1 data NULL with M = 0");
+}
+END_TEST
+
 START_TEST(t_context)
 {
     moefuse_context *c = (moefuse_context *)0x1;
@@ -580,6 +662,7 @@ int main(void)
     tcase_add_test(tc, t_moe_gate);
     tcase_add_test(tc, t_moe_final_forward);
     tcase_add_test(tc, t_topk);
+    tcase_add_test(tc, t_empty_null_data);
     tcase_add_test(tc, t_context);
     suite_add_tcase(s, tc);
     return h_run(s);

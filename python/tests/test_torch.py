@@ -182,6 +182,16 @@ def test_moe_forward(device, gen, dtype, tol):
     assert rel_error(eager, want) <= 2 * tol
 
 
+def test_no_tokens(device, gen):
+    """An expert-parallel rank may get no tokens: torch's empty tensors (data_ptr() == 0)."""
+    x, w1, w2, ids, weights = _moe_problem(gen, device, torch.bfloat16, M=0)
+    assert x.data_ptr() == 0
+    out = moefuse.moe_forward(x, w1, w2, ids, weights)
+    assert out.shape == (0, x.shape[1]) and out.device == x.device
+    q, s = moefuse.act_quant(torch.empty(0, 1024, device=device, dtype=torch.bfloat16))
+    assert q.shape == (0, 512) and s.shape == (0, 4)
+
+
 def test_moe_gate_final_with_bias_map_and_invalid_ids(device, gen):
     x, w1, w2, ids, weights = _moe_problem(gen, device, torch.bfloat16, E=6)
     E_global = 10

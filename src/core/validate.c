@@ -66,17 +66,27 @@ static moefuse_status check_layout(moefuse_context *ctx, const char *op, const c
     return MOEFUSE_OK;
 }
 
+/* Some dimension is 0 (rank already checked against MOEFUSE_MAX_RANK's arrays). */
+static bool has_zero_extent(const moefuse_tensor *t)
+{
+    for (int32_t d = 0; d < t->rank; d++)
+        if (t->shape[d] == 0)
+            return true;
+    return false;
+}
+
 moefuse_status mf_check_tensor(moefuse_context *ctx, const char *op, const char *name,
                                const moefuse_tensor *t, int32_t rank, mf_dtype_set allowed)
 {
     char buf[128];
     if (!t)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op, name);
-    if (!t->data)
-        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s has NULL data", op, name);
     if (t->rank != rank)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: %s has rank %d; expected rank %d", op, name,
                         (int)t->rank, (int)rank);
+    /* an empty tensor touches no memory: frameworks give those NULL (torch.empty(0, K)) */
+    if (!t->data && !has_zero_extent(t))
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s has NULL data", op, name);
     if ((unsigned)t->dtype >= MOEFUSE_DTYPE_COUNT_ || !(allowed & MF_DT(t->dtype))) {
         return mf_error(ctx, MOEFUSE_ERR_DTYPE, "%s: %s has dtype %s; expected one of: %s", op, name,
                         moefuse_dtype_name(t->dtype), dtype_set_str(buf, sizeof buf, allowed));
@@ -95,7 +105,7 @@ moefuse_status mf_check_tensor(moefuse_context *ctx, const char *op, const char 
         return mf_error(ctx, MOEFUSE_ERR_ALIGNMENT,
                         "%s: %s data + offset is not aligned to its %zu-byte %s elements", op, name,
                         esize, moefuse_dtype_name(t->dtype));
-    if (ctx->backend->owns_pointer && !ctx->backend->owns_pointer(ctx->state, t->data))
+    if (t->data && ctx->backend->owns_pointer && !ctx->backend->owns_pointer(ctx->state, t->data))
         return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
                         "%s: %s is not memory of this context's %s device", op, name,
                         ctx->backend->name);
