@@ -71,9 +71,8 @@ class Call:
 
     def tensor(self, operand, output=False):
         """The moefuse_tensor for an Operand (an absent tensor for None)."""
-        t = _capi.Tensor()
         if operand is None:
-            return t
+            return _capi.Tensor()
         if output and not operand.writable:
             raise ValueError(f"moefuse {self.op}: {operand.name} is read-only")
         backend = self.ctx.backend
@@ -95,15 +94,10 @@ class Call:
         else:
             data, offset = self._stage(operand, output)
         self._keep.append(operand)
-        t.data = data or None
-        t.offset = offset
-        t.dtype = _capi.DTYPE_CODES[operand.dtype]
-        t.rank = len(operand.shape)  # a rank above 4 is the C API's to refuse
-        for d, (n, st) in enumerate(zip(operand.shape[:_capi.MAX_RANK],
-                                        operand.strides[:_capi.MAX_RANK])):
-            t.shape[d] = n
-            t.stride[d] = st
-        return t
+        # a rank above 4 is the C API's to refuse: only the first 4 dimensions travel
+        return _capi.Tensor(data or None, offset, _capi.DTYPE_CODES[operand.dtype],
+                            len(operand.shape), operand.shape[:_capi.MAX_RANK],
+                            operand.strides[:_capi.MAX_RANK])
 
     def _stage(self, operand, output):
         itemsize = _capi.DTYPE_SIZES[operand.dtype]

@@ -59,9 +59,16 @@ def from_numpy(dtype):
 _TORCH_BY_STR = {f"torch.{attr}": name for name, attr in _TORCH.items()}
 
 
+_TORCH_SEEN = {}  # torch dtype object -> moefuse name or None: str(dtype) costs on every call
+
+
 def from_torch(dtype):
     """moefuse name of a torch dtype, or None."""
-    return _TORCH_BY_STR.get(str(dtype))
+    try:
+        return _TORCH_SEEN[dtype]
+    except KeyError:
+        name = _TORCH_SEEN[dtype] = _TORCH_BY_STR.get(str(dtype))
+        return name
 
 
 def from_dlpack(code, bits, lanes):

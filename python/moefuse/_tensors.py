@@ -26,8 +26,8 @@ class Operand:
         self.name = name
         self.address = address
         self.dtype = dtype
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)
+        self.shape = tuple(map(int, shape))
+        self.strides = tuple(map(int, strides))
         self.device = device
         self.device_index = device_index
         self.framework = framework
@@ -67,29 +67,34 @@ def _from_torch(t, name):
     dtype = _dtypes.from_torch(t.dtype)
     if dtype is None:
         raise _dtype_error(name, t.dtype)
-    kind = t.device.type
-    if kind not in ("cpu", "cuda"):
+    if t.is_cuda:
+        index = t.get_device()
+        return Operand(t, name, t.data_ptr(), dtype, t.shape, t.stride(), CUDA, index, "torch")
+    if not t.is_cpu:
         raise errors.WrongDeviceError(errors.code_of("MOEFUSE_ERR_WRONG_DEVICE"),
                                       f"{name} is on torch device {t.device}; moefuse takes "
                                       f"CPU and CUDA tensors")
-    device = CUDA if kind == "cuda" else HOST
-    index = t.device.index if kind == "cuda" else None
-    if index is None and kind == "cuda":
-        import torch
-        index = torch.cuda.current_device()
-    return Operand(t, name, t.data_ptr(), dtype, t.shape, t.stride(), device, index, "torch")
+    return Operand(t, name, t.data_ptr(), dtype, t.shape, t.stride(), HOST, None, "torch")
+
+
+_READERS = {}  # exact type -> reader, for the types met so far (skips the isinstance tests)
 
 
 def describe(obj, name):
     """The Operand for `obj`, or None for None (an absent optional operand)."""
     if obj is None:
         return None
+    reader = _READERS.get(type(obj))
+    if reader is not None:
+        return reader(obj, name)
     if isinstance(obj, Buffer):
         return Operand(obj, name, obj.handle, obj.dtype, obj.shape, obj.strides, BUFFER, None,
                        "buffer")
     if _dtypes.is_numpy_array(obj):
+        _READERS[type(obj)] = _from_numpy
         return _from_numpy(obj, name)
     if _dtypes.is_torch_tensor(obj):
+        _READERS[type(obj)] = _from_torch
         return _from_torch(obj, name)
     if hasattr(obj, "__dlpack__"):
         from . import _dlpack
