@@ -15,7 +15,8 @@ Times are per call: the median over samples of back-to-back calls (ten, or fewer
 one call takes over BATCH_SECONDS), --seconds of samples after warm-up, each sample
 timed with CUDA events on torch's current stream (host clock plus synchronize for
 OpenCL). Where Python's per-call overhead exceeds the device time, the figure is that
-overhead: what a caller without CUDA graphs gets. Implementations run one at a time:
+overhead: what a caller without CUDA graphs gets; the "moefuse cuda, CUDA graph" rows
+replay the same call captured in a graph, which leaves the device time. Implementations run one at a time:
 the device is drained (torch's stream and the OpenCL queue, which on an NVIDIA
 OpenCL platform shares the GPU) before each is timed.
 """
@@ -267,6 +268,23 @@ class Runner:
         if self.cl:
             self.cl.synchronize()
 
+    @staticmethod
+    def graphed(call):
+        """call() captured in a CUDA graph (after a warm-up call): replays time the device
+        work alone, without Python's per-call cost. Same outputs, as call writes into out=."""
+        state = {}
+
+        def replay():
+            if "graph" not in state:
+                state["result"] = call()  # the out= tensors the replays write
+                torch.cuda.synchronize()
+                state["graph"] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(state["graph"]):
+                    call()
+            state["graph"].replay()
+            return state["result"]
+        return replay
+
     def compiled(self, fn):
         return torch.compile(fn) if self.args.compile else None
 
@@ -279,6 +297,8 @@ class Runner:
         impls = {}
         if "cuda" in self.args.backends:
             impls["moefuse cuda"] = (cuda_call, None, None)
+            if DEV == "cuda":
+                impls["moefuse cuda, CUDA graph"] = (self.graphed(cuda_call), None, None)
         if self.cl:
             try:
                 call, result = opencl_setup()
