@@ -15,6 +15,7 @@
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
 #   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
+#   call-overhead   bench/call_overhead.py: host time per call, Python binding against C
 # SETUP_ARGS adds `meson setup` options (e.g. -Dcuda=disabled).
 #
 # The machine has no Check and no internet: the Debian packages of Check,
@@ -127,6 +128,12 @@ for stage in "$@"; do
             python/tests >"$log" 2>&1
         note "test-python: rc=$?, $(tail -1 "$log")"
         grep -E "^(FAILED|ERROR)" "$log" | head -30
+        ;;
+    call-overhead)
+        MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 bench/call_overhead.py \
+            >"$out/call-overhead.txt" 2>&1
+        note "call-overhead: rc=$?"
+        cat "$out/call-overhead.txt" >>"$summary"
         ;;
     compare-torch)
         # shellcheck disable=SC2086

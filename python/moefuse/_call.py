@@ -126,7 +126,9 @@ class Call:
     def _stream(self):
         if self._cuda_source == "torch":
             import torch
-            handle = torch.cuda.current_stream(self._cuda_index).cuda_stream
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object
+            handle = (raw(self._cuda_index) if raw else
+                      torch.cuda.current_stream(self._cuda_index).cuda_stream)
             return handle or CUDA_STREAM_LEGACY
         # DLPack exports made with stream=None are ordered on the legacy stream.
         return CUDA_STREAM_LEGACY

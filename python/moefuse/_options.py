@@ -3,6 +3,8 @@
 Names map to enum values; whether a value is in range is the C API's to judge.
 """
 
+import functools
+
 from . import _capi, errors
 
 DEFAULT_GROUP = 128
@@ -16,6 +18,21 @@ def _choice(value, names, what):
     raise errors.InvalidArgumentError(
         errors.code_of("MOEFUSE_ERR_INVALID_ARGUMENT"),
         f"{what} {value!r} is not one of {', '.join(repr(n) for n in names)}")
+
+
+def _shared(build):
+    """One struct per distinct set of keyword values: the C API only reads them, and
+    building a ctypes struct on every call costs more than the lookup. Unhashable
+    values (a list by mistake) are built afresh, so their error stays the usual one."""
+    cached = functools.lru_cache(maxsize=64)(build)
+
+    @functools.wraps(build)
+    def get(*args):
+        try:
+            return cached(*args)
+        except TypeError:
+            return build(*args)
+    return get
 
 
 def activation_code(value):
@@ -36,11 +53,13 @@ def layout_code(value):
     return _choice(value, _capi.SCALE_LAYOUTS, "scale_layout")
 
 
+@_shared
 def act(activation, order, limit, intermediate):
     return _capi.ActOptions(activation=activation_code(activation), order=order_code(order),
                             limit=float(limit or 0.0), intermediate=rounding_code(intermediate))
 
 
+@_shared
 def quant(group_size, scale_layout, ue8m0, eps):
     # 0 is the C default for group_size (128) and eps (1e-10)
     return _capi.QuantOptions(group_size=int(group_size or 0),
@@ -48,6 +67,7 @@ def quant(group_size, scale_layout, ue8m0, eps):
                               ue8m0=int(bool(ue8m0)), eps=float(eps or 0.0))
 
 
+@_shared
 def moe(activation, order, limit):
     return _capi.MoeOptions(activation=activation_code(activation), order=order_code(order),
                             limit=float(limit or 0.0))
