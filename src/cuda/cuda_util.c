@@ -29,6 +29,9 @@ moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes
     if (e != cudaSuccess)
         return mf_cuda_fail(ctx, e, op, "cudaStreamIsCapturing");
     if (capture != cudaStreamCaptureStatusNone) {
+        if (s->capture_scratch) /* a second request would leave the first unfreed in the graph */
+            return mf_error(ctx, MOEFUSE_ERR_BACKEND_FAILURE,
+                            "%s: internal error: two scratch requests in one captured call", op);
         /* becomes an allocation node of the graph, freed by mf_cuda_end_call's node */
         e = cudaMallocAsync(&s->capture_scratch, bytes ? bytes : 256, s->stream);
         if (e != cudaSuccess) {
