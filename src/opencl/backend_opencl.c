@@ -57,9 +57,10 @@ static void describe_build(ocl_state *s)
     size_t n = strlen(s->device_name);
     if (n > 0 && s->device_name[n - 1] == ')')
         snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1),
-                 ", %s GEMM%s%s)",
+                 ", %s GEMM%s%s%s)",
                  !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
                                                                            : "tiled",
+                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for decode" : "",
                  s->fp_correct_div ? "" : ", division not correctly rounded",
                  s->from_cache ? ", cached binary" : "");
 }

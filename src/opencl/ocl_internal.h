@@ -31,6 +31,8 @@ enum mf_ocl_kernel {
     MF_K_MOE_GATE_TILED, /* reqd_work_group_size(16, 16, 1) */
     MF_K_MOE_FINAL_TILED, /* reqd_work_group_size(16, 16, 1) */
     MF_K_MOE_REDUCE,
+    MF_K_MOE_GATE_GEMV, /* reqd_work_group_size(256, 1, 1) */
+    MF_K_MOE_FINAL_GEMV, /* reqd_work_group_size(256, 1, 1) */
     MF_K_COUNT_
 };
 
@@ -49,6 +51,8 @@ typedef struct ocl_state {
     bool from_cache;      /* the program came from the on-disk binary cache */
     bool tiled;           /* the 16 x 16 tiled GEMMs fit this device (else one column per item) */
     bool force_tiled;     /* MOEFUSE_OPENCL_GEMM=tiled: skip the size heuristic */
+    bool gemv;            /* the 256-wide matrix-vector kernels fit this device */
+    bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
     bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */
     cl_mem scratch;       /* per-call device scratch (offs of the masked rows), grown on demand */
     size_t scratch_bytes;

@@ -1,10 +1,12 @@
 /*
  * Host side of moe_gate and moe_final (moe_forward is the core's default:
- * gate into its scratch, then final). Two paths with bit-identical results:
- * the tiled GEMMs over slots grouped by expert on the device
- * (kernels/moe_tiled.cl), and the one-column-per-work-item kernels
- * (kernels/moe.cl) for devices that cannot run 16 x 16 work-groups, or
- * when MOEFUSE_OPENCL_GEMM=simple.
+ * gate into its scratch, then final). Three paths, chosen from the sizes:
+ *  - tiled GEMMs over slots grouped by expert (kernels/moe_tiled.cl);
+ *  - the one-column-per-work-item kernels (kernels/moe.cl), for CPU devices
+ *    and devices that cannot run the others; same bits as the tiled path;
+ *  - matrix-vector kernels (kernels/moe_gemv.cl) for few slots on GPUs, which
+ *    add each dot product in another (fixed) order.
+ * MOEFUSE_OPENCL_GEMM=tiled|simple|gemv forces one.
  */
 #include "opencl/ocl_internal.h"
 
@@ -238,38 +240,49 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
 /* Elements of the activation row staged in local memory per step. */
 static size_t chunk(const ocl_state *s) { return s->wg * 2; }
 
+/* Output columns per 256-wide work-group of kernels/moe_gemv.cl (8 teams of 32). */
+enum { GV_TEAMS = 8, GV_WG = 256 };
+
+enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_GEMV };
+
 /*
  * Which GEMMs. A 64-slot tile holds about S / E real rows (S = M * k slots
- * over E experts) and computes the rest for nothing; the one-column kernels
- * compute nothing extra but read each weight row once per slot, uncoalesced,
- * in ceil(I / wg) * S work-groups.
+ * over E experts) and computes the rest for nothing, so tiles pay from
+ * S >= 2E. Below that, GPUs take the matrix-vector kernels, which read each
+ * weight row once per slot, coalesced. The one-column kernels read it once
+ * per slot too, but one element per work-item, rows apart.
  * Measured on PoCL (CPU device): the one-column kernels win at every size
- * (2.5 vs 2.0 GFLOP/s with full tiles). On an H100 (NVIDIA OpenCL, bf16
- * moe_forward, GFLOP/s tiled / simple): Mixtral E=8 k=2 K=4096 I=14336
- * M=1: 131/166, M=4: 275/410, M=32: 1634/155; Qwen3 E=128 k=8 K=2048 I=768
- * M=1: 116/69 (48 work-groups for 132 compute units), M=32: 474/328,
- * M=128: 1657/336. Hence: tiled from S >= 2E, or when the one-column kernels
- * would not fill the compute units. MOEFUSE_OPENCL_GEMM=tiled|simple overrides.
+ * (2.5 vs 2.0 GFLOP/s with full tiles), so CPU devices keep them. On an H100
+ * (NVIDIA OpenCL, bf16 moe_forward, GFLOP/s tiled / one-column), before the
+ * matrix-vector kernels: Mixtral E=8 k=2 K=4096 I=14336 M=1: 131/166,
+ * M=32: 1634/155; Qwen3 E=128 k=8 K=2048 I=768 M=1: 116/69, M=32: 474/328,
+ * M=128: 1657/336. docs/PERFORMANCE.md has the matrix-vector figures.
  */
-static bool use_tiled(const ocl_state *s, const mf_moe_args *a)
+static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
 {
-    if (!s->tiled)
-        return false;
-    if (s->force_tiled)
-        return true;
-    if (s->cpu_device)
-        return false;
+    if (s->force_gemv && s->gemv)
+        return PATH_GEMV;
+    if (s->tiled && s->force_tiled)
+        return PATH_TILED;
+    if (s->cpu_device && !s->force_gemv)
+        return PATH_SIMPLE;
     const int64_t S = a->tokens * a->topk;
+    if (s->tiled && S >= 2 * a->experts)
+        return PATH_TILED;
+    if (s->gemv)
+        return PATH_GEMV;
     const int64_t simple_groups = (a->inter_dim + (int64_t)s->wg - 1) / (int64_t)s->wg * S;
-    return S >= 2 * a->experts || simple_groups < (int64_t)s->compute_units;
+    return s->tiled && simple_groups < (int64_t)s->compute_units ? PATH_TILED : PATH_SIMPLE;
 }
 
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    if (use_tiled(s, a))
+    const enum gemm_path path = choose_path(s, a);
+    if (path == PATH_TILED)
         return gate_tiled(ctx, s, a);
-    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE]);
+    const bool gemv = path == PATH_GEMV;
+    mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_GATE_GEMV : MF_K_MOE_GATE]);
     gate_operand_args(&k, a);
     routing_args(&k, a, false);
     mf_karg_int(&k, (int32_t)a->opt.activation);
@@ -279,10 +292,16 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
     mf_karg_long(&k, a->h.stride[0]);
     mf_karg_long(&k, a->h.stride[1]);
     mf_karg_int(&k, (int32_t)a->h.dtype);
+    const size_t slots = (size_t)(a->tokens * a->topk);
+    if (gemv) {
+        const size_t global[2] = {(size_t)((a->inter_dim + GV_TEAMS - 1) / GV_TEAMS) * GV_WG,
+                                  slots};
+        const size_t local[2] = {GV_WG, 1};
+        return mf_ocl_launch(ctx, s, &k, "moe_gate", 2, global, local);
+    }
     mf_karg_local(&k, chunk(s) * sizeof(cl_float));
     mf_karg_long(&k, (int64_t)chunk(s));
-    const size_t global[2] = {mf_round_up((size_t)a->inter_dim, s->wg),
-                              (size_t)(a->tokens * a->topk)};
+    const size_t global[2] = {mf_round_up((size_t)a->inter_dim, s->wg), slots};
     const size_t local[2] = {s->wg, 1};
     return mf_ocl_launch(ctx, s, &k, "moe_gate", 2, global, local);
 }
@@ -290,9 +309,11 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    if (use_tiled(s, a))
+    const enum gemm_path path = choose_path(s, a);
+    if (path == PATH_TILED)
         return final_tiled(ctx, s, a);
-    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL]);
+    const bool gemv = path == PATH_GEMV;
+    mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_FINAL_GEMV : MF_K_MOE_FINAL]);
     final_operand_args(&k, a);
     routing_args(&k, a, true);
     mf_karg_int(&k, a->reduce);
@@ -300,9 +321,15 @@ moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_
     mf_karg_long(&k, a->out.stride[0]);
     mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
     mf_karg_int(&k, (int32_t)a->out.dtype);
+    const size_t rows = (size_t)(a->reduce ? a->tokens : a->tokens * a->topk);
+    if (gemv) {
+        const size_t global[2] = {(size_t)((a->model_dim + GV_TEAMS - 1) / GV_TEAMS) * GV_WG,
+                                  rows};
+        const size_t local[2] = {GV_WG, 1};
+        return mf_ocl_launch(ctx, s, &k, "moe_final", 2, global, local);
+    }
     mf_karg_local(&k, chunk(s) * sizeof(cl_float));
     mf_karg_long(&k, (int64_t)chunk(s));
-    const size_t rows = (size_t)(a->reduce ? a->tokens : a->tokens * a->topk);
     const size_t global[2] = {mf_round_up((size_t)a->model_dim, s->wg), rows};
     const size_t local[2] = {s->wg, 1};
     return mf_ocl_launch(ctx, s, &k, "moe_final", 2, global, local);

@@ -17,7 +17,34 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_MOE_ROUTE_FILL] = "mf_moe_route_fill", [MF_K_MOE_ZERO_INVALID] = "mf_moe_zero_invalid",
     [MF_K_MOE_GATE_TILED] = "mf_moe_gate_tiled", [MF_K_MOE_FINAL_TILED] = "mf_moe_final_tiled",
     [MF_K_MOE_REDUCE] = "mf_moe_reduce",
+    [MF_K_MOE_GATE_GEMV] = "mf_moe_gate_gemv", [MF_K_MOE_FINAL_GEMV] = "mf_moe_final_gemv",
 };
+
+/* Both kernels of a fixed work-group size can run it on this device. */
+static bool kernels_take(ocl_state *s, enum mf_ocl_kernel a, enum mf_ocl_kernel b, size_t wg)
+{
+    const enum mf_ocl_kernel ks[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        size_t kmax = 0;
+        if (clGetKernelWorkGroupInfo(s->kernels[ks[i]], s->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                     sizeof kmax, &kmax, NULL) != CL_SUCCESS ||
+            kmax < wg)
+            return false;
+    }
+    return true;
+}
+
+/* The matrix-vector kernels need work-groups of 256 and 2 KiB of local memory. */
+static bool gemv_fits(ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_GEMM");
+    s->force_gemv = env && strcmp(env, "gemv") == 0;
+    if (env && (strcmp(env, "simple") == 0 || strcmp(env, "tiled") == 0))
+        return false;
+    size_t dims[3] = {0, 0, 0};
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
+    return dims[0] >= 256 && kernels_take(s, MF_K_MOE_GATE_GEMV, MF_K_MOE_FINAL_GEMV, 256);
+}
 
 /* The tiled GEMMs need 16 x 16 work-groups and ~9 KiB of local memory. */
 static bool tiled_fits(ocl_state *s)
@@ -35,15 +62,7 @@ static bool tiled_fits(ocl_state *s)
     clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
     if (dims[0] < 16 || dims[1] < 16 || local < 12 * 1024)
         return false;
-    const enum mf_ocl_kernel tk[2] = {MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED};
-    for (int i = 0; i < 2; i++) {
-        size_t kmax = 0;
-        if (clGetKernelWorkGroupInfo(s->kernels[tk[i]], s->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                     sizeof kmax, &kmax, NULL) != CL_SUCCESS ||
-            kmax < 256)
-            return false;
-    }
-    return true;
+    return kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
 }
 
 /* The build log, cut to what fits in a status message. */
@@ -139,8 +158,9 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
         wg = dev_max;
     for (int k = 0; k < MF_K_COUNT_; k++) {
         size_t kmax = 0;
-        if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED)
-            continue; /* fixed 16 x 16, checked by tiled_fits */
+        if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
+            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV)
+            continue; /* fixed sizes, checked by tiled_fits and gemv_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
             kmax > 0 && kmax < wg)
@@ -151,5 +171,6 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
         p2 *= 2;
     s->wg = p2;
     s->tiled = tiled_fits(s);
+    s->gemv = gemv_fits(s);
     return MOEFUSE_OK;
 }
