@@ -169,3 +169,169 @@ void mf_moe_final_gemv(__global const uchar *hp, long ho, long hs0, long hs1, in
     if (live && lane == 0) /* an invalid slot's un-reduced row is 0, as is a token's without any */
         mf_store(out, odt, reduce ? oo + m * os0 + r : oo + m * os0 + j0 * os1 + r, acc);
 }
+
+/*
+ * The same products for a few slots per expert: one work-group per expert
+ * and 8 output columns, over the expert's routed slots (kernels/moe_tiled.cl's
+ * route) MF_GV_SLOTS at a time, so each weight row is read once per batch of
+ * slots instead of once per slot. Each output is added exactly as above (its
+ * work-item's partial in element order, then the same tree), so these give the
+ * bits of mf_moe_gate_gemv / mf_moe_final_gemv. Arguments as the tiled kernels.
+ */
+#define MF_GV_SLOTS 8
+
+/* Partials of one work-item for nb <= 8 slots (activation rows at rowb[t]) and two weight rows. */
+inline void mf_gv_partial_n(__global const uchar *a, const long *rowb, int nb,
+                            __global const uchar *w, long w0b, long w1b, int dt, long n, int lane,
+                            float *s0, float *s1)
+{
+#pragma unroll
+    for (int t = 0; t < MF_GV_SLOTS; t++)
+        s0[t] = s1[t] = 0.0f;
+    const long full = n / MF_GV_STEP * MF_GV_STEP;
+    for (long k = (long)lane * MF_GV_VEC; k < full; k += MF_GV_STEP) {
+        const float8 w0 = mf_load8(w, dt, w0b + k);
+        const float8 w1v = w1b >= 0 ? mf_load8(w, dt, w1b + k) : (float8)(0.0f);
+#pragma unroll
+        for (int t = 0; t < MF_GV_SLOTS; t++) { /* constant bounds: the arrays stay in registers */
+            if (t < nb) {
+                const float8 av = mf_load8(a, dt, rowb[t] + k);
+                s0[t] = mf_fma8(av, w0, s0[t]);
+                if (w1b >= 0)
+                    s1[t] = mf_fma8(av, w1v, s1[t]);
+            }
+        }
+    }
+    for (long k = full + lane; k < n; k += MF_GV_LANES) {
+        const float w0 = mf_load(w, dt, w0b + k), w1v = w1b >= 0 ? mf_load(w, dt, w1b + k) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < MF_GV_SLOTS; t++) {
+            if (t < nb) {
+                const float av = mf_load(a, dt, rowb[t] + k);
+                s0[t] = fma(av, w0, s0[t]);
+                if (w1b >= 0)
+                    s1[t] = fma(av, w1v, s1[t]);
+            }
+        }
+    }
+}
+
+/* mf_gv_reduce for 2 x 8 sums at once: part is [16][256]; results in out (every work-item). */
+inline void mf_gv_reduce_n(__local float *part, const float *s0, const float *s1, int nv,
+                           int lid, int lane, float *out)
+{
+    const int wg = MF_GV_LANES * MF_GV_TEAMS;
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int t = 0; t < MF_GV_SLOTS; t++) {
+        part[t * wg + lid] = s0[t];
+        if (nv > MF_GV_SLOTS)
+            part[(MF_GV_SLOTS + t) * wg + lid] = s1[t];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int off = MF_GV_LANES / 2; off > 0; off >>= 1) {
+        if (lane < off)
+            for (int v = 0; v < nv; v++)
+                part[v * wg + lid] = part[v * wg + lid] + part[v * wg + lid + off];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int v = 0; v < nv; v++)
+        out[v] = part[v * wg + lid - lane];
+}
+
+/* Gate: global (ceil(I / 8) * 256, E), local (256, 1). */
+__kernel __attribute__((reqd_work_group_size(MF_GV_LANES * MF_GV_TEAMS, 1, 1)))
+void mf_moe_gate_grouped(__global const uchar *x, long xo, long xs0, int xdt,
+                         __global const uchar *w1, long wo, long ws0, long ws1,
+                         __global const uchar *b1, long bo, long bs0, int bdt, int has_b,
+                         __global const long *route, long experts, long topk, long kdim,
+                         long idim, int act, int order, float limit,
+                         __global uchar *h, long ho, long hs0, long hs1, int hdt)
+{
+    __local float part[2 * MF_GV_SLOTS * MF_GV_LANES * MF_GV_TEAMS];
+    const int lid = (int)get_local_id(0), lane = lid % MF_GV_LANES;
+    const long e = (long)get_group_id(1);
+    const long col = (long)get_group_id(0) * MF_GV_TEAMS + lid / MF_GV_LANES;
+    const int live = col < idim;
+    const long first = route[e], last = route[e + 1]; /* uniform: the loop below is too */
+    __global const long *list = route + 2 * experts + 2;
+    const long grow = order == 1 ? idim : 0, urow = order == 1 ? 0 : idim;
+    for (long b = first; b < last; b += MF_GV_SLOTS) {
+        const int nb = last - b < MF_GV_SLOTS ? (int)(last - b) : MF_GV_SLOTS;
+        long rowb[MF_GV_SLOTS];
+#pragma unroll
+        for (int t = 0; t < MF_GV_SLOTS; t++)
+            rowb[t] = t < nb ? xo + (list[b + t] / topk) * xs0 : 0;
+        float ga[MF_GV_SLOTS], ua[MF_GV_SLOTS], sums[2 * MF_GV_SLOTS];
+        if (live)
+            mf_gv_partial_n(x, rowb, nb, w1, wo + e * ws0 + (grow + col) * ws1,
+                            wo + e * ws0 + (urow + col) * ws1, xdt, kdim, lane, ga, ua);
+        else
+            for (int t = 0; t < MF_GV_SLOTS; t++)
+                ga[t] = ua[t] = 0.0f;
+        mf_gv_reduce_n(part, ga, ua, 2 * MF_GV_SLOTS, lid, lane, sums);
+        if (!live || lane != 0)
+            continue;
+        for (int t = 0; t < nb; t++) {
+            const long s = list[b + t];
+            float ag = sums[t], au = sums[MF_GV_SLOTS + t];
+            if (has_b) {
+                ag = ag + mf_load(b1, bdt, bo + e * bs0 + grow + col);
+                au = au + mf_load(b1, bdt, bo + e * bs0 + urow + col);
+            }
+            if (limit > 0.0f) {
+                ag = mf_clamp_gate(ag, limit);
+                au = mf_clamp_up(au, limit);
+            }
+            mf_store(h, hdt, ho + (s / topk) * hs0 + (s % topk) * hs1 + col,
+                     mf_mul(mf_activate(act, ag), au));
+        }
+    }
+}
+
+/* Final: global (ceil(K / 8) * 256, E); y as mf_moe_final_tiled writes it. */
+__kernel __attribute__((reqd_work_group_size(MF_GV_LANES * MF_GV_TEAMS, 1, 1)))
+void mf_moe_final_grouped(__global const uchar *hp, long ho, long hs0, long hs1, int hdt,
+                          __global const uchar *w2, long wo, long ws0, long ws1,
+                          __global const uchar *b2, long bo, long bs0, int bdt, int has_b,
+                          __global const long *route, long experts, long topk, long kdim,
+                          long idim, int reduce, long s0, __global float *ybuf, long ybo,
+                          __global uchar *out, long oo, long os0, long os1, int odt)
+{
+    __local float part[MF_GV_SLOTS * MF_GV_LANES * MF_GV_TEAMS];
+    const int lid = (int)get_local_id(0), lane = lid % MF_GV_LANES;
+    const long e = (long)get_group_id(1);
+    const long r = (long)get_group_id(0) * MF_GV_TEAMS + lid / MF_GV_LANES;
+    const int live = r < kdim;
+    const long first = route[e], last = route[e + 1];
+    __global const long *list = route + 2 * experts + 2;
+    for (long b = first; b < last; b += MF_GV_SLOTS) {
+        const int nb = last - b < MF_GV_SLOTS ? (int)(last - b) : MF_GV_SLOTS;
+        long rowb[MF_GV_SLOTS];
+#pragma unroll
+        for (int t = 0; t < MF_GV_SLOTS; t++) {
+            const long s = t < nb ? list[b + t] : 0;
+            rowb[t] = ho + (s / topk) * hs0 + (s % topk) * hs1;
+        }
+        float ya[MF_GV_SLOTS], unused[MF_GV_SLOTS], sums[MF_GV_SLOTS];
+        if (live)
+            mf_gv_partial_n(hp, rowb, nb, w2, wo + e * ws0 + r * ws1, -1, hdt, idim, lane, ya,
+                            unused);
+        else
+            for (int t = 0; t < MF_GV_SLOTS; t++)
+                ya[t] = 0.0f;
+        mf_gv_reduce_n(part, ya, unused, MF_GV_SLOTS, lid, lane, sums);
+        if (!live || lane != 0)
+            continue;
+        for (int t = 0; t < nb; t++) {
+            const long s = list[b + t];
+            float y = sums[t];
+            if (has_b)
+                y = y + mf_load(b2, bdt, bo + e * bs0 + r);
+            if (reduce)
+                ybuf[ybo + (s - s0) * kdim + r] = y;
+            else
+                mf_store(out, odt, oo + (s / topk) * os0 + (s % topk) * os1 + r, y);
+        }
+    }
+}
