@@ -51,32 +51,17 @@ static void describe(ocl_state *s)
              (unsigned)s->compute_units);
 }
 
-/* The GEMM paths calls may take (ops_moe.c chooses per call). */
-static const char *gemm_description(const ocl_state *s)
-{
-    static const char *const forced[] = {
-        [MF_GEMM_SIMPLE] = "MOEFUSE_OPENCL_GEMM=simple",
-        [MF_GEMM_TILED] = "MOEFUSE_OPENCL_GEMM=tiled",
-        [MF_GEMM_GEMV] = "MOEFUSE_OPENCL_GEMM=gemv",
-        [MF_GEMM_GROUPED] = "MOEFUSE_OPENCL_GEMM=grouped"};
-    if (s->gemm_force != MF_GEMM_AUTO)
-        return forced[s->gemm_force];
-    if (s->cpu_device)
-        return "simple (CPU device)";
-    if (s->gemv_grouped)
-        return s->tiled ? "matrix-vector and tiled" : "matrix-vector";
-    if (s->gemv)
-        return s->tiled ? "matrix-vector (decode) and tiled" : "matrix-vector";
-    return s->tiled ? "tiled" : "simple";
-}
-
 /* What the program build chose, for `moefuse info` and bug reports. */
 static void describe_build(ocl_state *s)
 {
     size_t n = strlen(s->device_name);
     if (n > 0 && s->device_name[n - 1] == ')')
-        snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1), ", %s GEMM%s%s)",
-                 gemm_description(s), s->fp_correct_div ? "" : ", division not correctly rounded",
+        snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1),
+                 ", %s GEMM%s%s%s)",
+                 !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
+                                                                           : "tiled",
+                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for decode" : "",
+                 s->fp_correct_div ? "" : ", division not correctly rounded",
                  s->from_cache ? ", cached binary" : "");
 }
 

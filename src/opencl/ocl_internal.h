@@ -33,13 +33,8 @@ enum mf_ocl_kernel {
     MF_K_MOE_REDUCE,
     MF_K_MOE_GATE_GEMV, /* reqd_work_group_size(256, 1, 1) */
     MF_K_MOE_FINAL_GEMV, /* reqd_work_group_size(256, 1, 1) */
-    MF_K_MOE_GATE_GROUPED, /* reqd_work_group_size(256, 1, 1) */
-    MF_K_MOE_FINAL_GROUPED, /* reqd_work_group_size(256, 1, 1) */
     MF_K_COUNT_
 };
-
-/* GEMM paths of moe_gate / moe_final (ops_moe.c). */
-enum mf_ocl_gemm { MF_GEMM_AUTO, MF_GEMM_SIMPLE, MF_GEMM_TILED, MF_GEMM_GEMV, MF_GEMM_GROUPED };
 
 typedef struct ocl_state {
     cl_platform_id platform;
@@ -54,11 +49,11 @@ typedef struct ocl_state {
     bool fp_correct_div;  /* -cl-fp32-correctly-rounded-divide-sqrt was used */
     bool fp64;            /* cl_khr_fp64: exp/erf/tanh evaluated in f64 (numerics.cl) */
     bool from_cache;      /* the program came from the on-disk binary cache */
-    bool tiled;           /* the 16 x 16 tiled GEMMs fit this device */
-    bool gemv;            /* the 256-wide matrix-vector kernels fit */
-    bool gemv_grouped;    /* and their per-expert form (16 KiB of local memory) */
-    bool cpu_device;      /* CL_DEVICE_TYPE_CPU: the simple path pays best (PoCL measured) */
-    enum mf_ocl_gemm gemm_force; /* MOEFUSE_OPENCL_GEMM, or MF_GEMM_AUTO */
+    bool tiled;           /* the 16 x 16 tiled GEMMs fit this device (else one column per item) */
+    bool force_tiled;     /* MOEFUSE_OPENCL_GEMM=tiled: skip the size heuristic */
+    bool gemv;            /* the 256-wide matrix-vector kernels fit this device */
+    bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
+    bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */
     cl_mem scratch;       /* per-call device scratch (offs of the masked rows), grown on demand */
     size_t scratch_bytes;
     mf_ptrset buffers;    /* handles from buffer_alloc: the only memory this context owns */

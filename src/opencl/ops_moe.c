@@ -4,18 +4,14 @@
  *  - tiled GEMMs over slots grouped by expert (kernels/moe_tiled.cl);
  *  - the one-column-per-work-item kernels (kernels/moe.cl), for CPU devices
  *    and devices that cannot run the others; same bits as the tiled path;
- *  - matrix-vector kernels (kernels/moe_gemv.cl) for few slots per expert on
- *    GPUs, per slot or grouped by expert, which add each dot product in
- *    another fixed order (the same in both forms).
- * MOEFUSE_OPENCL_GEMM=tiled|simple|gemv|grouped forces one.
+ *  - matrix-vector kernels (kernels/moe_gemv.cl) for few slots on GPUs, which
+ *    add each dot product in another (fixed) order.
+ * MOEFUSE_OPENCL_GEMM=tiled|simple|gemv forces one.
  */
 #include "opencl/ocl_internal.h"
 
 /* Tile constants of kernels/moe_tiled.cl. */
 enum { TM = 64, TH = 32, TN = 64 };
-
-/* Output columns per 256-wide work-group of kernels/moe_gemv.cl (8 teams of 32). */
-enum { GV_TEAMS = 8, GV_WG = 256 };
 
 /* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend). */
 #ifndef MF_OCL_Y_BYTES /* overridable at build time, to test the chunking */
@@ -153,13 +149,7 @@ static size_t tile_bound(const mf_moe_args *a, int64_t S)
     return (size_t)(S / TM + (a->experts < S ? a->experts : S));
 }
 
-/*
- * The GEMMs over routed slots: the tiled kernels (a work-group per 64-slot
- * tile and column block) or the grouped matrix-vector ones (a work-group per
- * expert and 8 columns); both take the same arguments.
- */
-static moefuse_status gate_routed(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
-                                  bool grouped)
+static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
 {
     static const char op[] = "moe_gate";
     const int64_t S = a->tokens * a->topk;
@@ -167,7 +157,7 @@ static moefuse_status gate_routed(moefuse_context *ctx, ocl_state *s, const mf_m
     MF_TRY(mf_ocl_scratch(ctx, s, route_bytes(a, S), op, &r));
     MF_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
     MF_TRY(route(ctx, s, a, r, 0, S, op));
-    mf_kargs k = mf_kargs_begin(s->kernels[grouped ? MF_K_MOE_GATE_GROUPED : MF_K_MOE_GATE_TILED]);
+    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE_TILED]);
     gate_operand_args(&k, a);
     mf_karg_mem(&k, r);
     mf_karg_long(&k, a->experts);
@@ -181,19 +171,12 @@ static moefuse_status gate_routed(moefuse_context *ctx, ocl_state *s, const mf_m
     mf_karg_long(&k, a->h.stride[0]);
     mf_karg_long(&k, a->h.stride[1]);
     mf_karg_int(&k, (int32_t)a->h.dtype);
-    if (grouped) {
-        const size_t global[2] = {(size_t)((a->inter_dim + GV_TEAMS - 1) / GV_TEAMS) * GV_WG,
-                                  (size_t)a->experts};
-        const size_t local[2] = {GV_WG, 1};
-        return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
-    }
     const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16, tile_bound(a, S) * 16};
     const size_t local[2] = {16, 16};
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
 
-static moefuse_status final_routed(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
-                                   bool grouped)
+static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
 {
     static const char op[] = "moe_final";
     const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
@@ -213,8 +196,7 @@ static moefuse_status final_routed(moefuse_context *ctx, ocl_state *s, const mf_
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         const int64_t m1 = M - m0 < chunk ? M : m0 + chunk, S = (m1 - m0) * kk;
         MF_TRY(route(ctx, s, a, r, m0 * kk, m1 * kk, op));
-        mf_kargs k =
-            mf_kargs_begin(s->kernels[grouped ? MF_K_MOE_FINAL_GROUPED : MF_K_MOE_FINAL_TILED]);
+        mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL_TILED]);
         final_operand_args(&k, a);
         mf_karg_mem(&k, r);
         mf_karg_long(&k, a->experts);
@@ -229,16 +211,9 @@ static moefuse_status final_routed(moefuse_context *ctx, ocl_state *s, const mf_
         mf_karg_long(&k, a->out.stride[0]);
         mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
         mf_karg_int(&k, (int32_t)a->out.dtype);
-        if (grouped) {
-            const size_t global[2] = {(size_t)((K + GV_TEAMS - 1) / GV_TEAMS) * GV_WG,
-                                      (size_t)a->experts};
-            const size_t local[2] = {GV_WG, 1};
-            MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
-        } else {
-            const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16, tile_bound(a, S) * 16};
-            const size_t local[2] = {16, 16};
-            MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
-        }
+        const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16, tile_bound(a, S) * 16};
+        const size_t local[2] = {16, 16};
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
         if (!a->reduce)
             continue;
         k = mf_kargs_begin(s->kernels[MF_K_MOE_REDUCE]);
@@ -265,67 +240,48 @@ static moefuse_status final_routed(moefuse_context *ctx, ocl_state *s, const mf_
 /* Elements of the activation row staged in local memory per step. */
 static size_t chunk(const ocl_state *s) { return s->wg * 2; }
 
-/* Grouped matrix-vector kernels below this many slots per expert on average, tiles above. */
-enum { GROUPED_MAX_PER_EXPERT = 16 };
+/* Output columns per 256-wide work-group of kernels/moe_gemv.cl (8 teams of 32). */
+enum { GV_TEAMS = 8, GV_WG = 256 };
+
+enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_GEMV };
 
 /*
- * Which GEMMs, from S = M * k slots over E experts.
- *  - Under one slot per two experts (decode): the per-slot matrix-vector
- *    kernels, no routing; each weight row is read once per slot, coalesced.
- *  - Up to GROUPED_MAX_PER_EXPERT slots per expert: routing, then the grouped
- *    matrix-vector kernels, which read a row once per 8 slots of its expert.
- *  - Above: the tiled GEMMs (a 64-slot tile holds about S / E real rows and
- *    computes the rest for nothing, so tiles pay only with many per expert).
- *  - CPU devices: the one-column kernels (PoCL measured: they win at every
- *    size, 2.5 vs 2.0 GFLOP/s with full tiles).
- * H100 figures (NVIDIA OpenCL) are in docs/PERFORMANCE.md. Before the
- * matrix-vector kernels, tiled / one-column in GFLOP/s: Mixtral E=8 k=2
- * K=4096 I=14336 M=1: 131/166, M=32: 1634/155; Qwen3 E=128 k=8 K=2048 I=768
- * M=1: 116/69, M=32: 474/328, M=128: 1657/336.
+ * Which GEMMs. A 64-slot tile holds about S / E real rows (S = M * k slots
+ * over E experts) and computes the rest for nothing, so tiles pay from
+ * S >= 2E. Below that, GPUs take the matrix-vector kernels, which read each
+ * weight row once per slot, coalesced. The one-column kernels read it once
+ * per slot too, but one element per work-item, rows apart.
+ * Measured on PoCL (CPU device): the one-column kernels win at every size
+ * (2.5 vs 2.0 GFLOP/s with full tiles), so CPU devices keep them. On an H100
+ * (NVIDIA OpenCL, bf16 moe_forward, GFLOP/s tiled / one-column), before the
+ * matrix-vector kernels: Mixtral E=8 k=2 K=4096 I=14336 M=1: 131/166,
+ * M=32: 1634/155; Qwen3 E=128 k=8 K=2048 I=768 M=1: 116/69, M=32: 474/328,
+ * M=128: 1657/336. docs/PERFORMANCE.md has the matrix-vector figures.
  */
-static enum mf_ocl_gemm choose_path(const ocl_state *s, const mf_moe_args *a)
+static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
 {
-    switch (s->gemm_force) {
-    case MF_GEMM_SIMPLE:
-        return MF_GEMM_SIMPLE;
-    case MF_GEMM_TILED:
-        if (s->tiled)
-            return MF_GEMM_TILED;
-        break;
-    case MF_GEMM_GEMV:
-        if (s->gemv)
-            return MF_GEMM_GEMV;
-        break;
-    case MF_GEMM_GROUPED:
-        if (s->gemv_grouped)
-            return MF_GEMM_GROUPED;
-        break;
-    case MF_GEMM_AUTO:
-        break;
-    }
-    if (s->cpu_device)
-        return MF_GEMM_SIMPLE;
-    const int64_t S = a->tokens * a->topk, E = a->experts;
-    if (s->gemv && 2 * S < E)
-        return MF_GEMM_GEMV;
-    if (s->gemv_grouped && S < GROUPED_MAX_PER_EXPERT * E)
-        return MF_GEMM_GROUPED;
-    if (s->tiled && S >= 2 * E)
-        return MF_GEMM_TILED;
+    if (s->force_gemv && s->gemv)
+        return PATH_GEMV;
+    if (s->tiled && s->force_tiled)
+        return PATH_TILED;
+    if (s->cpu_device && !s->force_gemv)
+        return PATH_SIMPLE;
+    const int64_t S = a->tokens * a->topk;
+    if (s->tiled && S >= 2 * a->experts)
+        return PATH_TILED;
     if (s->gemv)
-        return MF_GEMM_GEMV;
+        return PATH_GEMV;
     const int64_t simple_groups = (a->inter_dim + (int64_t)s->wg - 1) / (int64_t)s->wg * S;
-    return s->tiled && simple_groups < (int64_t)s->compute_units ? MF_GEMM_TILED
-                                                                 : MF_GEMM_SIMPLE;
+    return s->tiled && simple_groups < (int64_t)s->compute_units ? PATH_TILED : PATH_SIMPLE;
 }
 
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    const enum mf_ocl_gemm path = choose_path(s, a);
-    if (path == MF_GEMM_TILED || path == MF_GEMM_GROUPED)
-        return gate_routed(ctx, s, a, path == MF_GEMM_GROUPED);
-    const bool gemv = path == MF_GEMM_GEMV;
+    const enum gemm_path path = choose_path(s, a);
+    if (path == PATH_TILED)
+        return gate_tiled(ctx, s, a);
+    const bool gemv = path == PATH_GEMV;
     mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_GATE_GEMV : MF_K_MOE_GATE]);
     gate_operand_args(&k, a);
     routing_args(&k, a, false);
@@ -353,10 +309,10 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    const enum mf_ocl_gemm path = choose_path(s, a);
-    if (path == MF_GEMM_TILED || path == MF_GEMM_GROUPED)
-        return final_routed(ctx, s, a, path == MF_GEMM_GROUPED);
-    const bool gemv = path == MF_GEMM_GEMV;
+    const enum gemm_path path = choose_path(s, a);
+    if (path == PATH_TILED)
+        return final_tiled(ctx, s, a);
+    const bool gemv = path == PATH_GEMV;
     mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_FINAL_GEMV : MF_K_MOE_FINAL]);
     final_operand_args(&k, a);
     routing_args(&k, a, true);

@@ -18,8 +18,6 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_MOE_GATE_TILED] = "mf_moe_gate_tiled", [MF_K_MOE_FINAL_TILED] = "mf_moe_final_tiled",
     [MF_K_MOE_REDUCE] = "mf_moe_reduce",
     [MF_K_MOE_GATE_GEMV] = "mf_moe_gate_gemv", [MF_K_MOE_FINAL_GEMV] = "mf_moe_final_gemv",
-    [MF_K_MOE_GATE_GROUPED] = "mf_moe_gate_grouped",
-    [MF_K_MOE_FINAL_GROUPED] = "mf_moe_final_grouped",
 };
 
 /* Both kernels of a fixed work-group size can run it on this device. */
@@ -36,33 +34,35 @@ static bool kernels_take(ocl_state *s, enum mf_ocl_kernel a, enum mf_ocl_kernel 
     return true;
 }
 
-/*
- * Which GEMM paths this device can run (ops_moe.c chooses among them per
- * call): the tiled kernels need 16 x 16 work-groups and ~9 KiB of local
- * memory, the matrix-vector ones work-groups of 256 and (grouped) 16 KiB.
- * MOEFUSE_OPENCL_GEMM=simple|tiled|gemv|grouped forces one where it fits.
- */
-static void gemm_paths(ocl_state *s)
+/* The matrix-vector kernels need work-groups of 256 and 2 KiB of local memory. */
+static bool gemv_fits(ocl_state *s)
 {
-    static const char *const names[] = {[MF_GEMM_SIMPLE] = "simple", [MF_GEMM_TILED] = "tiled",
-                                        [MF_GEMM_GEMV] = "gemv", [MF_GEMM_GROUPED] = "grouped"};
     const char *env = getenv("MOEFUSE_OPENCL_GEMM");
-    s->gemm_force = MF_GEMM_AUTO;
-    for (int i = MF_GEMM_SIMPLE; env && i <= MF_GEMM_GROUPED; i++)
-        if (strcmp(env, names[i]) == 0)
-            s->gemm_force = (enum mf_ocl_gemm)i;
+    s->force_gemv = env && strcmp(env, "gemv") == 0;
+    if (env && (strcmp(env, "simple") == 0 || strcmp(env, "tiled") == 0))
+        return false;
+    size_t dims[3] = {0, 0, 0};
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
+    return dims[0] >= 256 && kernels_take(s, MF_K_MOE_GATE_GEMV, MF_K_MOE_FINAL_GEMV, 256);
+}
+
+/* The tiled GEMMs need 16 x 16 work-groups and ~9 KiB of local memory. */
+static bool tiled_fits(ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_GEMM");
+    if (env && strcmp(env, "simple") == 0)
+        return false;
+    s->force_tiled = env && strcmp(env, "tiled") == 0;
     cl_device_type type = 0;
+    clGetDeviceInfo(s->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    s->cpu_device = (type & CL_DEVICE_TYPE_CPU) != 0;
     size_t dims[3] = {0, 0, 0};
     cl_ulong local = 0;
-    clGetDeviceInfo(s->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
     clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
-    s->cpu_device = (type & CL_DEVICE_TYPE_CPU) != 0;
-    s->tiled = dims[0] >= 16 && dims[1] >= 16 && local >= 12 * 1024 &&
-               kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
-    s->gemv = dims[0] >= 256 && kernels_take(s, MF_K_MOE_GATE_GEMV, MF_K_MOE_FINAL_GEMV, 256);
-    s->gemv_grouped = s->gemv && local >= 20 * 1024 &&
-                      kernels_take(s, MF_K_MOE_GATE_GROUPED, MF_K_MOE_FINAL_GROUPED, 256);
+    if (dims[0] < 16 || dims[1] < 16 || local < 12 * 1024)
+        return false;
+    return kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
 }
 
 /* The build log, cut to what fits in a status message. */
@@ -159,9 +159,8 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     for (int k = 0; k < MF_K_COUNT_; k++) {
         size_t kmax = 0;
         if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
-            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV ||
-            k == MF_K_MOE_GATE_GROUPED || k == MF_K_MOE_FINAL_GROUPED)
-            continue; /* fixed sizes, checked by gemm_paths */
+            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV)
+            continue; /* fixed sizes, checked by tiled_fits and gemv_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
             kmax > 0 && kmax < wg)
@@ -171,6 +170,7 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     while (p2 * 2 <= wg)
         p2 *= 2;
     s->wg = p2;
-    gemm_paths(s);
+    s->tiled = tiled_fits(s);
+    s->gemv = gemv_fits(s);
     return MOEFUSE_OK;
 }
