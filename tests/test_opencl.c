@@ -444,6 +444,84 @@ static void temp_dir(char *out, size_t size, const char *what)
     HCHECK(mkdtemp(out) != NULL, "mkdtemp %s failed", out);
 }
 
+/* ------------------------------------------------------------- GEMM paths */
+
+/* got and want made alike (twins): every element byte equal. */
+static void same_elements(tbuf *got, tbuf *want, const char *what)
+{
+    for (size_t i = 0; i < got->total; i++)
+        if (got->logical[i])
+            HCHECK(got->full[i] == want->full[i], "%s: %s byte %zu is 0x%02x, %s has 0x%02x",
+                   what, got->name, i - got->pad, got->full[i], want->name, want->full[i]);
+}
+
+/*
+ * What the backend's README promises: the simple and tiled GEMM paths give the
+ * same bits (the matrix-vector path adds in its own order), with invalid ids,
+ * biases, an expert map, a padded x, both outputs of the final.
+ */
+START_TEST(t_simple_and_tiled_agree)
+{
+    static const char *const paths[2] = {"simple", "tiled"};
+    const int64_t M = 7, E = 5, Eg = 7, k = 2, K = 300, I = 70;
+    saved_env sv = env_save("MOEFUSE_OPENCL_GEMM");
+    moefuse_context *outer = g_ctx, *c[2];
+    for (int i = 0; i < 2; i++) {
+        setenv("MOEFUSE_OPENCL_GEMM", paths[i], 1);
+        moefuse_status st = moefuse_context_create(&c[i], "opencl");
+        HCHECK(st == MOEFUSE_OK, "context with %s: %s", paths[i], moefuse_last_error(NULL));
+    }
+    env_restore(&sv);
+    g_ctx = c[0]; /* tb_new allocates in g_ctx; the twins live in c[1] */
+    tbuf *all[11] = {
+        tb_new2("x", MOEFUSE_BF16, M, K, 3, 1),          tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1),
+        tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1),      tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1),
+        tb_new2("b2", MOEFUSE_F32, E, K, 0, 1),          tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1),
+        tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1), tb_new1("expert_map", MOEFUSE_I32, Eg, 1),
+        tb_new3("h", MOEFUSE_BF16, M, k, I, 0, 0),       tb_new3("y", MOEFUSE_F32, M, k, K, 0, 0),
+        tb_new2("out", MOEFUSE_BF16, M, K, 0, 0)};
+    tb_fill_unif(all[0], -2, 2);
+    tb_fill_unif(all[1], -0.2, 0.2);
+    tb_fill_unif(all[2], -0.2, 0.2);
+    tb_fill_unif(all[3], -1, 1);
+    tb_fill_unif(all[4], -1, 1);
+    tb_fill_unif(all[6], 0, 1);
+    for (int64_t g = 0; g < Eg; g++) /* 1 and 4 unmapped, 6 maps outside [0, E) */
+        tb_set(all[7], g, 0, 0, g == 1 || g == 4 ? -1 : (g == 6 ? (double)E : (double)(g % E)));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++)
+            tb_set(all[5], m, j, 0, (double)h_randint(-1, Eg));
+    tbuf *twin[11];
+    for (int i = 0; i < 11; i++) {
+        twin[i] = tb_twin(all[i], c[1]);
+        tb_upload(all[i]);
+    }
+    const moefuse_moe_options o = {MOEFUSE_ACT_SILU, MOEFUSE_GATE_FIRST, 0.0f};
+    for (int i = 0; i < 2; i++) {
+        tbuf *const *t = i ? twin : all;
+        moefuse_routing r;
+        memset(&r, 0, sizeof r);
+        r.topk_ids = t[5]->t;
+        r.topk_weights = t[6]->t;
+        r.expert_map = t[7]->t;
+        moefuse_status st = moefuse_moe_gate(c[i], T(t[0]), T(t[1]), T(t[3]), &r, T(t[8]), &o);
+        if (st == MOEFUSE_OK)
+            st = moefuse_moe_final(c[i], T(t[8]), T(t[2]), T(t[4]), &r, T(t[9]), &o);
+        if (st == MOEFUSE_OK)
+            st = moefuse_moe_forward(c[i], T(t[0]), T(t[1]), T(t[2]), T(t[3]), T(t[4]), &r,
+                                     T(t[10]), &o);
+        HCHECK(st == MOEFUSE_OK, "%s: %s", paths[i], moefuse_last_error(c[i]));
+    }
+    h_check_all(0);
+    for (int i = 8; i < 11; i++)
+        same_elements(twin[i], all[i], "tiled vs simple");
+    tb_free_all();
+    g_ctx = outer;
+    moefuse_context_destroy(c[0]);
+    moefuse_context_destroy(c[1]);
+}
+END_TEST
+
 START_TEST(t_program_cache)
 {
     saved_env cache = env_save("MOEFUSE_OPENCL_CACHE"), xdg = env_save("XDG_CACHE_HOME"),
@@ -515,6 +593,7 @@ int main(void)
     tcase_add_test(tc, t_buffer_bounds);
     tcase_add_test(tc, t_wrong_device);
     tcase_add_test(tc, t_caller_queue);
+    tcase_add_test(tc, t_simple_and_tiled_agree);
     tcase_add_test(tc, t_program_cache);
     suite_add_tcase(s, tc);
     return h_run(s);

@@ -245,18 +245,21 @@ enum { GV_TEAMS = 8, GV_WG = 256 };
 
 enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_GEMV };
 
+/* The matrix-vector kernels up to this many slots per expert on average, tiles above. */
+enum { GEMV_MAX_PER_EXPERT = 8 };
+
 /*
- * Which GEMMs. A 64-slot tile holds about S / E real rows (S = M * k slots
- * over E experts) and computes the rest for nothing, so tiles pay from
- * S >= 2E. Below that, GPUs take the matrix-vector kernels, which read each
- * weight row once per slot, coalesced. The one-column kernels read it once
- * per slot too, but one element per work-item, rows apart.
- * Measured on PoCL (CPU device): the one-column kernels win at every size
- * (2.5 vs 2.0 GFLOP/s with full tiles), so CPU devices keep them. On an H100
- * (NVIDIA OpenCL, bf16 moe_forward, GFLOP/s tiled / one-column), before the
- * matrix-vector kernels: Mixtral E=8 k=2 K=4096 I=14336 M=1: 131/166,
- * M=32: 1634/155; Qwen3 E=128 k=8 K=2048 I=768 M=1: 116/69, M=32: 474/328,
- * M=128: 1657/336. docs/PERFORMANCE.md has the matrix-vector figures.
+ * Which GEMMs, from S = M * k slots over E experts. The matrix-vector kernels
+ * read each weight row once per slot, coalesced; slots of one expert share
+ * the rows through L2. A 64-slot tile holds about S / E real rows and
+ * computes the rest for nothing. Measured on an H100 (NVIDIA OpenCL,
+ * moe_forward bf16, ms, tiled / matrix-vector): Mixtral M=32 (S = 8E)
+ * 13.8/10.5, M=64 (16E) 14.5/20.8; Qwen3 M=32 (2E) 5.08/1.23, M=128 (8E)
+ * 5.83/4.82, M=256 (16E) 6.05/9.62; DeepSeek-V3 M=128 (4E) 99.9/41.8.
+ * The one-column kernels read a row once per slot too, but one element per
+ * work-item, rows apart; CPU devices keep them (PoCL measured: they win at
+ * every size, 2.5 vs 2.0 GFLOP/s with full tiles), as do devices that can
+ * run neither of the others.
  */
 static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
 {
@@ -267,10 +270,10 @@ static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
     if (s->cpu_device && !s->force_gemv)
         return PATH_SIMPLE;
     const int64_t S = a->tokens * a->topk;
+    if (s->gemv && (S <= GEMV_MAX_PER_EXPERT * a->experts || !s->tiled))
+        return PATH_GEMV;
     if (s->tiled && S >= 2 * a->experts)
         return PATH_TILED;
-    if (s->gemv)
-        return PATH_GEMV;
     const int64_t simple_groups = (a->inter_dim + (int64_t)s->wg - 1) / (int64_t)s->wg * S;
     return s->tiled && simple_groups < (int64_t)s->compute_units ? PATH_TILED : PATH_SIMPLE;
 }
