@@ -60,7 +60,7 @@ static void describe_build(ocl_state *s)
                  ", %s GEMM%s%s%s)",
                  !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
                                                                            : "tiled",
-                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for decode" : "",
+                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for small batches" : "",
                  s->fp_correct_div ? "" : ", division not correctly rounded",
                  s->from_cache ? ", cached binary" : "");
 }
