@@ -24,6 +24,25 @@ inline long mf_slot_expert(__global const int *ids, long io, long is0, long m, l
     return (e >= 0 && e < experts) ? e : -1;
 }
 
+/*
+ * Column col of h from its two f32 dot products (every gate kernel ends here):
+ * plus the bias rows grow + col and urow + col of b1[e] (at bbase), clamped
+ * when limit > 0, then act(gate) * up (NUMERICS.md "MoE").
+ */
+inline float mf_gate_out(float ag, float au, __global const uchar *b1, int bdt, long bbase,
+                         int has_b, long grow, long urow, long col, int act, float limit)
+{
+    if (has_b) {
+        ag = ag + mf_load(b1, bdt, bbase + grow + col);
+        au = au + mf_load(b1, bdt, bbase + urow + col);
+    }
+    if (limit > 0.0f) {
+        ag = mf_clamp_gate(ag, limit);
+        au = mf_clamp_up(au, limit);
+    }
+    return mf_mul(mf_activate(act, ag), au);
+}
+
 /* Stage elements [k0, k0 + n) of an activation row into local memory as f32. */
 inline void mf_stage(__local float *buf, __global const uchar *a, int adt, long base, long k0,
                      long n)
@@ -73,17 +92,9 @@ __kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
             }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (!live)
-        return;
-    if (has_b) {
-        ag = ag + mf_load(b1, bdt, bo + e * bs0 + grow + col);
-        au = au + mf_load(b1, bdt, bo + e * bs0 + urow + col);
-    }
-    if (limit > 0.0f) {
-        ag = mf_clamp_gate(ag, limit);
-        au = mf_clamp_up(au, limit);
-    }
-    mf_store(h, hdt, hidx, mf_mul(mf_activate(act, ag), au));
+    if (live)
+        mf_store(h, hdt, hidx,
+                 mf_gate_out(ag, au, b1, bdt, bo + e * bs0, has_b, grow, urow, col, act, limit));
 }
 
 /* y[r] of slot (m, j) with expert e: h[m, j] @ w2[e, r]^T (+ b2[e, r]). */

@@ -109,18 +109,9 @@ void mf_moe_gate_gemv(__global const uchar *x, long xo, long xs0, int xdt,
         mine = mf_gv_partial(x, xo + m * xs0, w1, wo + e * ws0 + (grow + col) * ws1,
                              wo + e * ws0 + (urow + col) * ws1, xdt, kdim, lane);
     const float2 a = mf_gv_reduce(part, mine, lid, lane);
-    if (!live || lane != 0)
-        return;
-    float ag = a.x, au = a.y;
-    if (has_b) {
-        ag = ag + mf_load(b1, bdt, bo + e * bs0 + grow + col);
-        au = au + mf_load(b1, bdt, bo + e * bs0 + urow + col);
-    }
-    if (limit > 0.0f) {
-        ag = mf_clamp_gate(ag, limit);
-        au = mf_clamp_up(au, limit);
-    }
-    mf_store(h, hdt, ho + m * hs0 + j * hs1 + col, mf_mul(mf_activate(act, ag), au));
+    if (live && lane == 0)
+        mf_store(h, hdt, ho + m * hs0 + j * hs1 + col,
+                 mf_gate_out(a.x, a.y, b1, bdt, bo + e * bs0, has_b, grow, urow, col, act, limit));
 }
 
 /*

@@ -163,16 +163,9 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
             const long col = i0 + tx + 16 * jj;
             if (col >= idim)
                 continue;
-            float g = ag[i][jj], u = au[i][jj];
-            if (has_b) {
-                g = g + mf_load(b1, bdt, bo + e * bs0 + grow + col);
-                u = u + mf_load(b1, bdt, bo + e * bs0 + urow + col);
-            }
-            if (limit > 0.0f) {
-                g = mf_clamp_gate(g, limit);
-                u = mf_clamp_up(u, limit);
-            }
-            mf_store(h, hdt, ho + m * hs0 + j * hs1 + col, mf_mul(mf_activate(act, g), u));
+            mf_store(h, hdt, ho + m * hs0 + j * hs1 + col,
+                     mf_gate_out(ag[i][jj], au[i][jj], b1, bdt, bo + e * bs0, has_b, grow, urow,
+                                 col, act, limit));
         }
     }
 }
