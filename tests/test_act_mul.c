@@ -93,6 +93,19 @@ START_TEST(t_nonfinite)
 }
 END_TEST
 
+/* Row widths around the kernels' vector steps: 4 mod 8 (f32 rows of 16-byte multiples that
+ * are not whole 8-channel vectors; the CUDA staged kernel once wrote past them), odd, tiny,
+ * dense and padded. The canary after the last row catches a write past the end. */
+START_TEST(t_row_widths)
+{
+    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
+    const int64_t Hs[] = {4, 12, 228, 1028, 1, 7, 261};
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < 7; i++)
+            for (int rp = 0; rp < 2; rp++) run(dts[d], 3, Hs[i], 0, 0, 0, 0, 0, rp, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("act_mul");
@@ -103,6 +116,7 @@ int main(void)
     tcase_add_test(tc, t_dtypes_acts);
     tcase_add_test(tc, t_limit_round);
     tcase_add_test(tc, t_nonfinite);
+    tcase_add_test(tc, t_row_widths);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -1233,7 +1233,9 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
                                  : (const void *)mf_k_act_mul_silu_st)
                          : (const void *)mf_k_act_mul_any_st;
     size_t bytes = 0;
-    if (p.vec_x)
+    /* staged items move 8 channels per lane (mul_item_st): an f32 row of 8n + 4 channels
+     * passes the 16-byte test above but would be written 4 channels past its end */
+    if (p.vec_x && p.H % 8 == 0)
         MF_TRY(staged_smem(ctx, s, &p, 0, k, op, &bytes));
     p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
     const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, per_sm);
