@@ -1,5 +1,6 @@
 /*
- * moe_gate and moe_final for few token slots (decode): matrix-vector shaped.
+ * moe_gate and moe_final for few token slots per expert (decode and small
+ * batches, up to 8 per expert on average: ops_moe.c), matrix-vector shaped.
  * A work-group of 256 is 8 teams of 32 work-items; a team computes one output
  * column, its 32 work-items reading a weight row side by side, 8 elements each
  * per step, so a team streams 256 contiguous elements of the row at a time
