@@ -4,8 +4,8 @@
  *  - tiled GEMMs over slots grouped by expert (kernels/moe_tiled.cl);
  *  - the one-column-per-work-item kernels (kernels/moe.cl), for CPU devices
  *    and devices that cannot run the others; same bits as the tiled path;
- *  - matrix-vector kernels (kernels/moe_gemv.cl) for few slots on GPUs, which
- *    add each dot product in another (fixed) order.
+ *  - matrix-vector kernels (kernels/moe_gemv.cl) on GPUs up to 8 slots per
+ *    expert, which add each dot product in another (fixed) order.
  * MOEFUSE_OPENCL_GEMM=tiled|simple|gemv forces one.
  */
 #include "opencl/ocl_internal.h"

@@ -34,7 +34,8 @@ static bool kernels_take(ocl_state *s, enum mf_ocl_kernel a, enum mf_ocl_kernel 
     return true;
 }
 
-/* The matrix-vector kernels need work-groups of 256 and 2 KiB of local memory. */
+/* The matrix-vector kernels need work-groups of 256 (their 2 KiB of local memory is
+ * within every device's minimum). */
 static bool gemv_fits(ocl_state *s)
 {
     const char *env = getenv("MOEFUSE_OPENCL_GEMM");
