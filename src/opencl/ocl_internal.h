@@ -102,6 +102,9 @@ void mf_karg_float(mf_kargs *a, float v);
 void mf_karg_local(mf_kargs *a, size_t bytes);
 /* A tensor as buffer + element offset (the byte offset is aligned, core-checked). */
 void mf_karg_tensor(mf_kargs *a, const moefuse_tensor *t);
+/* The operand group most kernels take: buffer, element offset, the first `strides`
+ * strides (outermost first), then the dtype when `dtype`. */
+void mf_karg_operand(mf_kargs *a, const moefuse_tensor *t, int strides, bool dtype);
 
 /*
  * Launch after mf_kargs: reports an argument failure, then enqueues an

@@ -106,6 +106,15 @@ void mf_karg_tensor(mf_kargs *a, const moefuse_tensor *t)
     mf_karg_long(a, t->data ? t->offset / (es ? es : 1) : 0);
 }
 
+void mf_karg_operand(mf_kargs *a, const moefuse_tensor *t, int strides, bool dtype)
+{
+    mf_karg_tensor(a, t);
+    for (int d = 0; d < strides; d++)
+        mf_karg_long(a, t->stride[d]);
+    if (dtype)
+        mf_karg_int(a, (int32_t)t->dtype);
+}
+
 moefuse_status mf_ocl_launch(moefuse_context *ctx, ocl_state *s, mf_kargs *a, const char *op,
                              cl_uint dims, const size_t *global, const size_t *local)
 {

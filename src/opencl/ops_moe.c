@@ -21,14 +21,11 @@ enum { TM = 64, TH = 32, TN = 64 };
 /* Routing operands shared by both kernels: ids, (weights,) map. */
 static void routing_args(mf_kargs *k, const mf_moe_args *a, bool weights)
 {
-    mf_karg_tensor(k, &a->topk_ids);
-    mf_karg_long(k, a->topk_ids.stride[0]);
+    mf_karg_operand(k, &a->topk_ids, 1, false);
     if (weights) {
-        mf_karg_tensor(k, &a->topk_weights);
-        mf_karg_long(k, a->topk_weights.stride[0]);
+        mf_karg_operand(k, &a->topk_weights, 1, false);
     }
-    mf_karg_tensor(k, &a->expert_map);
-    mf_karg_long(k, a->expert_map.stride[0]);
+    mf_karg_operand(k, &a->expert_map, 1, false);
     mf_karg_int(k, a->expert_map.data != NULL);
     mf_karg_long(k, a->topk);
     mf_karg_long(k, a->model_dim);
@@ -40,39 +37,25 @@ static void routing_args(mf_kargs *k, const mf_moe_args *a, bool weights)
 /* x, w1, b1 as both gate kernels take them (tiled and simple). */
 static void gate_operand_args(mf_kargs *k, const mf_moe_args *a)
 {
-    mf_karg_tensor(k, &a->x);
-    mf_karg_long(k, a->x.stride[0]);
-    mf_karg_int(k, (int32_t)a->x.dtype);
-    mf_karg_tensor(k, &a->w1);
-    mf_karg_long(k, a->w1.stride[0]);
-    mf_karg_long(k, a->w1.stride[1]);
-    mf_karg_tensor(k, &a->b1);
-    mf_karg_long(k, a->b1.stride[0]);
-    mf_karg_int(k, (int32_t)a->b1.dtype);
+    mf_karg_operand(k, &a->x, 1, true);
+    mf_karg_operand(k, &a->w1, 2, false);
+    mf_karg_operand(k, &a->b1, 1, true);
     mf_karg_int(k, a->b1.data != NULL);
 }
 
 /* h, w2, b2 as both final kernels take them. */
 static void final_operand_args(mf_kargs *k, const mf_moe_args *a)
 {
-    mf_karg_tensor(k, &a->h);
-    mf_karg_long(k, a->h.stride[0]);
-    mf_karg_long(k, a->h.stride[1]);
-    mf_karg_int(k, (int32_t)a->h.dtype);
-    mf_karg_tensor(k, &a->w2);
-    mf_karg_long(k, a->w2.stride[0]);
-    mf_karg_long(k, a->w2.stride[1]);
-    mf_karg_tensor(k, &a->b2);
-    mf_karg_long(k, a->b2.stride[0]);
-    mf_karg_int(k, (int32_t)a->b2.dtype);
+    mf_karg_operand(k, &a->h, 2, true);
+    mf_karg_operand(k, &a->w2, 2, false);
+    mf_karg_operand(k, &a->b2, 1, true);
     mf_karg_int(k, a->b2.data != NULL);
 }
 
 /* Expert map and sizes for the route / zero / reduce kernels. */
 static void map_args(mf_kargs *k, const mf_moe_args *a)
 {
-    mf_karg_tensor(k, &a->expert_map);
-    mf_karg_long(k, a->expert_map.stride[0]);
+    mf_karg_operand(k, &a->expert_map, 1, false);
     mf_karg_int(k, a->expert_map.data != NULL);
     mf_karg_long(k, a->topk);
     mf_karg_long(k, a->experts);
@@ -101,8 +84,7 @@ static moefuse_status route(moefuse_context *ctx, ocl_state *s, const mf_moe_arg
     for (int pass = 0; pass < 2; pass++) {
         const enum mf_ocl_kernel kid = pass == 0 ? MF_K_MOE_ROUTE_COUNT : MF_K_MOE_ROUTE_FILL;
         mf_kargs k = mf_kargs_begin(s->kernels[kid]);
-        mf_karg_tensor(&k, &a->topk_ids);
-        mf_karg_long(&k, a->topk_ids.stride[0]);
+        mf_karg_operand(&k, &a->topk_ids, 1, false);
         map_args(&k, a);
         mf_karg_long(&k, a->global_experts);
         mf_karg_long(&k, s0);
@@ -129,14 +111,10 @@ static moefuse_status zero_invalid(moefuse_context *ctx, ocl_state *s, const mf_
                                    const moefuse_tensor *t, int64_t width, const char *op)
 {
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_ZERO_INVALID]);
-    mf_karg_tensor(&k, &a->topk_ids);
-    mf_karg_long(&k, a->topk_ids.stride[0]);
+    mf_karg_operand(&k, &a->topk_ids, 1, false);
     map_args(&k, a);
     mf_karg_long(&k, a->global_experts);
-    mf_karg_tensor(&k, t);
-    mf_karg_long(&k, t->stride[0]);
-    mf_karg_long(&k, t->stride[1]);
-    mf_karg_int(&k, (int32_t)t->dtype);
+    mf_karg_operand(&k, t, 2, true);
     mf_karg_long(&k, width);
     const size_t global[2] = {mf_round_up((size_t)width, 64), (size_t)(a->tokens * a->topk)};
     const size_t local[2] = {64, 1};
@@ -167,10 +145,7 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     mf_karg_int(&k, (int32_t)a->opt.activation);
     mf_karg_int(&k, (int32_t)a->opt.order);
     mf_karg_float(&k, a->opt.limit);
-    mf_karg_tensor(&k, &a->h);
-    mf_karg_long(&k, a->h.stride[0]);
-    mf_karg_long(&k, a->h.stride[1]);
-    mf_karg_int(&k, (int32_t)a->h.dtype);
+    mf_karg_operand(&k, &a->h, 2, true);
     const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16, tile_bound(a, S) * 16};
     const size_t local[2] = {16, 16};
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
@@ -207,8 +182,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         mf_karg_long(&k, m0 * kk);
         mf_karg_mem(&k, r); /* y follows the route in the same scratch */
         mf_karg_long(&k, (int64_t)(yoff / sizeof(cl_float)));
-        mf_karg_tensor(&k, &a->out);
-        mf_karg_long(&k, a->out.stride[0]);
+        mf_karg_operand(&k, &a->out, 1, false);
         mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
         mf_karg_int(&k, (int32_t)a->out.dtype);
         const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16, tile_bound(a, S) * 16};
@@ -217,19 +191,15 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         if (!a->reduce)
             continue;
         k = mf_kargs_begin(s->kernels[MF_K_MOE_REDUCE]);
-        mf_karg_tensor(&k, &a->topk_ids);
-        mf_karg_long(&k, a->topk_ids.stride[0]);
-        mf_karg_tensor(&k, &a->topk_weights);
-        mf_karg_long(&k, a->topk_weights.stride[0]);
+        mf_karg_operand(&k, &a->topk_ids, 1, false);
+        mf_karg_operand(&k, &a->topk_weights, 1, false);
         map_args(&k, a);
         mf_karg_long(&k, a->global_experts);
         mf_karg_long(&k, K);
         mf_karg_long(&k, m0);
         mf_karg_mem(&k, r);
         mf_karg_long(&k, (int64_t)(yoff / sizeof(cl_float)));
-        mf_karg_tensor(&k, &a->out);
-        mf_karg_long(&k, a->out.stride[0]);
-        mf_karg_int(&k, (int32_t)a->out.dtype);
+        mf_karg_operand(&k, &a->out, 1, true);
         const size_t rg[2] = {mf_round_up((size_t)K, 64), (size_t)(m1 - m0)};
         const size_t rlocal[2] = {64, 1};
         MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, rg, rlocal));
@@ -291,10 +261,7 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
     mf_karg_int(&k, (int32_t)a->opt.activation);
     mf_karg_int(&k, (int32_t)a->opt.order);
     mf_karg_float(&k, a->opt.limit);
-    mf_karg_tensor(&k, &a->h);
-    mf_karg_long(&k, a->h.stride[0]);
-    mf_karg_long(&k, a->h.stride[1]);
-    mf_karg_int(&k, (int32_t)a->h.dtype);
+    mf_karg_operand(&k, &a->h, 2, true);
     const size_t slots = (size_t)(a->tokens * a->topk);
     if (gemv) {
         const size_t global[2] = {(size_t)((a->inter_dim + GV_TEAMS - 1) / GV_TEAMS) * GV_WG,
@@ -320,8 +287,7 @@ moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_
     final_operand_args(&k, a);
     routing_args(&k, a, true);
     mf_karg_int(&k, a->reduce);
-    mf_karg_tensor(&k, &a->out);
-    mf_karg_long(&k, a->out.stride[0]);
+    mf_karg_operand(&k, &a->out, 1, false);
     mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
     mf_karg_int(&k, (int32_t)a->out.dtype);
     const size_t rows = (size_t)(a->reduce ? a->tokens : a->tokens * a->topk);

@@ -12,13 +12,8 @@ enum { PRIV = 8 };
 /* x and row_scale as every row kernel takes them. */
 static void row_input_args(mf_kargs *k, const mf_rows_args *a)
 {
-    mf_karg_tensor(k, &a->x);
-    mf_karg_long(k, a->x.stride[0]);
-    mf_karg_long(k, a->x.stride[1]);
-    mf_karg_int(k, (int32_t)a->x.dtype);
-    mf_karg_tensor(k, &a->row_scale);
-    mf_karg_long(k, a->row_scale.stride[0]);
-    mf_karg_long(k, a->row_scale.stride[1]);
+    mf_karg_operand(k, &a->x, 2, true);
+    mf_karg_operand(k, &a->row_scale, 2, false);
     mf_karg_int(k, a->row_scale.data != NULL);
 }
 
@@ -38,8 +33,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     if (masked) {
         MF_TRY(mf_ocl_scratch(ctx, s, (size_t)(a->experts + 1) * sizeof(cl_long), op, &offs));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_COUNT_PREFIX]);
-        mf_karg_tensor(&k, &a->counts);
-        mf_karg_long(&k, a->counts.stride[0]);
+        mf_karg_operand(&k, &a->counts, 1, false);
         mf_karg_long(&k, a->experts);
         mf_karg_long(&k, a->rows);
         mf_karg_mem(&k, offs);
@@ -57,9 +51,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
         lanes *= 2;
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_ROWS_QUANT]);
     row_input_args(&k, a);
-    mf_karg_tensor(&k, &a->expert_scale);
-    mf_karg_long(&k, a->expert_scale.stride[0]);
-    mf_karg_int(&k, (int32_t)a->expert_scale.dtype);
+    mf_karg_operand(&k, &a->expert_scale, 1, true);
     mf_karg_int(&k, a->expert_scale.data != NULL);
     mf_karg_mem(&k, offs);
     mf_karg_int(&k, masked);
@@ -73,14 +65,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, (int32_t)a->act.order);
     mf_karg_float(&k, a->act.limit);
     mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
-    mf_karg_tensor(&k, &a->out);
-    mf_karg_long(&k, a->out.stride[0]);
-    mf_karg_long(&k, a->out.stride[1]);
-    mf_karg_int(&k, (int32_t)a->out.dtype);
-    mf_karg_tensor(&k, &a->scales);
-    mf_karg_long(&k, a->scales.stride[0]);
-    mf_karg_long(&k, a->scales.stride[1]);
-    mf_karg_int(&k, (int32_t)a->scales.dtype);
+    mf_karg_operand(&k, &a->out, 2, true);
+    mf_karg_operand(&k, &a->scales, 2, true);
     mf_karg_int(&k, (int32_t)layout);
     mf_karg_int(&k, a->quant.ue8m0 || layout == MOEFUSE_SCALE_PACKED_UE8M0);
     mf_karg_float(&k, a->quant.eps);
@@ -105,13 +91,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_long(&k, t_end);
     mf_karg_long(&k, a->hidden);
     mf_karg_long(&k, a->groups);
-    mf_karg_tensor(&k, &a->out);
-    mf_karg_long(&k, a->out.stride[0]);
-    mf_karg_long(&k, a->out.stride[1]);
-    mf_karg_tensor(&k, &a->scales);
-    mf_karg_long(&k, a->scales.stride[0]);
-    mf_karg_long(&k, a->scales.stride[1]);
-    mf_karg_int(&k, (int32_t)a->scales.dtype);
+    mf_karg_operand(&k, &a->out, 2, false);
+    mf_karg_operand(&k, &a->scales, 2, true);
     mf_karg_int(&k, (int32_t)layout);
     const size_t local = 64;
     const size_t n = mf_round_up((size_t)(a->experts * (t_end - t_begin)), local);
@@ -139,10 +120,7 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
     mf_karg_int(&k, (int32_t)a->act.order);
     mf_karg_float(&k, a->act.limit);
     mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
-    mf_karg_tensor(&k, &a->out);
-    mf_karg_long(&k, a->out.stride[0]);
-    mf_karg_long(&k, a->out.stride[1]);
-    mf_karg_int(&k, (int32_t)a->out.dtype);
+    mf_karg_operand(&k, &a->out, 2, true);
     const size_t global = row_groups(s, a->rows) * s->wg;
     return mf_ocl_launch(ctx, s, &k, "act_mul", 1, &global, &s->wg);
 }
@@ -151,16 +129,12 @@ moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequan
 {
     ocl_state *s = state;
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_DEQUANT]);
-    mf_karg_tensor(&k, &a->q);
-    mf_karg_long(&k, a->q.stride[0]);
-    mf_karg_int(&k, (int32_t)a->q.dtype);
+    mf_karg_operand(&k, &a->q, 1, true);
     mf_karg_tensor(&k, &a->scales);
     mf_karg_long(&k, a->scales.stride[1]); /* rank 3 with E = 1: dim 1 is t or g */
     mf_karg_int(&k, (int32_t)a->scales.dtype);
     mf_karg_int(&k, (int32_t)a->quant.scale_layout);
-    mf_karg_tensor(&k, &a->out);
-    mf_karg_long(&k, a->out.stride[0]);
-    mf_karg_int(&k, (int32_t)a->out.dtype);
+    mf_karg_operand(&k, &a->out, 1, true);
     mf_karg_long(&k, a->rows);
     mf_karg_long(&k, a->hidden);
     mf_karg_long(&k, a->group);

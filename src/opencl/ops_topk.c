@@ -5,13 +5,9 @@ moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_t
 {
     ocl_state *s = state;
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_TOPK_SOFTMAX]);
-    mf_karg_tensor(&k, &a->logits);
-    mf_karg_long(&k, a->logits.stride[0]);
-    mf_karg_int(&k, (int32_t)a->logits.dtype);
-    mf_karg_tensor(&k, &a->ids);
-    mf_karg_long(&k, a->ids.stride[0]);
-    mf_karg_tensor(&k, &a->weights);
-    mf_karg_long(&k, a->weights.stride[0]);
+    mf_karg_operand(&k, &a->logits, 1, true);
+    mf_karg_operand(&k, &a->ids, 1, false);
+    mf_karg_operand(&k, &a->weights, 1, false);
     mf_karg_long(&k, a->tokens);
     mf_karg_long(&k, a->experts);
     mf_karg_long(&k, a->topk);
