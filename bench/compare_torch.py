@@ -285,6 +285,13 @@ class Runner:
             return state["result"]
         return replay
 
+    def torch_rows(self, impls, ref, *args):
+        """The "torch eager" and (unless --no-compile) "torch.compile" rows: ref(*args)."""
+        impls["torch eager"] = (lambda: ref(*args), None, None)
+        c = self.compiled(ref)
+        if c:
+            impls["torch.compile"] = (lambda: c(*args), None, None)
+
     def compiled(self, fn):
         return torch.compile(fn) if self.args.compile else None
 
@@ -324,10 +331,7 @@ class Runner:
 
         impls = self.moefuse_impls("act_quant", shape,
                                    lambda: moefuse.act_quant(x, out=q, scales=s), opencl)
-        impls["torch eager"] = (lambda: tref.act_quant(x), None, None)
-        c = self.compiled(tref.act_quant)
-        if c:
-            impls["torch.compile"] = (lambda: c(x), None, None)
+        self.torch_rows(impls, tref.act_quant, x)
         self.compare("act_quant", shape, x.nbytes + q.nbytes + s.nbytes, "bytes",
                      tref.act_quant(x), lambda got, ref: check_codes(*got, *ref), impls)
 
@@ -348,10 +352,7 @@ class Runner:
         impls = self.moefuse_impls(
             "act_quant_masked", shape,
             lambda: moefuse.act_quant_masked(x, counts, out=q, scales=s), opencl)
-        impls["torch eager"] = (lambda: tref.act_quant_masked(x, counts), None, None)
-        c = self.compiled(tref.act_quant_masked)
-        if c:
-            impls["torch.compile"] = (lambda: c(x, counts), None, None)
+        self.torch_rows(impls, tref.act_quant_masked, x, counts)
         self.compare("act_quant_masked", shape, x.nbytes + q.nbytes + s.nbytes, "bytes",
                      tref.act_quant_masked(x, counts), lambda got, ref: check_codes(*got, *ref),
                      impls)
@@ -370,10 +371,7 @@ class Runner:
 
         impls = self.moefuse_impls("quant", shape, lambda: moefuse.quant(x, out=q, scales=s),
                                    opencl)
-        impls["torch eager"] = (lambda: tref.quant(x), None, None)
-        c = self.compiled(tref.quant)
-        if c:
-            impls["torch.compile"] = (lambda: c(x), None, None)
+        self.torch_rows(impls, tref.quant, x)
         self.compare("quant", shape, x.nbytes + q.nbytes + s.nbytes, "bytes", tref.quant(x),
                      lambda got, ref: check_codes(*got, *ref), impls)
 
@@ -389,10 +387,7 @@ class Runner:
             return lambda: moefuse.act_mul(xb, out=ob), lambda: _download(ob)[0]
 
         impls = self.moefuse_impls("act_mul", shape, lambda: moefuse.act_mul(x, out=out), opencl)
-        impls["torch eager"] = (lambda: tref.act_mul(x), None, None)
-        c = self.compiled(tref.act_mul)
-        if c:
-            impls["torch.compile"] = (lambda: c(x), None, None)
+        self.torch_rows(impls, tref.act_mul, x)
         self.compare("act_mul", shape, x.nbytes + out.nbytes, "bytes", tref.act_mul(x),
                      check_close, impls)
 
@@ -412,10 +407,7 @@ class Runner:
         impls = self.moefuse_impls(
             "topk_softmax", shape, lambda: moefuse.topk_softmax(logits, k, ids=ids, weights=w),
             opencl)
-        impls["torch eager"] = (lambda: tref.topk_softmax(logits, k), None, None)
-        c = self.compiled(tref.topk_softmax)
-        if c:
-            impls["torch.compile"] = (lambda: c(logits, k), None, None)
+        self.torch_rows(impls, tref.topk_softmax, logits, k)
         self.compare("topk_softmax", shape, logits.nbytes + ids.nbytes + w.nbytes, "bytes",
                      tref.topk_softmax(logits, k), lambda got, ref: check_topk(*got, *ref), impls)
 
