@@ -10,7 +10,11 @@
  *  - Tensors live where the context's backend wants them: host memory for
  *    "cpu", CUDA device pointers for "cuda", cl_mem handles plus a byte offset
  *    for "opencl". moefuse_buffer_* moves data portably for tests and tools.
- *  - A context is used by one thread at a time (like a CUDA stream).
+ *  - A context is used by one thread at a time (like a CUDA stream); a call that
+ *    finds another thread inside a call on the same context is refused with
+ *    MOEFUSE_ERR_CONTEXT_BUSY. Different contexts may be used from different
+ *    threads at once.
+ *  - No output may share a byte with any other operand of the same call.
  */
 #ifndef MOEFUSE_H
 #define MOEFUSE_H
@@ -50,6 +54,10 @@ typedef enum moefuse_status {
     MOEFUSE_ERR_OUT_OF_MEMORY,       /* host or device allocation failed */
     MOEFUSE_ERR_BACKEND_FAILURE,     /* the device runtime reported an error */
     MOEFUSE_ERR_INTERNAL,            /* a bug in moefuse */
+    MOEFUSE_ERR_OUT_OF_BOUNDS,       /* a tensor runs past the end of its buffer */
+    MOEFUSE_ERR_OVERLAP,             /* an output shares memory with another operand */
+    MOEFUSE_ERR_CONTEXT_BUSY,        /* another thread is inside a call on this context;
+                                        the message is in moefuse_last_error(NULL) */
     MOEFUSE_STATUS_COUNT_            /* not a status: number of statuses */
 } moefuse_status;
 
@@ -193,12 +201,19 @@ typedef enum moefuse_scale_layout {
     MOEFUSE_SCALE_LAYOUT_COUNT_
 } moefuse_scale_layout;
 
+/*
+ * The smallest eps accepted: with it every scale amax / 448 (or / 127) is a
+ * normal f32 number, so h / s stays finite and no finite input gives a NaN code.
+ */
+#define MOEFUSE_QUANT_EPS_MIN 1e-35f
+
 /* Per-token-group quantization. The output dtype (f8_e4m3 or i8) is q's dtype. */
 typedef struct moefuse_quant_options {
     int64_t group_size;                /* 32, 64, 128 or H; 0 = 128 */
     moefuse_scale_layout scale_layout; /* default ROW_MAJOR */
     int32_t ue8m0;                     /* round scales up to a power of two (FP8 only) */
-    float eps;                         /* floor of amax; 0 = 1e-10 */
+    float eps;                         /* floor of amax; 0 = 1e-10; at least
+                                          MOEFUSE_QUANT_EPS_MIN */
 } moefuse_quant_options;
 
 /* The gated activation h = act(g) * u. */

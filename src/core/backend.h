@@ -5,7 +5,7 @@
  * backend never re-checks shapes, dtypes or strides. Tensors arrive
  * normalised to a fixed rank (documented per struct) with derived sizes
  * precomputed. A backend must still treat device-resident data (counts,
- * expert ids) as untrusted and clamp or skip it as SPEC.md says.
+ * expert ids) as untrusted and clamp or skip it as docs/NUMERICS.md says.
  */
 #ifndef MOEFUSE_CORE_BACKEND_H
 #define MOEFUSE_CORE_BACKEND_H
@@ -117,6 +117,10 @@ struct moefuse_backend_i {
                                   size_t offset, void *dst, size_t bytes);
     /* [optional] does `data` belong to this backend's device? Default: any non-NULL pointer. */
     bool (*owns_pointer)(void *state, const void *data);
+    /* [optional] bytes from `data` to the end of the memory it lies in (a cl_mem's size, the
+     * rest of a device allocation), false when unknown. Tensors must end inside it.
+     * Default: unknown (host pointers). */
+    bool (*buffer_extent)(void *state, const void *data, uint64_t *bytes);
     /* true when tensor.data is an opaque handle (cl_mem): alignment is checked on offset only. */
     bool data_is_handle;
 

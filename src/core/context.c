@@ -42,6 +42,7 @@ moefuse_status moefuse_context_create(moefuse_context **out, const char *backend
     moefuse_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "context_create: out of host memory");
+    atomic_init(&ctx->in_call, false);
     ctx->backend = chosen;
     moefuse_status status = chosen->init(ctx, &ctx->state);
     if (status != MOEFUSE_OK) {
@@ -74,11 +75,10 @@ const char *moefuse_device_name(const moefuse_context *ctx)
     return ctx ? ctx->backend->device_name(ctx->state) : "none";
 }
 
-moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream)
+/* --------------------------------------- streams and buffers, each inside mf_enter/mf_leave */
+
+static moefuse_status set_stream(moefuse_context *ctx, void *stream)
 {
-    moefuse_status status = mf_begin(ctx, "set_stream");
-    if (status != MOEFUSE_OK)
-        return status;
     if (ctx->backend->set_stream)
         return ctx->backend->set_stream(ctx, ctx->state, stream);
     if (stream)
@@ -87,48 +87,30 @@ moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream)
     return MOEFUSE_OK;
 }
 
-moefuse_status moefuse_get_stream(moefuse_context *ctx, void **stream)
+static moefuse_status get_stream(moefuse_context *ctx, void **stream)
 {
-    MF_TRY(mf_begin(ctx, "get_stream"));
     if (!stream)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "get_stream: stream is NULL");
     *stream = ctx->backend->get_stream ? ctx->backend->get_stream(ctx->state) : NULL;
     return MOEFUSE_OK;
 }
 
-moefuse_status moefuse_synchronize(moefuse_context *ctx)
+static moefuse_status synchronize(moefuse_context *ctx)
 {
-    moefuse_status status = mf_begin(ctx, "synchronize");
-    if (status != MOEFUSE_OK || !ctx->backend->synchronize)
-        return status;
-    return ctx->backend->synchronize(ctx, ctx->state);
+    return ctx->backend->synchronize ? ctx->backend->synchronize(ctx, ctx->state) : MOEFUSE_OK;
 }
 
-moefuse_status moefuse_buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer)
+static moefuse_status buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer)
 {
-    moefuse_status status = mf_begin(ctx, "buffer_alloc");
-    if (status != MOEFUSE_OK)
-        return status;
     if (!buffer)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_alloc: buffer is NULL");
     *buffer = NULL;
     return ctx->backend->buffer_alloc(ctx, ctx->state, bytes, buffer);
 }
 
-moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer)
+static moefuse_status buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
+                                   const void *src, size_t bytes)
 {
-    moefuse_status status = mf_begin(ctx, "buffer_free");
-    if (status == MOEFUSE_OK && buffer)
-        ctx->backend->buffer_free(ctx->state, buffer);
-    return status;
-}
-
-moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
-                                    const void *src, size_t bytes)
-{
-    moefuse_status status = mf_begin(ctx, "buffer_write");
-    if (status != MOEFUSE_OK)
-        return status;
     if (!buffer || (!src && bytes))
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_write: %s is NULL",
                         buffer ? "src" : "buffer");
@@ -136,15 +118,58 @@ moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t o
                  : MOEFUSE_OK;
 }
 
-moefuse_status moefuse_buffer_read(moefuse_context *ctx, const void *buffer, size_t offset,
-                                   void *dst, size_t bytes)
+static moefuse_status buffer_read(moefuse_context *ctx, const void *buffer, size_t offset,
+                                  void *dst, size_t bytes)
 {
-    moefuse_status status = mf_begin(ctx, "buffer_read");
-    if (status != MOEFUSE_OK)
-        return status;
     if (!buffer || (!dst && bytes))
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_read: %s is NULL",
                         buffer ? "dst" : "buffer");
     return bytes ? ctx->backend->buffer_read(ctx, ctx->state, buffer, offset, dst, bytes)
                  : MOEFUSE_OK;
+}
+
+moefuse_status moefuse_set_stream(moefuse_context *ctx, void *stream)
+{
+    MF_TRY(mf_enter(ctx, "set_stream"));
+    return mf_leave(ctx, set_stream(ctx, stream));
+}
+
+moefuse_status moefuse_get_stream(moefuse_context *ctx, void **stream)
+{
+    MF_TRY(mf_enter(ctx, "get_stream"));
+    return mf_leave(ctx, get_stream(ctx, stream));
+}
+
+moefuse_status moefuse_synchronize(moefuse_context *ctx)
+{
+    MF_TRY(mf_enter(ctx, "synchronize"));
+    return mf_leave(ctx, synchronize(ctx));
+}
+
+moefuse_status moefuse_buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer)
+{
+    MF_TRY(mf_enter(ctx, "buffer_alloc"));
+    return mf_leave(ctx, buffer_alloc(ctx, bytes, buffer));
+}
+
+moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer)
+{
+    MF_TRY(mf_enter(ctx, "buffer_free"));
+    if (buffer)
+        ctx->backend->buffer_free(ctx->state, buffer);
+    return mf_leave(ctx, MOEFUSE_OK);
+}
+
+moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
+                                    const void *src, size_t bytes)
+{
+    MF_TRY(mf_enter(ctx, "buffer_write"));
+    return mf_leave(ctx, buffer_write(ctx, buffer, offset, src, bytes));
+}
+
+moefuse_status moefuse_buffer_read(moefuse_context *ctx, const void *buffer, size_t offset,
+                                   void *dst, size_t bytes)
+{
+    MF_TRY(mf_enter(ctx, "buffer_read"));
+    return mf_leave(ctx, buffer_read(ctx, buffer, offset, dst, bytes));
 }

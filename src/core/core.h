@@ -9,7 +9,10 @@
 
 #define MF_MESSAGE_BYTES 1024
 
+#include <stdatomic.h>
+
 struct moefuse_context {
+    atomic_bool in_call;         /* a thread is inside a public call (mf_enter .. mf_leave) */
     const moefuse_backend_i *backend;
     void *state;                 /* backend's own */
     char message[MF_MESSAGE_BYTES];
@@ -30,8 +33,15 @@ moefuse_status mf_unimplemented(moefuse_context *ctx, const char *op);
 const moefuse_backend_i *mf_backend_find(const char *name);
 const moefuse_backend_i *mf_backend_auto(void);
 
-/* Entry-point guard: ctx must be non-NULL; clears the message. */
-moefuse_status mf_begin(moefuse_context *ctx, const char *op);
+/*
+ * Entry-point guard: ctx must be non-NULL and not inside a call of another
+ * thread (MOEFUSE_ERR_CONTEXT_BUSY, reported in the calling thread's message,
+ * since ctx's belongs to the thread inside); clears the message. On success the
+ * call must end with mf_leave.
+ */
+moefuse_status mf_enter(moefuse_context *ctx, const char *op);
+/* End of a call mf_enter let in: frees the context for the next call, returns status. */
+moefuse_status mf_leave(moefuse_context *ctx, moefuse_status status);
 
 /* An optional operand is present when the pointer and its data are non-NULL. */
 bool mf_present(const moefuse_tensor *t);
@@ -51,6 +61,22 @@ moefuse_status mf_check_optional(moefuse_context *ctx, const char *op, const cha
 /* Shape must equal `want` (rank already checked); `what` explains where want comes from. */
 moefuse_status mf_expect_shape(moefuse_context *ctx, const char *op, const char *name,
                                const moefuse_tensor *t, const int64_t *want, const char *what);
+
+/* An operand of a call, for mf_check_disjoint. Absent and empty tensors are skipped. */
+typedef struct mf_operand {
+    const char *name;
+    const moefuse_tensor *t;
+    bool output;
+} mf_operand;
+
+/*
+ * No output may share a byte with another operand: kernels read rows, stage them
+ * and write codes of another size, so no call is safe in place. Judged on each
+ * tensor's range from its first to one past its last byte (within one cl_mem for
+ * handle backends), which also refuses interleaved views that would not collide.
+ */
+moefuse_status mf_check_disjoint(moefuse_context *ctx, const char *op, const mf_operand *ops,
+                                 size_t count);
 
 /* "[8, 2048, 4096]" into buf. */
 const char *mf_shape_str(char *buf, size_t size, int32_t rank, const int64_t *shape);

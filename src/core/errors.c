@@ -20,6 +20,9 @@ static const char *const status_names[MOEFUSE_STATUS_COUNT_] = {
     [MOEFUSE_ERR_OUT_OF_MEMORY] = "MOEFUSE_ERR_OUT_OF_MEMORY",
     [MOEFUSE_ERR_BACKEND_FAILURE] = "MOEFUSE_ERR_BACKEND_FAILURE",
     [MOEFUSE_ERR_INTERNAL] = "MOEFUSE_ERR_INTERNAL",
+    [MOEFUSE_ERR_OUT_OF_BOUNDS] = "MOEFUSE_ERR_OUT_OF_BOUNDS",
+    [MOEFUSE_ERR_OVERLAP] = "MOEFUSE_ERR_OVERLAP",
+    [MOEFUSE_ERR_CONTEXT_BUSY] = "MOEFUSE_ERR_CONTEXT_BUSY",
 };
 
 const char *moefuse_status_name(moefuse_status status)
@@ -44,12 +47,24 @@ const char *moefuse_last_error(const moefuse_context *ctx)
     return ctx ? ctx->message : thread_message;
 }
 
-moefuse_status mf_begin(moefuse_context *ctx, const char *op)
+moefuse_status mf_enter(moefuse_context *ctx, const char *op)
 {
     if (!ctx)
         return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "%s: ctx is NULL", op);
+    /* One atomic exchange per call: cheap next to any kernel launch. */
+    if (atomic_exchange_explicit(&ctx->in_call, true, memory_order_acquire))
+        return mf_error(NULL, MOEFUSE_ERR_CONTEXT_BUSY,
+                        "%s: another thread is inside a call on this context; a context is "
+                        "used by one thread at a time (create one per thread)",
+                        op);
     ctx->message[0] = '\0';
     return MOEFUSE_OK;
+}
+
+moefuse_status mf_leave(moefuse_context *ctx, moefuse_status status)
+{
+    atomic_store_explicit(&ctx->in_call, false, memory_order_release);
+    return status;
 }
 
 moefuse_status mf_unimplemented(moefuse_context *ctx, const char *op)

@@ -51,15 +51,15 @@ static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
     a->row_scale = mf_present(row_scale) ? mf_with_leading_unit(row_scale) : mf_absent();
     a->counts = mf_absent();
     a->expert_scale = mf_absent();
-    return MOEFUSE_OK;
+    const mf_operand operands[] = {
+        {"x", x, false}, {"row_scale", row_scale, false}, {"q", q, true}, {"scales", scales, true}};
+    return mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]);
 }
 
-moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
-                                 const moefuse_tensor *row_scale, const moefuse_tensor *q,
-                                 const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
+static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                const moefuse_tensor *row_scale, const moefuse_tensor *q,
+                                const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
 {
-    static const char op[] = "act_quant";
-    MF_TRY(mf_begin(ctx, op));
     mf_rows_args a = {0};
     MF_TRY(rows_2d(ctx, op, true, x, row_scale, q, scales, opt ? &opt->act : NULL,
                   opt ? &opt->quant : NULL, &a));
@@ -68,12 +68,10 @@ moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
     return ctx->backend->act_quant(ctx, ctx->state, &a);
 }
 
-moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
-                             const moefuse_tensor *q, const moefuse_tensor *scales,
-                             const moefuse_quant_options *opt)
+static moefuse_status quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                            const moefuse_tensor *q, const moefuse_tensor *scales,
+                            const moefuse_quant_options *opt)
 {
-    static const char op[] = "quant";
-    MF_TRY(mf_begin(ctx, op));
     mf_rows_args a = {0};
     MF_TRY(rows_2d(ctx, op, false, x, NULL, q, scales, NULL, opt, &a));
     if (!ctx->backend->quant)
@@ -81,15 +79,13 @@ moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
     return ctx->backend->quant(ctx, ctx->state, &a);
 }
 
-moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tensor *x,
-                                        const moefuse_tensor *counts,
-                                        const moefuse_tensor *row_scale,
-                                        const moefuse_tensor *expert_scale,
-                                        const moefuse_tensor *q, const moefuse_tensor *scales,
-                                        const moefuse_act_quant_options *opt)
+static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
+                                       const moefuse_tensor *x, const moefuse_tensor *counts,
+                                       const moefuse_tensor *row_scale,
+                                       const moefuse_tensor *expert_scale, const moefuse_tensor *q,
+                                       const moefuse_tensor *scales,
+                                       const moefuse_act_quant_options *opt)
 {
-    static const char op[] = "act_quant_masked";
-    MF_TRY(mf_begin(ctx, op));
     mf_rows_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 3, MF_FLOATS));
     MF_TRY(row_width(ctx, op, x, true, &a.hidden));
@@ -121,17 +117,20 @@ moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tens
     a.counts = *counts;
     a.row_scale = mf_present(row_scale) ? *row_scale : mf_absent();
     a.expert_scale = mf_present(expert_scale) ? *expert_scale : mf_absent();
+    const mf_operand operands[] = {{"x", x, false},           {"counts", counts, false},
+                                   {"row_scale", row_scale, false},
+                                   {"expert_scale", expert_scale, false},
+                                   {"q", q, true},            {"scales", scales, true}};
+    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
     if (!ctx->backend->act_quant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->act_quant(ctx, ctx->state, &a);
 }
 
-moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
-                               const moefuse_tensor *row_scale, const moefuse_tensor *out,
-                               const moefuse_act_options *opt)
+static moefuse_status act_mul(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                              const moefuse_tensor *row_scale, const moefuse_tensor *out,
+                              const moefuse_act_options *opt)
 {
-    static const char op[] = "act_mul";
-    MF_TRY(mf_begin(ctx, op));
     mf_rows_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS));
     MF_TRY(row_width(ctx, op, x, true, &a.hidden));
@@ -151,17 +150,18 @@ moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
     a.counts = mf_absent();
     a.expert_scale = mf_absent();
     a.scales = mf_absent();
+    const mf_operand operands[] = {
+        {"x", x, false}, {"row_scale", row_scale, false}, {"out", out, true}};
+    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
     if (!ctx->backend->act_mul)
         return mf_unimplemented(ctx, op);
     return ctx->backend->act_mul(ctx, ctx->state, &a);
 }
 
-moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
-                               const moefuse_tensor *scales, const moefuse_tensor *out,
-                               const moefuse_quant_options *opt)
+static moefuse_status dequant(moefuse_context *ctx, const char *op, const moefuse_tensor *q,
+                              const moefuse_tensor *scales, const moefuse_tensor *out,
+                              const moefuse_quant_options *opt)
 {
-    static const char op[] = "dequant";
-    MF_TRY(mf_begin(ctx, op));
     mf_dequant_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "q", q, 2, MF_QUANTIZED));
     a.rows = q->shape[0];
@@ -177,7 +177,60 @@ moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
     MF_TRY(mf_check_scales(ctx, op, scales, &a.quant, false, 1, a.rows, a.groups, &a.scales));
     a.q = *q;
     a.out = *out;
+    const mf_operand operands[] = {{"q", q, false}, {"scales", scales, false}, {"out", out, true}};
+    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
     if (!ctx->backend->dequant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->dequant(ctx, ctx->state, &a);
+}
+
+/* ------------------------------------------------------------ entry points */
+
+moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                                 const moefuse_tensor *row_scale, const moefuse_tensor *q,
+                                 const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
+{
+    static const char op[] = "act_quant";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, act_quant(ctx, op, x, row_scale, q, scales, opt));
+}
+
+moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tensor *x,
+                                        const moefuse_tensor *counts,
+                                        const moefuse_tensor *row_scale,
+                                        const moefuse_tensor *expert_scale,
+                                        const moefuse_tensor *q, const moefuse_tensor *scales,
+                                        const moefuse_act_quant_options *opt)
+{
+    static const char op[] = "act_quant_masked";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx,
+                    act_quant_masked(ctx, op, x, counts, row_scale, expert_scale, q, scales, opt));
+}
+
+moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
+                               const moefuse_tensor *row_scale, const moefuse_tensor *out,
+                               const moefuse_act_options *opt)
+{
+    static const char op[] = "act_mul";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, act_mul(ctx, op, x, row_scale, out, opt));
+}
+
+moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
+                             const moefuse_tensor *q, const moefuse_tensor *scales,
+                             const moefuse_quant_options *opt)
+{
+    static const char op[] = "quant";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt));
+}
+
+moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
+                               const moefuse_tensor *scales, const moefuse_tensor *out,
+                               const moefuse_quant_options *opt)
+{
+    static const char op[] = "dequant";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, dequant(ctx, op, q, scales, out, opt));
 }

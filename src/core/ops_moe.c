@@ -72,6 +72,14 @@ static moefuse_status check_routing(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
+/* The routing tensors as inputs of the overlap check, at ops[0..2]. */
+static void routing_operands(const moefuse_routing *r, mf_operand *ops)
+{
+    ops[0] = (mf_operand){"topk_ids", &r->topk_ids, false};
+    ops[1] = (mf_operand){"topk_weights", &r->topk_weights, false};
+    ops[2] = (mf_operand){"expert_map", &r->expert_map, false};
+}
+
 /* x [M, K], w1 [E, 2I, K], b1 [E, 2I]: sets tokens, model_dim, experts, inter_dim. */
 static moefuse_status check_gate_operands(moefuse_context *ctx, const char *op,
                                           const moefuse_tensor *x, const moefuse_tensor *w1,
@@ -116,13 +124,11 @@ static moefuse_status check_final_weights(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
-                                const moefuse_tensor *w1, const moefuse_tensor *b1,
-                                const moefuse_routing *routing, const moefuse_tensor *h,
-                                const moefuse_moe_options *opt)
+static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                               const moefuse_tensor *w1, const moefuse_tensor *b1,
+                               const moefuse_routing *routing, const moefuse_tensor *h,
+                               const moefuse_moe_options *opt)
 {
-    static const char op[] = "moe_gate";
-    MF_TRY(mf_begin(ctx, op));
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
@@ -132,18 +138,21 @@ moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
     MF_TRY(mf_expect_shape(ctx, op, "h", h, want, "[M, k, I] from x, topk_ids and w1"));
     a.h = *h;
     a.w2 = a.b2 = a.out = mf_absent();
+    mf_operand operands[7] = {{"x", x, false}, {"w1", w1, false}, {"b1", b1, false},
+                              {"h", h, true}};
+    routing_operands(routing, operands + 4);
+    operands[5].t = NULL; /* the gate reads no router weights */
+    MF_TRY(mf_check_disjoint(ctx, op, operands, 7));
     if (!ctx->backend->moe_gate)
         return mf_unimplemented(ctx, op);
     return ctx->backend->moe_gate(ctx, ctx->state, &a);
 }
 
-moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
-                                 const moefuse_tensor *w2, const moefuse_tensor *b2,
-                                 const moefuse_routing *routing, const moefuse_tensor *out,
-                                 const moefuse_moe_options *opt)
+static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
+                                const moefuse_tensor *w2, const moefuse_tensor *b2,
+                                const moefuse_routing *routing, const moefuse_tensor *out,
+                                const moefuse_moe_options *opt)
 {
-    static const char op[] = "moe_final";
-    MF_TRY(mf_begin(ctx, op));
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
     MF_TRY(mf_check_tensor(ctx, op, "h", h, 3, MF_FLOATS));
@@ -171,6 +180,12 @@ moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
     a.h = *h;
     a.out = *out;
     a.x = a.w1 = a.b1 = mf_absent();
+    mf_operand operands[7] = {{"h", h, false}, {"w2", w2, false}, {"b2", b2, false},
+                              {"out", out, true}};
+    routing_operands(routing, operands + 4);
+    if (!reduce)
+        operands[5].t = NULL; /* the un-reduced output reads no router weights */
+    MF_TRY(mf_check_disjoint(ctx, op, operands, 7));
     if (!ctx->backend->moe_final)
         return mf_unimplemented(ctx, op);
     return ctx->backend->moe_final(ctx, ctx->state, &a);
@@ -205,14 +220,12 @@ moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer)
     return MOEFUSE_OK;
 }
 
-moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,
-                                   const moefuse_tensor *w1, const moefuse_tensor *w2,
-                                   const moefuse_tensor *b1, const moefuse_tensor *b2,
-                                   const moefuse_routing *routing, const moefuse_tensor *out,
-                                   const moefuse_moe_options *opt)
+static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                  const moefuse_tensor *w1, const moefuse_tensor *w2,
+                                  const moefuse_tensor *b1, const moefuse_tensor *b2,
+                                  const moefuse_routing *routing, const moefuse_tensor *out,
+                                  const moefuse_moe_options *opt)
 {
-    static const char op[] = "moe_forward";
-    MF_TRY(mf_begin(ctx, op));
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
@@ -223,6 +236,10 @@ moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x
     MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
     a.reduce = true;
     a.out = *out;
+    mf_operand operands[9] = {{"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
+                              {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
+    routing_operands(routing, operands + 6);
+    MF_TRY(mf_check_disjoint(ctx, op, operands, 9));
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a.h = mf_absent();
         return ctx->backend->moe_forward(ctx, ctx->state, &a);
@@ -240,4 +257,37 @@ moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x
 
     MF_TRY(ctx->backend->moe_gate(ctx, ctx->state, &a));
     return ctx->backend->moe_final(ctx, ctx->state, &a);
+}
+
+/* ------------------------------------------------------------ entry points */
+
+moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
+                                const moefuse_tensor *w1, const moefuse_tensor *b1,
+                                const moefuse_routing *routing, const moefuse_tensor *h,
+                                const moefuse_moe_options *opt)
+{
+    static const char op[] = "moe_gate";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt));
+}
+
+moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
+                                 const moefuse_tensor *w2, const moefuse_tensor *b2,
+                                 const moefuse_routing *routing, const moefuse_tensor *out,
+                                 const moefuse_moe_options *opt)
+{
+    static const char op[] = "moe_final";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt));
+}
+
+moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,
+                                   const moefuse_tensor *w1, const moefuse_tensor *w2,
+                                   const moefuse_tensor *b1, const moefuse_tensor *b2,
+                                   const moefuse_routing *routing, const moefuse_tensor *out,
+                                   const moefuse_moe_options *opt)
+{
+    static const char op[] = "moe_forward";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, moe_forward(ctx, op, x, w1, w2, b1, b2, routing, out, opt));
 }

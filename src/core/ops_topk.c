@@ -1,12 +1,10 @@
 /* Public entry point of the router: topk_softmax. */
 #include "core/core.h"
 
-moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *logits,
-                                    int32_t renormalize, const moefuse_tensor *ids,
-                                    const moefuse_tensor *weights)
+static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
+                                   const moefuse_tensor *logits, int32_t renormalize,
+                                   const moefuse_tensor *ids, const moefuse_tensor *weights)
 {
-    static const char op[] = "topk_softmax";
-    MF_TRY(mf_begin(ctx, op));
     mf_topk_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
     a.tokens = logits->shape[0];
@@ -25,7 +23,19 @@ moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *
     a.ids = *ids;
     a.weights = *weights;
     a.renormalize = renormalize != 0;
+    const mf_operand operands[] = {
+        {"logits", logits, false}, {"ids", ids, true}, {"weights", weights, true}};
+    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
     if (!ctx->backend->topk_softmax)
         return mf_unimplemented(ctx, op);
     return ctx->backend->topk_softmax(ctx, ctx->state, &a);
+}
+
+moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *logits,
+                                    int32_t renormalize, const moefuse_tensor *ids,
+                                    const moefuse_tensor *weights)
+{
+    static const char op[] = "topk_softmax";
+    MF_TRY(mf_enter(ctx, op));
+    return mf_leave(ctx, topk_softmax(ctx, op, logits, renormalize, ids, weights));
 }

@@ -50,10 +50,13 @@ moefuse_status mf_normalize_quant(moefuse_context *ctx, const char *op,
                         op, (long long)hidden, (long long)opt.group_size);
     if (opt.eps == 0.0f)
         opt.eps = 1e-10f;
-    if (!(opt.eps > 0.0f) || !isfinite(opt.eps))
+    /* Below the minimum, amax / 448 of an all-zero group underflows to 0 and 0 / 0 gives
+     * NaN codes; at or above it every scale is a normal f32 number. */
+    if (!(opt.eps >= MOEFUSE_QUANT_EPS_MIN) || !isfinite(opt.eps))
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: eps is %g; it must be a positive finite number (or 0 for 1e-10)", op,
-                        (double)opt.eps);
+                        "%s: eps is %g; it must be finite and at least %g (MOEFUSE_QUANT_EPS_MIN), "
+                        "or 0 for the default 1e-10",
+                        op, (double)opt.eps, (double)MOEFUSE_QUANT_EPS_MIN);
     if (opt.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0)
         opt.ue8m0 = 1;
     if (code_dtype == MOEFUSE_I8 && opt.ue8m0)

@@ -37,17 +37,20 @@ static moefuse_status check_layout(moefuse_context *ctx, const char *op, const c
         if (t->shape[d] < 0)
             return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: %s has a negative dimension in shape %s",
                             op, name, mf_shape_str(sbuf, sizeof sbuf, t->rank, t->shape));
+        empty |= t->shape[d] == 0;
+    }
+    /* An empty tensor touches no memory, so its strides do not matter: numpy gives a
+     * [0, N] array zero strides, and frameworks give others anything. */
+    if (empty)
+        return MOEFUSE_OK;
+    for (int32_t d = 0; d < t->rank; d++)
         if (t->stride[d] < 0)
             return mf_error(ctx, MOEFUSE_ERR_STRIDE, "%s: %s has negative stride %lld in dim %d",
                             op, name, (long long)t->stride[d], (int)d);
-        empty |= t->shape[d] == 0;
-    }
     if (t->rank > 0 && t->stride[t->rank - 1] != 1)
         return mf_error(ctx, MOEFUSE_ERR_STRIDE,
                         "%s: %s innermost stride is %lld; it must be 1 (contiguous rows)", op, name,
                         (long long)t->stride[t->rank - 1]);
-    if (empty)
-        return MOEFUSE_OK;
     for (int32_t d = t->rank - 2; d >= 0; d--) {
         int64_t extent = inner_extent(t, d);
         if (extent < 0)
@@ -63,6 +66,70 @@ static moefuse_status check_layout(moefuse_context *ctx, const char *op, const c
     if (extent < 0 || __builtin_mul_overflow(extent, (int64_t)moefuse_dtype_size(t->dtype), &bytes) ||
         __builtin_add_overflow(bytes, t->offset, &bytes))
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: %s is too large for 64-bit offsets", op, name);
+    return MOEFUSE_OK;
+}
+
+/* First byte of t and one past its last, in one address space per buffer (see overlap). */
+typedef struct byte_range {
+    const void *space; /* the cl_mem for handle backends, NULL for plain addresses */
+    uintptr_t begin, end;
+} byte_range;
+
+static byte_range range_of(const moefuse_context *ctx, const moefuse_tensor *t)
+{
+    byte_range r = {NULL, (uintptr_t)t->offset, 0};
+    if (ctx->backend->data_is_handle)
+        r.space = t->data;
+    else
+        r.begin += (uintptr_t)t->data;
+    r.end = r.begin + (uintptr_t)moefuse_tensor_span_bytes(t);
+    return r;
+}
+
+/*
+ * The tensor must end inside the memory it lies in, where the backend can tell
+ * (a cl_mem's size, a device allocation's end); host pointers cannot be asked.
+ * Runs after check_layout, so offset + span does not overflow.
+ */
+static moefuse_status check_inside_buffer(moefuse_context *ctx, const char *op, const char *name,
+                                          const moefuse_tensor *t)
+{
+    uint64_t have;
+    int64_t span = moefuse_tensor_span_bytes(t);
+    if (!t->data || span == 0 || !ctx->backend->buffer_extent ||
+        !ctx->backend->buffer_extent(ctx->state, t->data, &have))
+        return MOEFUSE_OK;
+    uint64_t end = (uint64_t)t->offset + (uint64_t)span;
+    if (end <= have)
+        return MOEFUSE_OK;
+    return mf_error(ctx, MOEFUSE_ERR_OUT_OF_BOUNDS,
+                    "%s: %s covers bytes [%lld, %llu) of its buffer (offset %lld, %lld bytes of "
+                    "elements) but the buffer holds %llu bytes",
+                    op, name, (long long)t->offset, (unsigned long long)end, (long long)t->offset,
+                    (long long)span, (unsigned long long)have);
+}
+
+moefuse_status mf_check_disjoint(moefuse_context *ctx, const char *op, const mf_operand *ops,
+                                 size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (!ops[i].output || !mf_present(ops[i].t) || moefuse_tensor_span_bytes(ops[i].t) == 0)
+            continue;
+        byte_range out = range_of(ctx, ops[i].t);
+        for (size_t j = 0; j < count; j++) {
+            /* a pair of outputs is looked at once, from its first member */
+            if (j == i || (ops[j].output && j < i) || !mf_present(ops[j].t) ||
+                moefuse_tensor_span_bytes(ops[j].t) == 0)
+                continue;
+            byte_range other = range_of(ctx, ops[j].t);
+            if (other.space == out.space && other.begin < out.end && out.begin < other.end)
+                return mf_error(ctx, MOEFUSE_ERR_OVERLAP,
+                                "%s: output %s shares memory with %s %s (their byte ranges from "
+                                "first to last element intersect); outputs may not overlap any "
+                                "other operand",
+                                op, ops[i].name, ops[j].output ? "output" : "input", ops[j].name);
+        }
+    }
     return MOEFUSE_OK;
 }
 
@@ -109,7 +176,7 @@ moefuse_status mf_check_tensor(moefuse_context *ctx, const char *op, const char 
         return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
                         "%s: %s is not memory of this context's %s device", op, name,
                         ctx->backend->name);
-    return MOEFUSE_OK;
+    return check_inside_buffer(ctx, op, name, t);
 }
 
 moefuse_status mf_check_optional(moefuse_context *ctx, const char *op, const char *name,
