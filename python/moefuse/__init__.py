@@ -15,10 +15,10 @@ README.md's Python section has a fuller example; docs/PYTHON.md has the referenc
 from ._capi import library_path
 from .buffers import Buffer
 from .context import Context, built_backends, default_context
-from .errors import (AlignmentError, BackendFailureError, BackendUnavailableError, DtypeError,
-                     Error, InternalError, InvalidArgumentError, NullPointerError,
-                     OutOfMemoryError, ShapeError, StrideError, UnsupportedError,
-                     WrongDeviceError)
+from .errors import (AlignmentError, BackendFailureError, BackendUnavailableError,
+                     ContextBusyError, DtypeError, Error, InternalError, InvalidArgumentError,
+                     NullPointerError, OutOfBoundsError, OutOfMemoryError, OverlapError,
+                     ShapeError, StrideError, UnsupportedError, WrongDeviceError)
 from .ops import (act_mul, act_quant, act_quant_masked, dequant, moe_final, moe_forward, moe_gate,
                   quant, topk_softmax)
 
@@ -35,4 +35,5 @@ __all__ = [
     "Error", "NullPointerError", "InvalidArgumentError", "ShapeError", "DtypeError",
     "StrideError", "AlignmentError", "WrongDeviceError", "UnsupportedError",
     "BackendUnavailableError", "OutOfMemoryError", "BackendFailureError", "InternalError",
+    "OutOfBoundsError", "OverlapError", "ContextBusyError",
 ]

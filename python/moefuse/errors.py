@@ -63,10 +63,23 @@ class InternalError(Error):
     pass
 
 
+class OutOfBoundsError(Error, IndexError):
+    pass
+
+
+class OverlapError(Error, ValueError):
+    pass
+
+
+class ContextBusyError(Error):
+    pass
+
+
 # Indexed by status code (0 is MOEFUSE_OK and never raised).
 _BY_CODE = (None, NullPointerError, InvalidArgumentError, ShapeError, DtypeError, StrideError,
             AlignmentError, WrongDeviceError, UnsupportedError, BackendUnavailableError,
-            OutOfMemoryError, BackendFailureError, InternalError)
+            OutOfMemoryError, BackendFailureError, InternalError, OutOfBoundsError, OverlapError,
+            ContextBusyError)
 assert len(_BY_CODE) == len(_capi.STATUS_NAMES)
 
 

@@ -129,3 +129,37 @@ def test_unknown_backend_lists_the_built_ones():
         moefuse.Context("tpu")
     assert "backend 'tpu' (from argument) is unknown; built backends: " in str(info.value)
     assert info.value.status == "MOEFUSE_ERR_BACKEND_UNAVAILABLE"
+
+
+def test_empty_numpy_arrays_are_accepted(ctx):
+    # numpy gives [0, N] arrays zero strides; the library once refused them for it
+    x = np.zeros((0, 256), np.float32)
+    assert x.strides == (0, 0)
+    q, scales = moefuse.act_quant(x, ctx=ctx)
+    assert q.shape == (0, 128) and scales.shape == (0, 1)
+    assert moefuse.act_mul(x, ctx=ctx).shape == (0, 128)
+
+
+def test_eps_below_the_minimum_is_refused(ctx, rng):
+    x = np.zeros((2, 256), np.float32)  # all-zero groups: the case that gave NaN codes
+    with pytest.raises(moefuse.InvalidArgumentError, match="eps is 9.99995e-41; it must be finite and at least 1e-35"):
+        moefuse.quant(x, eps=1e-40, ctx=ctx)
+    q, scales = moefuse.quant(x, eps=1e-35, ctx=ctx)
+    assert not np.any(q.view(np.uint8) & 0x7F == 0x7F) and np.all(scales > 0)
+
+
+def test_outputs_may_not_overlap(rng):
+    # host pointers reach the library as they are on the cpu backend, so it sees the overlap
+    x = random_input(rng, (4, 128), "f32")
+    raw = np.zeros(4 * 128 + 64, np.uint8)
+    q = raw[:4 * 128].view(moefuse_f8()).reshape(4, 128)
+    scales = raw[4 * 128 - 32:4 * 128 - 16].view(np.float32).reshape(4, 1)  # inside q
+    before = raw.copy()
+    with pytest.raises(moefuse.OverlapError, match="output q shares memory with output scales"):
+        moefuse.quant(x, out=q, scales=scales, ctx="cpu")
+    assert np.array_equal(raw, before)
+
+
+def moefuse_f8():
+    import ml_dtypes
+    return ml_dtypes.float8_e4m3fn

@@ -64,6 +64,19 @@ static void cuda_release(void *state)
     free(s);
 }
 
+/* Without it tensors are not checked against their allocation's end, as on the cpu. */
+static void resolve_address_range(cuda_state *s)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    cudaGetLastError();
+    s->address_range = (int (*)(unsigned long long *, size_t *, unsigned long long))fn;
+}
+
 static moefuse_status cuda_init(moefuse_context *ctx, void **state)
 {
     cuda_state *s = calloc(1, sizeof *s);
@@ -98,6 +111,7 @@ static moefuse_status cuda_init(moefuse_context *ctx, void **state)
         return mf_cuda_fail(ctx, e, NULL, "cudaStreamCreateWithFlags");
     }
     s->stream = s->own_stream;
+    resolve_address_range(s);
     e = cudaEventCreateWithFlags(&s->scratch_free, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         s->scratch_free = NULL;
@@ -210,6 +224,20 @@ static bool cuda_owns_pointer(void *state, const void *data)
            attr.device == s->device;
 }
 
+/* Bytes from data to the end of the device allocation it lies in (any allocation: a
+ * framework's caching allocator hands out pieces of larger blocks, bounded by the block). */
+static bool cuda_buffer_extent(void *state, const void *data, uint64_t *bytes)
+{
+    const cuda_state *s = state;
+    unsigned long long base = 0, ptr = (unsigned long long)(uintptr_t)data;
+    size_t size = 0;
+    if (!s->address_range || s->address_range(&base, &size, ptr) != 0 || ptr < base ||
+        ptr - base > size)
+        return false;
+    *bytes = size - (ptr - base);
+    return true;
+}
+
 /* Every operation ends in mf_cuda_end_call (scratch bookkeeping, see cuda_internal.h). */
 #define MF_CUDA_OP(name, args_type)                                                            \
     static moefuse_status cuda_##name(moefuse_context *ctx, void *state, const args_type *a)    \
@@ -240,6 +268,7 @@ const moefuse_backend_i mf_backend_cuda = {
     .buffer_write = cuda_buffer_write,
     .buffer_read = cuda_buffer_read,
     .owns_pointer = cuda_owns_pointer,
+    .buffer_extent = cuda_buffer_extent,
     .data_is_handle = false,
     .act_quant = cuda_act_quant,
     .act_mul = cuda_act_mul,

@@ -40,6 +40,9 @@ typedef struct cuda_state {
     cudaStream_t scratch_stream; /* the stream scratch_free was recorded on */
     int scratch_used;          /* this call took the scratch: record scratch_free at its end */
     void *capture_scratch;     /* this call's own scratch inside a graph capture */
+    /* the driver's cuMemGetAddressRange (through the runtime, so that the library does not
+     * link libcuda), or NULL: bounds of the allocation a tensor lies in */
+    int (*address_range)(unsigned long long *base, size_t *size, unsigned long long ptr);
     char device_name[256];
 } cuda_state;
 

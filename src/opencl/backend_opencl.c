@@ -223,6 +223,18 @@ static bool ocl_owns_pointer(void *state, const void *data)
     return mf_ptrset_has(&s->buffers, data);
 }
 
+/* The size of a cl_mem of ours (only asked once ocl_owns_pointer said it is one). */
+static bool ocl_buffer_extent(void *state, const void *data, uint64_t *bytes)
+{
+    const ocl_state *s = state;
+    size_t size = 0;
+    if (!mf_ptrset_has(&s->buffers, data) ||
+        clGetMemObjectInfo((cl_mem)data, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS)
+        return false;
+    *bytes = size;
+    return true;
+}
+
 const moefuse_backend_i mf_backend_opencl = {
     .name = "opencl",
     .probe = ocl_probe,
@@ -237,6 +249,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .buffer_write = ocl_buffer_write,
     .buffer_read = ocl_buffer_read,
     .owns_pointer = ocl_owns_pointer,
+    .buffer_extent = ocl_buffer_extent,
     .data_is_handle = true,
     .act_quant = mf_ocl_act_quant,
     .act_mul = mf_ocl_act_mul,
