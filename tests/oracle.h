@@ -27,7 +27,7 @@
  *  - act_mul: the output must lie between round_dtype(lo) and
  *    round_dtype(hi); for f32 output the allowed band is the union of that
  *    interval and the point value +- relative 2^-22.
- *  - GEMMs: ||out - ref|| / ||ref|| <= 1e-5 (f32 out), 8e-3 (bf16, SPEC 5),
+ *  - GEMMs: ||out - ref|| / ||ref|| <= 1e-5 (f32 out), 8e-3 (bf16, NUMERICS.md),
  *    4e-3 (f16: one rounding of the result is 2^-11 ~ 4.9e-4 relative per
  *    element; f16 inputs are exact in the oracle, so 8x margin for f32
  *    accumulation and activation differences), and exact zeros for invalid

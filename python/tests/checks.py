@@ -1,4 +1,4 @@
-"""Comparisons with the reference, at the agreement SPEC section 5 allows, and test data."""
+"""Comparisons with the reference, at the agreement docs/NUMERICS.md allows, and test data."""
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 /*
  * f32 MoE GEMMs with FMA on the CUDA cores (f32 must not go through TF32
- * tensor cores: SPEC 5 asks 1e-5 relative error).
+ * tensor cores: NUMERICS.md asks 1e-5 relative error of f32 results).
  *
  * Block: 256 threads as 16 x 16, tile BM slots x 64 weight rows, depth in
  * slabs of 16 staged in shared memory (double buffered, the next slab

@@ -1,7 +1,7 @@
 /*
  * Row operations of the CUDA backend: act_quant (2-D and 3-D masked), quant
  * and act_mul, bit for bit the CPU reference (src/cpu/rows.c) but for the
- * last bit of exp (docs/NUMERICS.md, SPEC section 5).
+ * last bit of exp (docs/NUMERICS.md, "Agreement between backends").
  *
  * Work unit ("item"): one warp, one row, 1024 consecutive channels (staged
  * kernels) or 512 (direct kernels) in slots of 256; in a slot, lane l owns
