@@ -102,9 +102,9 @@ MOEFUSE_API moefuse_tensor moefuse_tensor_dense(void *data, moefuse_dtype dtype,
 /* Same with explicit strides (elements). */
 MOEFUSE_API moefuse_tensor moefuse_tensor_strided(void *data, moefuse_dtype dtype, int32_t rank,
                                                   const int64_t *shape, const int64_t *stride);
-/* Number of elements (product of the shape; 1 for rank 0). */
+/* Number of elements (product of the shape; 1 for rank 0); -1 when it overflows int64. */
 MOEFUSE_API int64_t moefuse_tensor_numel(const moefuse_tensor *t);
-/* Bytes from the first to one past the last element (0 when empty). */
+/* Bytes from the first to one past the last element (0 when empty); -1 when it overflows. */
 MOEFUSE_API int64_t moefuse_tensor_span_bytes(const moefuse_tensor *t);
 MOEFUSE_API size_t moefuse_dtype_size(moefuse_dtype dtype);
 MOEFUSE_API const char *moefuse_dtype_name(moefuse_dtype dtype);

@@ -296,6 +296,24 @@ START_TEST(t_empty_with_any_strides)
 }
 END_TEST
 
+START_TEST(t_sizes_that_overflow)
+{
+    /* the size helpers say -1 rather than wrap (signed overflow, UB under UBSan) */
+    int64_t huge[3] = {INT64_C(1) << 40, INT64_C(1) << 30, 64};
+    moefuse_tensor t = moefuse_tensor_dense((void *)16, MOEFUSE_F32, 3, huge);
+    HCHECK(moefuse_tensor_numel(&t) == -1, "numel of 2^76 elements gave %lld",
+           (long long)moefuse_tensor_numel(&t));
+    HCHECK(moefuse_tensor_span_bytes(&t) == -1, "span of 2^76 elements gave %lld",
+           (long long)moefuse_tensor_span_bytes(&t));
+    int64_t fits[2] = {INT64_C(1) << 28, 16};
+    t = moefuse_tensor_dense((void *)16, MOEFUSE_F32, 2, fits);
+    HCHECK(moefuse_tensor_numel(&t) == INT64_C(1) << 32 &&
+               moefuse_tensor_span_bytes(&t) == INT64_C(1) << 34,
+           "2^32 f32 elements: numel %lld, span %lld", (long long)moefuse_tensor_numel(&t),
+           (long long)moefuse_tensor_span_bytes(&t));
+}
+END_TEST
+
 /* --------------------------------------------------------------- busy */
 
 START_TEST(t_busy_context)
@@ -336,6 +354,7 @@ int main(void)
     tcase_add_test(tc, t_overlap_moe);
     tcase_add_test(tc, t_eps_minimum);
     tcase_add_test(tc, t_empty_with_any_strides);
+    tcase_add_test(tc, t_sizes_that_overflow);
     tcase_add_test(tc, t_busy_context);
     suite_add_tcase(s, tc);
     return h_run(s);

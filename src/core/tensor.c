@@ -42,10 +42,10 @@ moefuse_tensor moefuse_tensor_dense(void *data, moefuse_dtype dtype, int32_t ran
                                     const int64_t *shape)
 {
     int64_t stride[MOEFUSE_MAX_RANK] = {0};
-    int64_t step = 1;
+    uint64_t step = 1; /* unsigned: a shape too large wraps here and validation refuses it */
     for (int32_t d = (rank < MOEFUSE_MAX_RANK ? rank : MOEFUSE_MAX_RANK) - 1; d >= 0; d--) {
-        stride[d] = step;
-        step *= shape[d] > 0 ? shape[d] : 1;
+        stride[d] = (int64_t)step;
+        step *= shape[d] > 0 ? (uint64_t)shape[d] : 1u;
     }
     return moefuse_tensor_strided(data, dtype, rank, shape, stride);
 }
@@ -53,20 +53,26 @@ moefuse_tensor moefuse_tensor_dense(void *data, moefuse_dtype dtype, int32_t ran
 int64_t moefuse_tensor_numel(const moefuse_tensor *t)
 {
     int64_t n = 1;
-    for (int32_t d = 0; d < t->rank; d++)
-        n *= t->shape[d];
+    for (int32_t d = 0; d < t->rank && d < MOEFUSE_MAX_RANK; d++)
+        if (__builtin_mul_overflow(n, t->shape[d], &n))
+            return -1;
     return n;
 }
 
 int64_t moefuse_tensor_span_bytes(const moefuse_tensor *t)
 {
-    int64_t last = 0;
-    for (int32_t d = 0; d < t->rank; d++) {
+    int64_t last = 0, reach;
+    for (int32_t d = 0; d < t->rank && d < MOEFUSE_MAX_RANK; d++) {
         if (t->shape[d] <= 0)
             return 0;
-        last += (t->shape[d] - 1) * t->stride[d];
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            return -1;
     }
-    return (last + 1) * (int64_t)moefuse_dtype_size(t->dtype);
+    if (__builtin_add_overflow(last, 1, &last) ||
+        __builtin_mul_overflow(last, (int64_t)moefuse_dtype_size(t->dtype), &last))
+        return -1;
+    return last;
 }
 
 bool mf_present(const moefuse_tensor *t)
