@@ -3,12 +3,24 @@
  *  - every operation captured into a graph (global capture mode, with no eager
  *    call before it) replays to the same bits as the eager call, again after
  *    the inputs change and after the context's scratch has been regrown;
+ *  - the eager call and every replay agree with the CPU golden backend run on
+ *    the same inputs (tb_twin), within test_cross_backend.c's tolerances:
+ *    quant and dequant bit-equal, act_quant codes one apart on at most 0.01%
+ *    and f32 scales within 1 ulp or the oracle's band, act_mul within 1 ulp or
+ *    the band, topk ids equal and weights within (E + 4 + k) ulp, and the
+ *    bf16 MoE layer within a relative error of 8e-3; every other element byte
+ *    equal. So an eager call and a graph that both write nothing, or both
+ *    compute the same wrong thing, fail;
  *  - the stream is attached while it is capturing, as torch.cuda.graph does;
  *  - calls alternating between streams, with no host wait between them, give
  *    the results of calls on one stream (the scratch orders itself).
- * Runs on "cuda" only; skipped without a device (h_run).
+ * Outputs are poisoned again before each replay, so a replay that writes
+ * nothing cannot pass on what an earlier one left. Runs on "cuda" only;
+ * skipped without a device (h_run).
  */
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -26,15 +38,181 @@
                moefuse_last_error(g_ctx));                                                       \
     } while (0)
 
+/* HCHECK inside loops over elements: Check records every assertion that passes, which is slow. */
+#define EXPECT(cond, ...)                                                                        \
+    do {                                                                                         \
+        if (!(cond))                                                                             \
+            HCHECK(0, __VA_ARGS__);                                                              \
+    } while (0)
+
 /* Two tensors made alike (same shape, pads and dtype): every element byte equal. */
 static void same_bytes(tbuf *got, tbuf *want, const char *what)
 {
     HCHECK(got->total == want->total, "%s: %s and %s differ in size", what, got->name, want->name);
     for (size_t i = 0; i < got->total; i++)
         if (got->logical[i])
-            HCHECK(got->full[i] == want->full[i],
+            EXPECT(got->full[i] == want->full[i],
                    "%s: %s byte %zu is 0x%02x, %s has 0x%02x", what, got->name, i - got->pad,
                    got->full[i], want->name, want->full[i]);
+}
+
+/* Fresh poison in every element byte of an output (a pattern of its own, unlike tb_new's). */
+static void repoison(tbuf *tb)
+{
+    for (size_t i = 0; i < tb->total; i++)
+        if (tb->logical[i]) tb->full[i] = (unsigned char)(0x5C ^ (i * 0x47));
+    tb_upload(tb);
+}
+
+/* ------------------------------------------------- agreement with the CPU */
+
+/* FP8 codes compared and codes one apart, over a test (test_cross_backend.c counts alike). */
+static long long codes_seen, codes_apart;
+
+/* A device output against the CPU's: bytes judged by a tolerance, all other element bytes equal. */
+typedef struct {
+    tbuf *dev, *cpu;
+    unsigned char *judged;
+    char what[96]; /* a copy: h_fmt's buffers are reused */
+} versus;
+
+static versus versus_new(tbuf *dev, tbuf *cpu, const char *what)
+{
+    versus v = {dev, cpu, calloc(dev->total, 1), ""};
+    snprintf(v.what, sizeof v.what, "%s", what);
+    return v;
+}
+
+static void judge(versus *v, const void *dev_el, size_t n)
+{
+    memset(v->judged + ((const unsigned char *)dev_el - v->dev->full), 1, n);
+}
+
+static void versus_end(versus *v)
+{
+    for (size_t i = 0; i < v->dev->total; i++)
+        if (v->dev->logical[i] && !v->judged[i])
+            EXPECT(v->dev->full[i] == v->cpu->full[i],
+                   "%s: '%s' byte %zu is 0x%02x, on the cpu 0x%02x; they must be equal", v->what,
+                   v->dev->name, i - v->dev->pad, v->dev->full[i], v->cpu->full[i]);
+    free(v->judged);
+}
+
+/* The element of (e, t, c) of a 2-D (e < 0) or 3-D tensor. */
+static void *el(tbuf *tb, int64_t e, int64_t t, int64_t c)
+{
+    return e < 0 ? tb_el(tb, t, c, 0) : tb_el(tb, e, t, c);
+}
+
+/*
+ * Rows [0, n) of silu act_quant (FP8 codes, row-major f32 scales, group G) of
+ * expert e (e < 0: the 2-D call), for each of `sides` device results: scales
+ * within 1 ulp or the oracle's band for amax / 448, codes equal or one apart
+ * (counted), never a sign flip.
+ */
+static void cmp_act_quant_rows(versus *qs, versus *scs, int sides, tbuf *x, int64_t e, int64_t n,
+                               int64_t H, int64_t G)
+{
+    const or_act_opt silu = {0, 0, 0.0, 0};
+    const size_t m = (size_t)(n * H + 1);
+    double *hp = malloc(sizeof(double) * m), *lo = malloc(sizeof(double) * m),
+           *hi = malloc(sizeof(double) * m);
+    h_ref_act(x, e, n, H, NULL, 1.0, &silu, hp, lo, hi);
+    for (int side = 0; side < sides; side++) {
+        versus *q = &qs[side], *sc = &scs[side];
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t g = 0; g < H / G; g++) {
+                const int64_t at = t * H + g * G;
+                double slo, shi;
+                h_scale_band(hp + at, lo + at, hi + at, G, 1e-10f, 1, &slo, &shi);
+                float *sd = h_scale_el(sc->dev, MOEFUSE_SCALE_ROW_MAJOR, e, t, g);
+                float *scp = h_scale_el(sc->cpu, MOEFUSE_SCALE_ROW_MAJOR, e, t, g);
+                judge(sc, sd, 4);
+                double tol = fmax(or_ulp32(fmax(fabs(*scp), fabs(*sd))), shi - slo);
+                EXPECT(fabs((double)*sd - *scp) <= tol,
+                       "%s: e=%lld t=%lld group %lld: scale %a, on the cpu %a; allowed %.3g "
+                       "(oracle band [%a, %a])",
+                       sc->what, (long long)e, (long long)t, (long long)g, *sd, *scp, tol, slo, shi);
+                for (int64_t c = g * G; c < (g + 1) * G; c++) {
+                    uint8_t *cd = el(q->dev, e, t, c), *cc = el(q->cpu, e, t, c);
+                    judge(q, cd, 1);
+                    codes_seen++;
+                    if (*cd == *cc) continue;
+                    codes_apart++;
+                    EXPECT((*cd ^ *cc) < 0x80 && abs(or_f8_ord(*cd) - or_f8_ord(*cc)) <= 1,
+                           "%s: e=%lld t=%lld channel %lld: code 0x%02x, on the cpu 0x%02x: more "
+                           "than one code apart, or a sign flip",
+                           q->what, (long long)e, (long long)t, (long long)c, *cd, *cc);
+                }
+            }
+    }
+    free(hp);
+    free(lo);
+    free(hi);
+}
+
+/* SPEC: FP8 codes one apart on at most 0.01% of the codes of a test. */
+static void check_codes_apart(void)
+{
+    HCHECK(codes_apart * 10000 <= codes_seen,
+           "%lld of %lld FP8 codes one apart from the cpu's: more than 0.01%%", codes_apart, codes_seen);
+}
+
+/* silu act_mul, bf16 out [Tn, H]: within 1 ulp of bf16, or within the oracle's band. */
+static void cmp_act_mul(versus *out, tbuf *x, int64_t Tn, int64_t H)
+{
+    const or_act_opt silu = {0, 0, 0.0, 0};
+    const size_t m = (size_t)(Tn * H + 1);
+    double *hp = malloc(sizeof(double) * m), *lo = malloc(sizeof(double) * m),
+           *hi = malloc(sizeof(double) * m);
+    h_ref_act(x, -1, Tn, H, NULL, 1.0, &silu, hp, lo, hi);
+    for (int64_t t = 0; t < Tn; t++)
+        for (int64_t c = 0; c < H; c++) {
+            uint16_t bd, bc;
+            memcpy(&bd, tb_el(out->dev, t, c, 0), 2);
+            memcpy(&bc, tb_el(out->cpu, t, c, 0), 2);
+            judge(out, tb_el(out->dev, t, c, 0), 2);
+            double vd = tb_get(out->dev, t, c, 0), vc = tb_get(out->cpu, t, c, 0);
+            double band = or_round(OR_BF16, hi[t * H + c]) - or_round(OR_BF16, lo[t * H + c]);
+            /* same sign: one ulp apart is one apart as integers */
+            int one_ulp = (bd ^ bc) < 0x8000 && abs((int)bd - (int)bc) <= 1;
+            EXPECT(isfinite(vd) && (one_ulp || fabs(vd - vc) <= band),
+                   "%s [%lld, %lld]: %.9g, on the cpu %.9g: more than 1 ulp apart and outside the "
+                   "oracle band [%.9g, %.9g]",
+                   out->what, (long long)t, (long long)c, vd, vc, lo[t * H + c], hi[t * H + c]);
+        }
+    free(hp);
+    free(lo);
+    free(hi);
+}
+
+/* topk_softmax with renormalize, f32 weights: ids equal (unjudged bytes), weights within (E + 4 + k) ulp. */
+static void cmp_topk_weights(versus *w, int64_t M, int64_t E, int64_t k)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            double a = tb_get(w->dev, m, j, 0), b = tb_get(w->cpu, m, j, 0);
+            double tol = (double)(E + 4 + k) * or_ulp32(b);
+            judge(w, tb_el(w->dev, m, j, 0), 4);
+            EXPECT(fabs(a - b) <= tol, "%s: row %lld slot %lld: weight %a, on the cpu %a (tol %.3g)", w->what,
+                   (long long)m, (long long)j, a, b, tol);
+        }
+}
+
+/* A bf16 GEMM output [M, K]: finite, and ||dev - cpu|| / ||cpu|| <= 8e-3 (SPEC section 5). */
+static void cmp_gemm(tbuf *dev, tbuf *cpu, int64_t M, int64_t K, const char *what)
+{
+    double num = 0, den = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t c = 0; c < K; c++) {
+            double a = tb_get(dev, m, c, 0), b = tb_get(cpu, m, c, 0);
+            EXPECT(isfinite(a) && isfinite(b), "%s [%lld, %lld]: %a, on the cpu %a", what, (long long)m,
+                   (long long)c, a, b);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    HCHECK(rel <= 8e-3, "%s: relative error %.3g against the cpu; SPEC allows 8e-3 for bf16", what, rel);
 }
 
 /* ------------------------------------------------------------------ capture */
@@ -71,7 +249,8 @@ static void replay(cudaGraphExec_t exec, cudaStream_t cs)
 typedef struct {
     int64_t M, E, k, K, I;
     tbuf *x, *w1, *w2, *ids, *wts, *out_eager, *out_graph;
-    moefuse_routing R;
+    tbuf *out_cpu; /* the CPU's result from the inputs' twins */
+    moefuse_routing R, R_cpu;
 } layer;
 
 static void layer_fill_routing(layer *L)
@@ -89,7 +268,9 @@ static void layer_fill_routing(layer *L)
 
 static layer layer_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
 {
-    layer L = {M, E, k, K, I};
+    layer L;
+    memset(&L, 0, sizeof L);
+    L.M = M, L.E = E, L.k = k, L.K = K, L.I = I;
     L.x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
     L.w1 = tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1);
     L.w2 = tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1);
@@ -97,6 +278,14 @@ static layer layer_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
     L.wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
     L.out_eager = tb_new2("out_eager", MOEFUSE_BF16, M, K, 0, 0);
     L.out_graph = tb_new2("out_graph", MOEFUSE_BF16, M, K, 0, 0);
+    /* twins on the CPU: every tb_upload of an input reaches them too */
+    tb_twin(L.x, g_ref);
+    tb_twin(L.w1, g_ref);
+    tb_twin(L.w2, g_ref);
+    tb_twin(L.ids, g_ref);
+    tb_twin(L.wts, g_ref);
+    L.out_cpu = tb_twin(L.out_eager, g_ref);
+    repoison(L.out_cpu); /* unlike the device's: both sides leaving an element alone fails */
     tb_fill_unif(L.x, -1.0, 1.0);
     tb_fill_unif(L.w1, -0.1, 0.1);
     tb_fill_unif(L.w2, -0.1, 0.1);
@@ -107,6 +296,9 @@ static layer layer_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
     memset(&L.R, 0, sizeof L.R);
     L.R.topk_ids = L.ids->t;
     L.R.topk_weights = L.wts->t;
+    L.R_cpu = L.R;
+    L.R_cpu.topk_ids = L.ids->twin->t;
+    L.R_cpu.topk_weights = L.wts->twin->t;
     return L;
 }
 
@@ -115,6 +307,16 @@ static moefuse_status layer_issue(void *arg, int graph)
     layer *L = arg;
     return moefuse_moe_forward(g_ctx, T(L->x), T(L->w1), T(L->w2), NULL, NULL, &L->R,
                                graph ? T(L->out_graph) : T(L->out_eager), NULL);
+}
+
+/* The layer on the CPU from the current inputs, and `out` (device, read back) against it. */
+static void layer_vs_cpu(layer *L, tbuf *out, const char *what)
+{
+    moefuse_status st = moefuse_moe_forward(g_ref, T(L->x->twin), T(L->w1->twin), T(L->w2->twin),
+                                            NULL, NULL, &L->R_cpu, T(L->out_cpu), NULL);
+    HCHECK(st == MOEFUSE_OK, "moe_forward on the cpu: %s", moefuse_last_error(g_ref));
+    h_check_all(0);
+    cmp_gemm(out, L->out_cpu, L->M, L->K, what);
 }
 
 /* M = 1: the direct (decode) path; M = 96: routed, with route kernels and scratch lists. */
@@ -132,6 +334,8 @@ START_TEST(moe_forward_in_a_graph)
     OK(moefuse_synchronize(g_ctx));
     h_check_all(0);
     same_bytes(L.out_graph, L.out_eager, "first replay");
+    layer_vs_cpu(&L, L.out_graph, "moe_forward, first replay");
+    layer_vs_cpu(&L, L.out_eager, "moe_forward, eager");
 
     /* a larger eager call regrows (frees and reallocates) the context's scratch */
     layer big = layer_new(700, 8, 2, 256, 128);
@@ -142,12 +346,18 @@ START_TEST(moe_forward_in_a_graph)
     tb_fill_unif(L.x, -2.0, 2.0);
     tb_upload(L.x);
     layer_fill_routing(&L);
-    replay(exec, cs);
-    replay(exec, cs); /* twice: its scratch is allocated and freed inside each replay */
+    for (int r = 0; r < 2; r++) { /* twice: its scratch is allocated and freed inside each replay */
+        repoison(L.out_graph);
+        replay(exec, cs);
+        layer_vs_cpu(&L, L.out_graph, r ? "moe_forward, second replay after new inputs"
+                                        : "moe_forward, replay after new inputs and regrown scratch");
+    }
+    repoison(L.out_eager);
     OK(layer_issue(&L, 0));
     OK(moefuse_synchronize(g_ctx));
     h_check_all(0);
     same_bytes(L.out_graph, L.out_eager, "replay after new inputs and regrown scratch");
+    layer_vs_cpu(&L, L.out_eager, "moe_forward, eager after new inputs");
     CU(cudaGraphExecDestroy(exec));
     CU(cudaStreamDestroy(cs));
     tb_free_all();
@@ -156,33 +366,89 @@ END_TEST
 
 /* ---------------------------------------------------------- the row operations */
 
+/* Where a row operation runs: the device eagerly, the device in a graph, the CPU golden backend. */
+enum { EAGER, GRAPH, CPU, SIDES };
+
 typedef struct {
-    tbuf *x, *q[2], *s[2];                /* act_quant */
-    tbuf *xm, *cnt, *qm[2], *sm[2];       /* act_quant_masked, E above the shared-memory limit */
-    tbuf *xq, *qq[2], *sq[2], *dq[2];     /* quant, then dequant of its result */
-    tbuf *am[2];                          /* act_mul */
-    tbuf *lg, *ids[2], *w[2];             /* topk_softmax */
+    tbuf *x, *q[SIDES], *s[SIDES];          /* act_quant */
+    tbuf *xm, *cnt, *qm[SIDES], *sm[SIDES]; /* act_quant_masked, E above the shared-memory limit */
+    tbuf *xq, *qq[SIDES], *sq[SIDES], *dq[SIDES]; /* quant, then dequant of its result */
+    tbuf *am[SIDES];                        /* act_mul */
+    tbuf *lg, *ids[SIDES], *w[SIDES];       /* topk_softmax */
 } rows;
 
-static moefuse_status rows_issue(void *arg, int g)
+/* An input as the side sees it: the CPU reads its twin. */
+static tbuf *in(tbuf *input, int side) { return side == CPU ? input->twin : input; }
+
+static moefuse_status rows_run(rows *r, int side)
 {
-    rows *r = arg;
+    moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
     moefuse_act_quant_options aq;
     memset(&aq, 0, sizeof aq);
-    moefuse_status st = moefuse_act_quant(g_ctx, T(r->x), NULL, T(r->q[g]), T(r->s[g]), &aq);
+    moefuse_status st =
+        moefuse_act_quant(ctx, T(in(r->x, side)), NULL, T(r->q[side]), T(r->s[side]), &aq);
     aq.zero_tail = 1;
     if (st == MOEFUSE_OK)
-        st = moefuse_act_quant_masked(g_ctx, T(r->xm), T(r->cnt), NULL, NULL, T(r->qm[g]),
-                                      T(r->sm[g]), &aq);
+        st = moefuse_act_quant_masked(ctx, T(in(r->xm, side)), T(in(r->cnt, side)), NULL, NULL,
+                                      T(r->qm[side]), T(r->sm[side]), &aq);
     if (st == MOEFUSE_OK)
-        st = moefuse_quant(g_ctx, T(r->xq), T(r->qq[g]), T(r->sq[g]), NULL);
+        st = moefuse_quant(ctx, T(in(r->xq, side)), T(r->qq[side]), T(r->sq[side]), NULL);
     if (st == MOEFUSE_OK)
-        st = moefuse_dequant(g_ctx, T(r->qq[g]), T(r->sq[g]), T(r->dq[g]), NULL);
+        st = moefuse_dequant(ctx, T(r->qq[side]), T(r->sq[side]), T(r->dq[side]), NULL);
     if (st == MOEFUSE_OK)
-        st = moefuse_act_mul(g_ctx, T(r->x), NULL, T(r->am[g]), NULL);
+        st = moefuse_act_mul(ctx, T(in(r->x, side)), NULL, T(r->am[side]), NULL);
     if (st == MOEFUSE_OK)
-        st = moefuse_topk_softmax(g_ctx, T(r->lg), 1, T(r->ids[g]), T(r->w[g]));
+        st = moefuse_topk_softmax(ctx, T(in(r->lg, side)), 1, T(r->ids[side]), T(r->w[side]));
     return st;
+}
+
+static moefuse_status rows_issue(void *arg, int graph) { return rows_run(arg, graph ? GRAPH : EAGER); }
+
+/* The CPU's output beside a device one: its twin, named for the CPU. */
+static tbuf *cpu_output(tbuf *dev, const char *what)
+{
+    tbuf *c = tb_twin(dev, g_ref);
+    snprintf(c->name, sizeof c->name, "%s_cpu", what);
+    repoison(c); /* unlike the device's: both sides leaving an element alone fails */
+    return c;
+}
+
+/* Each row operation of the eager call and of the replay against the CPU's. */
+static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax, int64_t Ex,
+                        int64_t k)
+{
+    static const char *const side_name[2] = {"eager", "graph replay"};
+    versus q[2], s[2], qm[2], sm[2];
+    for (int d = EAGER; d <= GRAPH; d++) {
+        q[d] = versus_new(r->q[d], r->q[CPU], h_fmt("act_quant, %s", side_name[d]));
+        s[d] = versus_new(r->s[d], r->s[CPU], q[d].what);
+        qm[d] = versus_new(r->qm[d], r->qm[CPU], h_fmt("act_quant_masked, %s", side_name[d]));
+        sm[d] = versus_new(r->sm[d], r->sm[CPU], qm[d].what);
+    }
+    cmp_act_quant_rows(q, s, 2, r->x, -1, Tn, H, 128);
+    for (int64_t e = 0; e < E; e++) { /* rows past the clamped count: zeros, as the CPU's */
+        const int64_t n = (int64_t)tb_get(r->cnt, e, 0, 0);
+        cmp_act_quant_rows(qm, sm, 2, r->xm, e, n < 0 ? 0 : n > Tmax ? Tmax : n, H, 128);
+    }
+    for (int d = EAGER; d <= GRAPH; d++) {
+        versus_end(&q[d]), versus_end(&s[d]), versus_end(&qm[d]), versus_end(&sm[d]);
+        /* quant and dequant: no exp on the way, bit-equal */
+        versus v = versus_new(r->qq[d], r->qq[CPU], h_fmt("quant, %s", side_name[d]));
+        versus_end(&v);
+        v = versus_new(r->sq[d], r->sq[CPU], v.what);
+        versus_end(&v);
+        v = versus_new(r->dq[d], r->dq[CPU], h_fmt("dequant, %s", side_name[d]));
+        versus_end(&v);
+        v = versus_new(r->am[d], r->am[CPU], h_fmt("act_mul, %s", side_name[d]));
+        cmp_act_mul(&v, r->x, Tn, H);
+        versus_end(&v);
+        v = versus_new(r->ids[d], r->ids[CPU], h_fmt("topk_softmax ids, %s", side_name[d]));
+        versus_end(&v);
+        v = versus_new(r->w[d], r->w[CPU], h_fmt("topk_softmax weights, %s", side_name[d]));
+        cmp_topk_weights(&v, Tn, Ex, k);
+        versus_end(&v);
+    }
+    check_codes_apart();
 }
 
 START_TEST(row_ops_in_a_graph)
@@ -195,6 +461,8 @@ START_TEST(row_ops_in_a_graph)
     r.cnt = tb_new1("counts", MOEFUSE_I32, E, 1);
     r.xq = tb_new2("x_quant", MOEFUSE_F16, Tn, H, 0, 1);
     r.lg = tb_new2("logits", MOEFUSE_F32, Tn, Ex, 0, 1);
+    tbuf *inputs[] = {r.x, r.xm, r.cnt, r.xq, r.lg};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) tb_twin(inputs[i], g_ref);
     for (int g = 0; g < 2; g++) {
         char n[48];
 #define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
@@ -210,6 +478,16 @@ START_TEST(row_ops_in_a_graph)
         r.w[g] = tb_new2(NAME("weights"), MOEFUSE_F32, Tn, k, 0, 0);
 #undef NAME
     }
+    r.q[CPU] = cpu_output(r.q[EAGER], "q");
+    r.s[CPU] = cpu_output(r.s[EAGER], "scales");
+    r.qm[CPU] = cpu_output(r.qm[EAGER], "q_masked");
+    r.sm[CPU] = cpu_output(r.sm[EAGER], "scales_masked");
+    r.qq[CPU] = cpu_output(r.qq[EAGER], "q_quant");
+    r.sq[CPU] = cpu_output(r.sq[EAGER], "scales_quant");
+    r.dq[CPU] = cpu_output(r.dq[EAGER], "dequant");
+    r.am[CPU] = cpu_output(r.am[EAGER], "act_mul");
+    r.ids[CPU] = cpu_output(r.ids[EAGER], "ids");
+    r.w[CPU] = cpu_output(r.w[EAGER], "weights");
     tb_fill_unif(r.x, -4.0, 4.0);
     tb_fill_unif(r.xm, -4.0, 4.0);
     tb_fill_unif(r.xq, -3.0, 3.0);
@@ -228,6 +506,8 @@ START_TEST(row_ops_in_a_graph)
     replay(exec, cs);
     OK(rows_issue(&r, 0));
     OK(moefuse_synchronize(g_ctx));
+    moefuse_status st = rows_run(&r, CPU);
+    HCHECK(st == MOEFUSE_OK, "row operations on the cpu: %s", moefuse_last_error(g_ref));
     h_check_all(0);
     tbuf *pairs[][2] = {{r.q[1], r.q[0]},   {r.s[1], r.s[0]},     {r.qm[1], r.qm[0]},
                         {r.sm[1], r.sm[0]}, {r.qq[1], r.qq[0]},   {r.sq[1], r.sq[0]},
@@ -235,6 +515,7 @@ START_TEST(row_ops_in_a_graph)
                         {r.w[1], r.w[0]}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         same_bytes(pairs[i][0], pairs[i][1], "row operations, graph vs eager");
+    rows_vs_cpu(&r, Tn, H, E, Tmax, Ex, k);
     CU(cudaGraphExecDestroy(exec));
     CU(cudaStreamDestroy(cs));
     tb_free_all();
@@ -265,23 +546,32 @@ START_TEST(streams_switch_without_waiting)
     OK(moefuse_set_stream(g_ctx, NULL));
     h_check_all(0);
     same_bytes(small.out_eager, small.out_graph, "the small layer on stream a after stream b");
+    layer_vs_cpu(&small, small.out_graph, "the small layer on stream b");
+    layer_vs_cpu(&small, small.out_eager, "the small layer on stream a after stream b");
     tbuf *one_stream = tb_new2("big_one_stream", MOEFUSE_BF16, 2048, 512, 0, 0);
     OK(moefuse_moe_forward(g_ctx, T(big.x), T(big.w1), T(big.w2), NULL, NULL, &big.R,
                            T(one_stream), NULL));
     OK(moefuse_synchronize(g_ctx));
     h_check_all(0);
     same_bytes(big.out_graph, one_stream, "the large layer on stream a, against one stream");
+    layer_vs_cpu(&big, big.out_graph, "the large layer on stream a");
     CU(cudaStreamDestroy(a));
     CU(cudaStreamDestroy(b));
     tb_free_all();
 }
 END_TEST
 
+static void setup(void)
+{
+    h_setup_cross(); /* g_ref: the CPU golden backend */
+    codes_seen = codes_apart = 0;
+}
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_graph");
     TCase *tc = tcase_create("cuda_graph");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
+    tcase_add_checked_fixture(tc, setup, h_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, moe_forward_in_a_graph, 0, 2);
     tcase_add_test(tc, row_ops_in_a_graph);

@@ -33,6 +33,10 @@ typedef struct cuda_state {
     int sm_count;              /* multiprocessors, read from the device */
     int cc_major, cc_minor;    /* compute capability */
     size_t smem_optin;         /* max dynamic shared memory per block after opt-in */
+    /* one bit per GEMM kernel whose dynamic shared-memory limit this context has raised
+     * (moe_mma.cu, moe_wgmma.cu): per context, so threads with contexts of their own
+     * share no mutable state, and a context is used by one thread at a time */
+    uint32_t mma_smem_raised, wgmma_smem_raised;
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */
     size_t scratch_bytes;

@@ -187,15 +187,22 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
 
 /* ---------------------------------------------------------------- launch */
 
+/* A kernel's bit in s->mma_smem_raised: 3 tiles x (f16, bf16) x (gate, final). */
+static_assert((MOE_MMA_L - MOE_MMA_S + 1) * 4 <= 32, "mma_smem_raised has a bit per kernel");
+static uint32_t smem_bit(int cfg, bool f16, bool gate)
+{
+    return (uint32_t)1 << ((cfg - MOE_MMA_S) * 4 + (f16 ? 2 : 0) + (gate ? 1 : 0));
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES, int MINB, bool F16, bool GATE>
-static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op, const MoeGemm *p)
+static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op, int cfg,
+                             const MoeGemm *p)
 {
     void (*kern)(const MoeGemm) = moe_mma_kernel<BM, BN, WM, WN, STAGES, MINB, F16, GATE>;
     const size_t smem = (size_t)STAGES * (BM + BN) * 128;
-    /* the dynamic shared-memory limit is set once per device (a benign race between threads) */
-    static volatile int configured[64];
-    const int dev = s->device >= 0 && s->device < 64 ? s->device : -1;
-    if (dev < 0 || !configured[dev]) {
+    /* the dynamic shared-memory limit is raised once per context: no state shared by threads */
+    const uint32_t bit = smem_bit(cfg, F16, GATE);
+    if (!(s->mma_smem_raised & bit)) {
         if (smem > s->smem_optin)
             return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
                             "%s: the tile needs %zu bytes of shared memory; the device allows %zu",
@@ -204,8 +211,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                                              (int)smem);
         if (e != cudaSuccess)
             return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_mma_kernel)");
-        if (dev >= 0)
-            configured[dev] = 1;
+        s->mma_smem_raised |= bit;
     }
     dim3 grid;
     if (p->rt.direct) {
@@ -225,9 +231,9 @@ static moefuse_status launch_cfg(moefuse_context *ctx, cuda_state *s, const char
     switch (cfg) {
     case MOE_MMA_S: /* the decode tile; its shape macros are in moe_internal.h */
         return launch<16, MOE_S_BN, 1, MOE_S_WN, MOE_S_STAGES, MOE_S_MINB, F16, GATE>(
-            ctx, s, op, p);
-    case MOE_MMA_M: return launch<64, 128, 2, 2, 4, 2, F16, GATE>(ctx, s, op, p);
-    case MOE_MMA_L: return launch<128, 128, 2, 4, 3, 2, F16, GATE>(ctx, s, op, p);
+            ctx, s, op, cfg, p);
+    case MOE_MMA_M: return launch<64, 128, 2, 2, 4, 2, F16, GATE>(ctx, s, op, cfg, p);
+    case MOE_MMA_L: return launch<128, 128, 2, 4, 3, 2, F16, GATE>(ctx, s, op, cfg, p);
     default:
         return mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: configuration %d is not a tensor-core one",
                         op, cfg);
