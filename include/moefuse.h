@@ -332,7 +332,8 @@ MOEFUSE_API moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefu
                                                const moefuse_moe_options *opt);
 
 /* Bytes of the h intermediate moe_forward keeps for these sizes (backend memory; the CUDA
- * backend's scratch also holds routing lists and f32 partial rows). */
+ * backend's scratch also holds routing lists and f32 partial rows). 0 for negative sizes or
+ * an unknown dtype; SIZE_MAX when the product overflows size_t. */
 MOEFUSE_API size_t moefuse_moe_forward_workspace_bytes(moefuse_context *ctx, int64_t M,
                                                        int64_t topk, int64_t I,
                                                        moefuse_dtype act_dtype);
