@@ -1,5 +1,6 @@
 /* Context lifetime, backend selection, streams and backend memory. */
 #include "core/core.h"
+#include "core/fault.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ moefuse_status moefuse_context_create(moefuse_context **out, const char *backend
                             moefuse_built_backends());
     }
 
-    moefuse_context *ctx = calloc(1, sizeof *ctx);
+    moefuse_context *ctx = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
         return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "context_create: out of host memory");
     atomic_init(&ctx->in_call, false);

@@ -4,6 +4,7 @@
  * context-owned scratch when the backend has no fused whole-layer kernel.
  */
 #include "core/core.h"
+#include "core/fault.h"
 
 #include <string.h>
 
@@ -213,6 +214,10 @@ moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer)
             ctx->backend->buffer_free(ctx->state, ctx->workspace);
         ctx->workspace = NULL;
         ctx->workspace_bytes = 0;
+        if (mf_fault_hit(MF_FAULT_SCRATCH_GROW)) /* test hook: a growth that fails */
+            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                            "moe_forward: growing the workspace to %zu bytes failed (injected)",
+                            bytes);
         MF_TRY(ctx->backend->buffer_alloc(ctx, ctx->state, bytes, &ctx->workspace));
         ctx->workspace_bytes = bytes;
     }

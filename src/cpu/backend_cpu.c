@@ -1,5 +1,6 @@
 /* The CPU backend's vtable, state and host memory. */
 #include "cpu/cpu_internal.h"
+#include "core/fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,8 @@ typedef struct cpu_state {
     char device[128];
 } cpu_state;
 
-void *mf_cpu_alloc(size_t bytes)
+/* 64-byte aligned host memory, the CPU backend's buffers and scratch alike. */
+static void *aligned_alloc64(size_t bytes)
 {
     void *p = NULL;
     size_t n = (bytes + 63) / 64 * 64;
@@ -21,13 +23,18 @@ void *mf_cpu_alloc(size_t bytes)
     return p;
 }
 
+void *mf_cpu_alloc(size_t bytes)
+{
+    return mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : aligned_alloc64(bytes);
+}
+
 void mf_cpu_free(void *p) { free(p); }
 
 static bool cpu_probe(void) { return true; }
 
 static moefuse_status cpu_init(moefuse_context *ctx, void **state)
 {
-    cpu_state *s = calloc(1, sizeof *s);
+    cpu_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (s == NULL)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of state",
                         sizeof *s);
@@ -51,7 +58,7 @@ static moefuse_status cpu_buffer_alloc(moefuse_context *ctx, void *state, size_t
                                        void **buffer)
 {
     (void)state;
-    void *p = mf_cpu_alloc(bytes);
+    void *p = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? NULL : aligned_alloc64(bytes);
     if (p == NULL)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %zu bytes",
                         bytes);

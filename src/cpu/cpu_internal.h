@@ -30,7 +30,8 @@ static inline int mf_cpu_thread_id(void)
 #endif
 }
 
-/* 64-byte aligned host memory; never NULL for bytes == 0 unless out of memory. */
+/* 64-byte aligned host scratch of a call; never NULL for bytes == 0 unless out of memory
+ * (or a host-allocation fault injected by a test, core/fault.h). */
 void *mf_cpu_alloc(size_t bytes);
 void mf_cpu_free(void *p);
 

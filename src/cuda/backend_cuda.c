@@ -79,7 +79,7 @@ static void resolve_address_range(cuda_state *s)
 
 static moefuse_status cuda_init(moefuse_context *ctx, void **state)
 {
-    cuda_state *s = calloc(1, sizeof *s);
+    cuda_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (!s)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes of state",
                         sizeof *s);
@@ -167,7 +167,8 @@ static moefuse_status cuda_buffer_alloc(moefuse_context *ctx, void *state, size_
                                         void **buffer)
 {
     (void)state;
-    cudaError_t e = cudaMalloc(buffer, bytes ? bytes : 1);
+    cudaError_t e = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? cudaErrorMemoryAllocation
+                                                        : cudaMalloc(buffer, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,

@@ -16,6 +16,7 @@
 #define MOEFUSE_CUDA_INTERNAL_H
 
 #include "core/backend.h"
+#include "core/fault.h"
 
 #include <cuda_runtime.h>
 

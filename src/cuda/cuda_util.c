@@ -33,7 +33,9 @@ moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes
             return mf_error(ctx, MOEFUSE_ERR_BACKEND_FAILURE,
                             "%s: internal error: two scratch requests in one captured call", op);
         /* becomes an allocation node of the graph, freed by mf_cuda_end_call's node */
-        e = cudaMallocAsync(&s->capture_scratch, bytes ? bytes : 256, s->stream);
+        e = mf_fault_hit(MF_FAULT_SCRATCH_GROW)
+                ? cudaErrorMemoryAllocation
+                : cudaMallocAsync(&s->capture_scratch, bytes ? bytes : 256, s->stream);
         if (e != cudaSuccess) {
             s->capture_scratch = NULL;
             return mf_cuda_fail(ctx, e, op, "cudaMallocAsync(scratch, during graph capture)");
@@ -57,7 +59,9 @@ moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes
         }
         /* grow by half again, so a slowly rising M does not reallocate every call */
         size_t want = bytes + bytes / 2;
-        e = cudaMallocAsync(&s->scratch, want ? want : 256, s->stream);
+        e = mf_fault_hit(MF_FAULT_SCRATCH_GROW)
+                ? cudaErrorMemoryAllocation
+                : cudaMallocAsync(&s->scratch, want ? want : 256, s->stream);
         if (e != cudaSuccess) {
             s->scratch = NULL;
             return mf_cuda_fail(ctx, e, op, "cudaMallocAsync(scratch)");

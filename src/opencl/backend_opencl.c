@@ -67,7 +67,7 @@ static void describe_build(ocl_state *s)
 
 static moefuse_status ocl_init(moefuse_context *ctx, void **state)
 {
-    ocl_state *s = calloc(1, sizeof *s);
+    ocl_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (!s)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "opencl: cannot allocate %zu bytes of state",
                         sizeof *s);
@@ -164,12 +164,16 @@ static moefuse_status ocl_buffer_alloc(moefuse_context *ctx, void *state, size_t
 {
     ocl_state *s = state;
     cl_int e;
-    cl_mem m = clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &e);
-    if (e != CL_SUCCESS)
-        return mf_ocl_fail(ctx, e, "buffer_alloc", "clCreateBuffer");
+    cl_mem m = mf_ocl_create_buffer(s, bytes ? bytes : 1, MF_FAULT_DEVICE_ALLOC, &e);
+    if (e != CL_SUCCESS) {
+        char call[64];
+        snprintf(call, sizeof call, "clCreateBuffer(%zu bytes)", bytes);
+        return mf_ocl_fail(ctx, e, "buffer_alloc", call);
+    }
     if (!mf_ptrset_add(&s->buffers, m)) {
         clReleaseMemObject(m);
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "buffer_alloc: out of host memory");
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "buffer_alloc: out of host memory for the table of buffers");
     }
     *buffer = m;
     return MOEFUSE_OK;

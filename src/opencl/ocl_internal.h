@@ -8,6 +8,7 @@
 #include <CL/cl.h>
 
 #include "core/backend.h"
+#include "core/fault.h"
 #include "opencl/ptrset.h"
 
 #include <stdbool.h>
@@ -81,6 +82,10 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s);
  * valid entry; path (size bytes) receives the entry's file, "" without cache. */
 bool mf_ocl_cache_load(ocl_state *s, const char *options, char *path, size_t size);
 void mf_ocl_cache_store(ocl_state *s, const char *options, const char *path);
+
+/* clCreateBuffer (read-write), or CL_MEM_OBJECT_ALLOCATION_FAILURE in *err when a test
+ * injected a failure of `kind` (core/fault.h). */
+cl_mem mf_ocl_create_buffer(ocl_state *s, size_t bytes, mf_fault_kind kind, cl_int *err);
 
 /* Scratch of at least `bytes` bytes, valid until the next call that asks for scratch. */
 moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, const char *op,

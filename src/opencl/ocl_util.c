@@ -132,6 +132,15 @@ moefuse_status mf_ocl_launch(moefuse_context *ctx, ocl_state *s, mf_kargs *a, co
     return MOEFUSE_OK;
 }
 
+cl_mem mf_ocl_create_buffer(ocl_state *s, size_t bytes, mf_fault_kind kind, cl_int *err)
+{
+    if (mf_fault_hit(kind)) {
+        *err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        return NULL;
+    }
+    return clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes, NULL, err);
+}
+
 moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, const char *op,
                               cl_mem *out)
 {
@@ -143,9 +152,12 @@ moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, 
         s->scratch = NULL;
         s->scratch_bytes = 0;
         cl_int e;
-        cl_mem m = clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes, NULL, &e);
-        if (e != CL_SUCCESS)
-            return mf_ocl_fail(ctx, e, op, "clCreateBuffer(scratch)");
+        cl_mem m = mf_ocl_create_buffer(s, bytes, MF_FAULT_SCRATCH_GROW, &e);
+        if (e != CL_SUCCESS) {
+            char call[64];
+            snprintf(call, sizeof call, "clCreateBuffer(scratch of %zu bytes)", bytes);
+            return mf_ocl_fail(ctx, e, op, call);
+        }
         s->scratch = m;
         s->scratch_bytes = bytes;
     }

@@ -165,6 +165,8 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
     const size_t yoff = mf_round_up(route_bytes(a, chunk * kk), 64);
     const size_t ybytes = a->reduce ? (size_t)(chunk * kk * K) * sizeof(cl_float) : 0;
     cl_mem r;
+    /* the call's only allocation, before its first write: nothing below allocates, so a
+     * failure to get memory leaves out as it was, chunk or no chunk (tests/test_faults.c) */
     MF_TRY(mf_ocl_scratch(ctx, s, yoff + ybytes, op, &r));
     if (!a->reduce)
         MF_TRY(zero_invalid(ctx, s, a, &a->out, K, op));

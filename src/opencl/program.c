@@ -75,7 +75,7 @@ static void build_log(ocl_state *s, char *buf, size_t size)
             CL_SUCCESS ||
         n == 0)
         return;
-    char *log = malloc(n + 1);
+    char *log = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : malloc(n + 1);
     if (!log)
         return;
     if (clGetProgramBuildInfo(s->program, s->device, CL_PROGRAM_BUILD_LOG, n, log, NULL) ==
@@ -88,25 +88,31 @@ static void build_log(ocl_state *s, char *buf, size_t size)
 
 /* Options per device. Correctly rounded f32 division makes s = amax / 448 and
  * h / s match the CPU bit for bit; without it OpenCL allows 2.5 ulp. */
-static void choose_options(ocl_state *s, char *opts, size_t size)
+static moefuse_status choose_options(moefuse_context *ctx, ocl_state *s, char *opts, size_t size)
 {
     cl_device_fp_config fp = 0;
     clGetDeviceInfo(s->device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     s->fp_correct_div = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     /* doubles, where present, give exp/erf/tanh correctly rounded to f32 (numerics.cl) */
     size_t n = 0;
-    char *ext = NULL;
-    if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, 0, NULL, &n) == CL_SUCCESS &&
-        (ext = calloc(n + 1, 1)) != NULL &&
-        clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS)
-        s->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
-    free(ext);
+    if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, 0, NULL, &n) == CL_SUCCESS) {
+        /* no silent fallback to the f32 built-ins: they would change results */
+        char *ext = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(n + 1, 1);
+        if (!ext)
+            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                            "opencl: cannot allocate %zu bytes for the device's extension list",
+                            n + 1);
+        if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS)
+            s->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
+        free(ext);
+    }
     const char *env = getenv("MOEFUSE_OPENCL_FP64"); /* "0": test the f32 built-ins path */
     if (env && strcmp(env, "0") == 0)
         s->fp64 = false;
     snprintf(opts, size, "-cl-std=CL1.2%s%s",
              s->fp_correct_div ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
              s->fp64 ? " -DMF_HAVE_FP64" : "");
+    return MOEFUSE_OK;
 }
 
 /* Compile the embedded source; the build log goes into the message on failure. */
@@ -119,10 +125,13 @@ static moefuse_status build_source(moefuse_context *ctx, ocl_state *s, const cha
         s->program = NULL;
         return mf_ocl_fail(ctx, e, NULL, "clCreateProgramWithSource");
     }
-    e = clBuildProgram(s->program, 1, &s->device, opts, NULL, NULL);
+    const bool injected = mf_fault_hit(MF_FAULT_PROGRAM_BUILD); /* a test's (core/fault.h) */
+    e = injected ? CL_BUILD_PROGRAM_FAILURE
+                 : clBuildProgram(s->program, 1, &s->device, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
-        char log[700];
-        build_log(s, log, sizeof log);
+        char log[700] = "(failure injected by a test)";
+        if (!injected)
+            build_log(s, log, sizeof log);
         return mf_error(ctx, MOEFUSE_ERR_BACKEND_FAILURE,
                         "opencl: clBuildProgram(%s) failed with %s (%d): %s", opts,
                         mf_ocl_error_name(e), (int)e, log[0] ? log : "(empty build log)");
@@ -134,7 +143,7 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
 {
     cl_int e;
     char opts[128], path[1100];
-    choose_options(s, opts, sizeof opts);
+    MF_TRY(choose_options(ctx, s, opts, sizeof opts));
     s->from_cache = mf_ocl_cache_load(s, opts, path, sizeof path);
     if (!s->from_cache) {
         moefuse_status st = build_source(ctx, s, opts);

@@ -110,7 +110,7 @@ static cl_program load(ocl_state *s, const char *path, uint64_t key, const char 
     if (fread(m, 1, 8, f) != 8 || memcmp(m, magic, 8) != 0 || fread(hdr, 8, 3, f) != 3 ||
         hdr[0] != key || hdr[1] == 0 || hdr[1] > ((uint64_t)1 << 30))
         goto done;
-    bin = malloc((size_t)hdr[1]);
+    bin = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : malloc((size_t)hdr[1]);
     if (!bin || fread(bin, 1, (size_t)hdr[1], f) != hdr[1] || fgetc(f) != EOF ||
         fnv1a(0xCBF29CE484222325ull, bin, (size_t)hdr[1]) != hdr[2])
         goto done;
@@ -124,7 +124,9 @@ static cl_program load(ocl_state *s, const char *path, uint64_t key, const char 
         prog = NULL;
         goto done;
     }
-    if (clBuildProgram(prog, 1, &s->device, options, NULL, NULL) != CL_SUCCESS) {
+    /* a binary the driver will not build is rebuilt from source, as a corrupt one */
+    if (mf_fault_hit(MF_FAULT_PROGRAM_BUILD) ||
+        clBuildProgram(prog, 1, &s->device, options, NULL, NULL) != CL_SUCCESS) {
         clReleaseProgram(prog);
         prog = NULL;
     }
@@ -142,7 +144,7 @@ static void store(ocl_state *s, const char *path, uint64_t key)
             CL_SUCCESS ||
         len == 0)
         return;
-    unsigned char *bin = malloc(len);
+    unsigned char *bin = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : malloc(len);
     if (!bin)
         return;
     unsigned char *bins[1] = {bin};

@@ -2,10 +2,11 @@
  * The set of cl_mem handles this context allocated. Ownership checks look
  * here instead of asking OpenCL: clGetMemObjectInfo on something that is not
  * a cl_mem (a host pointer from a cpu context, say) would make the ICD loader
- * jump through garbage, and SPEC section 6 wants an error, not a crash.
+ * jump through garbage, and a wrong handle must give an error, not a crash.
  * Open addressing with linear probing; deleted slots keep a tombstone.
  */
 #include "opencl/ptrset.h"
+#include "core/fault.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ static size_t slot_of(const void *p, size_t cap)
 static bool grow(mf_ptrset *s)
 {
     size_t cap = s->cap ? s->cap * 2 : 64;
-    const void **slots = calloc(cap, sizeof *slots);
+    const void **slots = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(cap, sizeof *slots);
     if (!slots)
         return false;
     for (size_t i = 0; i < s->cap; i++) {
