@@ -62,7 +62,7 @@ moefuse_status mf_check_optional(moefuse_context *ctx, const char *op, const cha
 moefuse_status mf_expect_shape(moefuse_context *ctx, const char *op, const char *name,
                                const moefuse_tensor *t, const int64_t *want, const char *what);
 
-/* An operand of a call, for mf_check_disjoint. Absent and empty tensors are skipped. */
+/* An operand of a call, for mf_check_outputs. Absent and empty tensors are skipped. */
 typedef struct mf_operand {
     const char *name;
     const moefuse_tensor *t;
@@ -70,13 +70,16 @@ typedef struct mf_operand {
 } mf_operand;
 
 /*
- * No output may share a byte with another operand: kernels read rows, stage them
- * and write codes of another size, so no call is safe in place. Judged on each
- * tensor's range from its first to one past its last byte (within one cl_mem for
- * handle backends), which also refuses interleaved views that would not collide.
+ * The last check of every call. No output may share a byte with another operand:
+ * kernels read rows, stage them and write codes of another size, so no call is safe
+ * in place. Judged on each tensor's range from its first to one past its last byte
+ * (within one cl_mem for handle backends), which also refuses interleaved views that
+ * would not collide. *idle is set when every output is empty: the call then has
+ * nothing to write and returns before the backend, whatever the sizes of the empty
+ * dimensions' neighbours (a [0, 2^62] tensor is valid and must cost nothing).
  */
-moefuse_status mf_check_disjoint(moefuse_context *ctx, const char *op, const mf_operand *ops,
-                                 size_t count);
+moefuse_status mf_check_outputs(moefuse_context *ctx, const char *op, const mf_operand *ops,
+                                size_t count, bool *idle);
 
 /* "[8, 2048, 4096]" into buf. */
 const char *mf_shape_str(char *buf, size_t size, int32_t rank, const int64_t *shape);

@@ -26,7 +26,7 @@ static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
                               const moefuse_tensor *x, const moefuse_tensor *row_scale,
                               const moefuse_tensor *q, const moefuse_tensor *scales,
                               const moefuse_act_options *act, const moefuse_quant_options *quant,
-                              mf_rows_args *a)
+                              mf_rows_args *a, bool *idle)
 {
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS));
     MF_TRY(row_width(ctx, op, x, gated, &a->hidden));
@@ -53,7 +53,7 @@ static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
     a->expert_scale = mf_absent();
     const mf_operand operands[] = {
         {"x", x, false}, {"row_scale", row_scale, false}, {"q", q, true}, {"scales", scales, true}};
-    return mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]);
+    return mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], idle);
 }
 
 static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
@@ -61,8 +61,11 @@ static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moef
                                 const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
 {
     mf_rows_args a = {0};
+    bool idle;
     MF_TRY(rows_2d(ctx, op, true, x, row_scale, q, scales, opt ? &opt->act : NULL,
-                  opt ? &opt->quant : NULL, &a));
+                  opt ? &opt->quant : NULL, &a, &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->act_quant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->act_quant(ctx, ctx->state, &a);
@@ -73,7 +76,10 @@ static moefuse_status quant(moefuse_context *ctx, const char *op, const moefuse_
                             const moefuse_quant_options *opt)
 {
     mf_rows_args a = {0};
-    MF_TRY(rows_2d(ctx, op, false, x, NULL, q, scales, NULL, opt, &a));
+    bool idle;
+    MF_TRY(rows_2d(ctx, op, false, x, NULL, q, scales, NULL, opt, &a, &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->quant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->quant(ctx, ctx->state, &a);
@@ -121,7 +127,10 @@ static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
                                    {"row_scale", row_scale, false},
                                    {"expert_scale", expert_scale, false},
                                    {"q", q, true},            {"scales", scales, true}};
-    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->act_quant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->act_quant(ctx, ctx->state, &a);
@@ -152,7 +161,10 @@ static moefuse_status act_mul(moefuse_context *ctx, const char *op, const moefus
     a.scales = mf_absent();
     const mf_operand operands[] = {
         {"x", x, false}, {"row_scale", row_scale, false}, {"out", out, true}};
-    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->act_mul)
         return mf_unimplemented(ctx, op);
     return ctx->backend->act_mul(ctx, ctx->state, &a);
@@ -178,7 +190,10 @@ static moefuse_status dequant(moefuse_context *ctx, const char *op, const moefus
     a.q = *q;
     a.out = *out;
     const mf_operand operands[] = {{"q", q, false}, {"scales", scales, false}, {"out", out, true}};
-    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->dequant)
         return mf_unimplemented(ctx, op);
     return ctx->backend->dequant(ctx, ctx->state, &a);

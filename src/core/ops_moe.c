@@ -143,7 +143,10 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
                               {"h", h, true}};
     routing_operands(routing, operands + 4);
     operands[5].t = NULL; /* the gate reads no router weights */
-    MF_TRY(mf_check_disjoint(ctx, op, operands, 7));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->moe_gate)
         return mf_unimplemented(ctx, op);
     return ctx->backend->moe_gate(ctx, ctx->state, &a);
@@ -186,7 +189,10 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     routing_operands(routing, operands + 4);
     if (!reduce)
         operands[5].t = NULL; /* the un-reduced output reads no router weights */
-    MF_TRY(mf_check_disjoint(ctx, op, operands, 7));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->moe_final)
         return mf_unimplemented(ctx, op);
     return ctx->backend->moe_final(ctx, ctx->state, &a);
@@ -225,6 +231,18 @@ moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer)
     return MOEFUSE_OK;
 }
 
+/* A step of the gate + final fallback failed: its message names the step ("moe_gate: ...");
+ * put the call the user made in front of it. */
+static moefuse_status in_forward(moefuse_context *ctx, const char *op, moefuse_status status)
+{
+    if (status != MOEFUSE_OK) {
+        char step[MF_MESSAGE_BYTES];
+        memcpy(step, ctx->message, sizeof step);
+        mf_error(ctx, status, "%s: %s", op, step);
+    }
+    return status;
+}
+
 static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                   const moefuse_tensor *w1, const moefuse_tensor *w2,
                                   const moefuse_tensor *b1, const moefuse_tensor *b2,
@@ -244,7 +262,10 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     mf_operand operands[9] = {{"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
                               {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
     routing_operands(routing, operands + 6);
-    MF_TRY(mf_check_disjoint(ctx, op, operands, 9));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, 9, &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a.h = mf_absent();
         return ctx->backend->moe_forward(ctx, ctx->state, &a);
@@ -256,12 +277,12 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     if (bytes == SIZE_MAX)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: the [M, k, I] intermediate overflows size_t", op);
     void *scratch;
-    MF_TRY(mf_workspace(ctx, bytes ? bytes : 1, &scratch));
+    MF_TRY(in_forward(ctx, op, mf_workspace(ctx, bytes ? bytes : 1, &scratch)));
     int64_t h_shape[3] = {a.tokens, a.topk, a.inter_dim};
     a.h = moefuse_tensor_dense(scratch, x->dtype, 3, h_shape);
 
-    MF_TRY(ctx->backend->moe_gate(ctx, ctx->state, &a));
-    return ctx->backend->moe_final(ctx, ctx->state, &a);
+    MF_TRY(in_forward(ctx, op, ctx->backend->moe_gate(ctx, ctx->state, &a)));
+    return in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, &a));
 }
 
 /* ------------------------------------------------------------ entry points */

@@ -25,7 +25,10 @@ static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
     a.renormalize = renormalize != 0;
     const mf_operand operands[] = {
         {"logits", logits, false}, {"ids", ids, true}, {"weights", weights, true}};
-    MF_TRY(mf_check_disjoint(ctx, op, operands, sizeof operands / sizeof operands[0]));
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
+    if (idle)
+        return MOEFUSE_OK;
     if (!ctx->backend->topk_softmax)
         return mf_unimplemented(ctx, op);
     return ctx->backend->topk_softmax(ctx, ctx->state, &a);

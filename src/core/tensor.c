@@ -92,7 +92,10 @@ moefuse_tensor mf_with_leading_unit(const moefuse_tensor *t)
     moefuse_tensor u = *t;
     u.rank = t->rank + 1;
     u.shape[0] = 1;
-    u.stride[0] = t->rank > 0 ? t->shape[0] * t->stride[0] : 1;
+    /* the unit dimension is never stepped: any value will do when the product overflows
+     * (an empty tensor may have any strides) */
+    if (t->rank == 0 || __builtin_mul_overflow(t->shape[0], t->stride[0], &u.stride[0]))
+        u.stride[0] = t->rank > 0 ? 0 : 1;
     for (int32_t d = 0; d < t->rank; d++) {
         u.shape[d + 1] = t->shape[d];
         u.stride[d + 1] = t->stride[d];

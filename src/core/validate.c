@@ -109,9 +109,13 @@ static moefuse_status check_inside_buffer(moefuse_context *ctx, const char *op, 
                     (long long)span, (unsigned long long)have);
 }
 
-moefuse_status mf_check_disjoint(moefuse_context *ctx, const char *op, const mf_operand *ops,
-                                 size_t count)
+moefuse_status mf_check_outputs(moefuse_context *ctx, const char *op, const mf_operand *ops,
+                                size_t count, bool *idle)
 {
+    *idle = true;
+    for (size_t i = 0; i < count; i++)
+        if (ops[i].output && mf_present(ops[i].t) && moefuse_tensor_span_bytes(ops[i].t) != 0)
+            *idle = false;
     for (size_t i = 0; i < count; i++) {
         if (!ops[i].output || !mf_present(ops[i].t) || moefuse_tensor_span_bytes(ops[i].t) == 0)
             continue;
