@@ -43,11 +43,18 @@ static moefuse_status pick_device(moefuse_context *ctx, int *device)
     return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, NULL, "cudaGetDevice");
 }
 
-static void cuda_release(void *state)
+/* The calling thread's current device, or -1 (none yet, no driver). */
+static int current_device(void)
 {
-    cuda_state *s = state;
-    if (!s)
-        return;
+    int device;
+    if (cudaGetDevice(&device) == cudaSuccess)
+        return device;
+    cudaGetLastError();
+    return -1;
+}
+
+static void release_state(cuda_state *s)
+{
     cudaSetDevice(s->device);
     if (s->scratch && s->own_stream) {
         /* on our own stream: the caller's may be capturing a graph right now */
@@ -64,6 +71,17 @@ static void cuda_release(void *state)
     free(s);
 }
 
+/* Like creation, release leaves the calling thread on the device it was on. */
+static void cuda_release(void *state)
+{
+    if (!state)
+        return;
+    const int previous = current_device();
+    release_state(state);
+    if (previous >= 0)
+        cudaSetDevice(previous);
+}
+
 /* Without it tensors are not checked against their allocation's end, as on the cpu. */
 static void resolve_address_range(cuda_state *s)
 {
@@ -77,7 +95,7 @@ static void resolve_address_range(cuda_state *s)
     s->address_range = (int (*)(unsigned long long *, size_t *, unsigned long long))fn;
 }
 
-static moefuse_status cuda_init(moefuse_context *ctx, void **state)
+static moefuse_status init_state(moefuse_context *ctx, void **state)
 {
     cuda_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (!s)
@@ -122,6 +140,16 @@ static moefuse_status cuda_init(moefuse_context *ctx, void **state)
     return MOEFUSE_OK;
 }
 
+/* Creating a context leaves the creating thread on the device it was on. */
+static moefuse_status cuda_init(moefuse_context *ctx, void **state)
+{
+    const int previous = current_device();
+    moefuse_status status = init_state(ctx, state);
+    if (previous >= 0)
+        cudaSetDevice(previous);
+    return status;
+}
+
 static const char *cuda_device_name(void *state)
 {
     return state ? ((const cuda_state *)state)->device_name : "CUDA";
@@ -163,10 +191,30 @@ static moefuse_status cuda_synchronize(moefuse_context *ctx, void *state)
     return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, "synchronize", "cudaStreamSynchronize");
 }
 
-static moefuse_status cuda_buffer_alloc(moefuse_context *ctx, void *state, size_t bytes,
-                                        void **buffer)
+/*
+ * Kernels launch and cudaMalloc allocates on the calling thread's current device, which
+ * need not be the context's (another thread may use it; init set its creator's). Each
+ * call that depends on it switches to the context's device and gives the thread its own
+ * back: a cudaGetDevice, a thread-local read, when they already agree.
+ */
+static moefuse_status enter_device(moefuse_context *ctx, const cuda_state *s, const char *op,
+                                   int *previous)
 {
-    (void)state;
+    cudaError_t e = cudaGetDevice(previous);
+    if (e == cudaSuccess && *previous != s->device)
+        e = cudaSetDevice(s->device);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaSetDevice");
+}
+
+static moefuse_status leave_device(const cuda_state *s, int previous, moefuse_status status)
+{
+    if (previous != s->device)
+        cudaSetDevice(previous);
+    return status;
+}
+
+static moefuse_status alloc_on_device(moefuse_context *ctx, size_t bytes, void **buffer)
+{
     cudaError_t e = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? cudaErrorMemoryAllocation
                                                         : cudaMalloc(buffer, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
@@ -175,6 +223,14 @@ static moefuse_status cuda_buffer_alloc(moefuse_context *ctx, void *state, size_
                         "buffer_alloc: cudaMalloc of %zu bytes: out of device memory", bytes);
     }
     return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, "buffer_alloc", "cudaMalloc");
+}
+
+static moefuse_status cuda_buffer_alloc(moefuse_context *ctx, void *state, size_t bytes,
+                                        void **buffer)
+{
+    int previous;
+    MF_TRY(enter_device(ctx, state, "buffer_alloc", &previous));
+    return leave_device(state, previous, alloc_on_device(ctx, bytes, buffer));
 }
 
 static void cuda_buffer_free(void *state, void *buffer)
@@ -239,11 +295,16 @@ static bool cuda_buffer_extent(void *state, const void *data, uint64_t *bytes)
     return true;
 }
 
-/* Every operation ends in mf_cuda_end_call (scratch bookkeeping, see cuda_internal.h). */
+/* Every operation runs on the context's device and ends in mf_cuda_end_call (scratch
+ * bookkeeping, see cuda_internal.h). */
 #define MF_CUDA_OP(name, args_type)                                                            \
     static moefuse_status cuda_##name(moefuse_context *ctx, void *state, const args_type *a)    \
     {                                                                                          \
-        return mf_cuda_end_call(ctx, state, #name, mf_cuda_##name(ctx, state, a));             \
+        int previous;                                                                          \
+        MF_TRY(enter_device(ctx, state, #name, &previous));                                    \
+        moefuse_status status =                                                                \
+            mf_cuda_end_call(ctx, state, #name, mf_cuda_##name(ctx, state, a));                \
+        return leave_device(state, previous, status);                                          \
     }
 MF_CUDA_OP(act_quant, mf_rows_args)
 MF_CUDA_OP(act_mul, mf_rows_args)

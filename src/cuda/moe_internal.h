@@ -100,7 +100,9 @@ enum moe_cfg {
 int moe_cfg_bm(int cfg);            /* slots per tile */
 int moe_cfg_cols(int cfg, int gate); /* output columns per block (h columns for the gate) */
 
-/* Launch one GEMM (grid from p->rt.direct, p->nblk and p->lin_bound). */
+/* Launch one GEMM (grid from p->rt.direct, p->nblk and p->lin_bound). With p NULL, only
+ * make the kernel ready (check and raise its shared-memory limit) and launch nothing: a call
+ * does that before its first write, so that a refusal there leaves the outputs untouched. */
 moefuse_status moe_launch_mma(moefuse_context *ctx, cuda_state *s, const char *op, int cfg,
                               int gate, int f16, const MoeGemm *p);
 /* Hopper kernels: built (sm_90a in the targets) and the device is compute capability 9.0. */

@@ -289,6 +289,17 @@ static moefuse_status launch_gemm(moefuse_context *ctx, cuda_state *s, const cha
     return moe_launch_mma(ctx, s, op, pl->cfg, gate, pl->f16, g);
 }
 
+/* Everything a GEMM launch can refuse (shared memory, attributes), before the call writes. */
+static moefuse_status ready_gemm(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const moe_plan *pl, int gate)
+{
+    if (pl->simt)
+        return MOEFUSE_OK;
+    if (pl->cfg == MOE_WGMMA_L)
+        return moe_launch_wgmma(ctx, s, op, gate, pl->f16, NULL);
+    return moe_launch_mma(ctx, s, op, pl->cfg, gate, pl->f16, NULL);
+}
+
 /* Zero `rows` rows of `width` bytes, `pitch` bytes apart (k = 0: the reduced output). */
 static moefuse_status zero_rows(moefuse_context *ctx, cuda_state *s, const char *op, void *p,
                                 size_t pitch, size_t width, size_t rows)
@@ -349,6 +360,7 @@ extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, co
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
+    MF_TRY(ready_gemm(ctx, s, op, &pl, 1));
     MF_TRY(prepare(ctx, s, op, a, &pl, &z, &none, &b, &scratch, &rt));
     const MoeGemm g = gate_params(a, &pl, &rt, &a->h, 1);
     return launch_gemm(ctx, s, op, &pl, 1, &g);
@@ -375,6 +387,7 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
+    MF_TRY(ready_gemm(ctx, s, op, &pl, 0));
     MF_TRY(prepare(ctx, s, op, a, &pl, &z, &ztok, &b, &scratch, &rt));
     if (pl.direct && b.cnt) { /* routed mode zeroes the counters with the expert counts */
         cudaError_t e = cudaMemsetAsync(b.cnt, 0, b.cnt_n * sizeof *b.cnt, s->stream);
@@ -416,6 +429,8 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     char *scratch;
     MoeRouteBufs b;
     MoeRoute rt;
+    MF_TRY(ready_gemm(ctx, s, op, &pl, 1));
+    MF_TRY(ready_gemm(ctx, s, op, &pl, 0));
     MF_TRY(prepare(ctx, s, op, a, &pl, &none, &ztok, &b, &scratch, &rt));
     const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
     const moefuse_tensor h = moefuse_tensor_dense(scratch + off_h, a->x.dtype, 3, h_shape);

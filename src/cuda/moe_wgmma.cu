@@ -257,6 +257,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
             return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_wgmma_kernel)");
         s->wgmma_smem_raised |= bit;
     }
+    if (!p)
+        return MOEFUSE_OK; /* only made ready */
     dim3 grid;
     if (p->rt.direct) {
         const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
