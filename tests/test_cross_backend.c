@@ -1,27 +1,30 @@
 /*
- * Cross-backend agreement (SPEC section 5). Every operation runs on the CPU
- * golden backend (g_ref) and on the backend under test (g_ctx) over identical
- * buffers (tb_twin: same bytes, canaries and poison), from fresh random data
- * every run. Results are compared element by element with SPEC's tolerances;
- * every other byte of the two buffers (row padding, untouched tails, canaries)
- * must be equal, and h_check_all checks each side's canaries after each call.
- * The GEMMs are also compared with the float64 oracle (oracle.c).
+ * Cross-backend agreement (docs/NUMERICS.md, "Agreement between backends").
+ * Every operation runs on the CPU golden backend (g_ref) and on the backend
+ * under test (g_ctx) over identical buffers (tb_twin: same bytes, canaries and
+ * poison), from fresh random data every run. Results are compared element by
+ * element with the bounds of that section; every other byte of the two
+ * buffers (row padding, untouched tails, canaries) must be equal, and
+ * h_check_all checks each side's canaries after each call. The GEMMs are also
+ * compared with the float64 oracle (oracle.c).
  *
  * With MOEFUSE_TEST_BACKEND=cpu both sides are CPU contexts. The program then
  * checks its own cases and comparisons, and that two CPU contexts agree bit for
- * bit, in about a second: cheap enough to run on every build, and a broken
+ * bit, in seconds: cheap enough to run on every build, and a broken
  * comparison shows up before anyone runs it on a GPU.
  *
- * Tolerances, from SPEC section 5 (the reasons for each widening are at the
- * functions that apply them):
+ * The bounds (the reasons are at the functions that apply them):
  *  - quant (no activation): scales and codes bit-equal when the device divides
  *    correctly rounded (its name says "division not correctly rounded" when
- *    not; then SPEC's 1 ulp and one code apart).
- *  - act_quant, masked: f32 scales within 1 ulp, or within the oracle's band
- *    for s = amax / 448 where that is wider; UE8M0 exponents equal; codes
- *    equal or one apart on at most 0.01% of the codes of a test, never a sign
- *    flip.
- *  - act_mul: within 1 ulp of the output dtype, or within the oracle's band.
+ *    not; then scales within 1 ulp and codes one apart).
+ *  - act_mul: within 1 ulp of the output dtype of the CPU's value, or, where
+ *    the backend's exp/erf/tanh value differs from the C library's, within
+ *    1 ulp of NUMERICS.md's f32 formula evaluated with a function value within
+ *    1 ulp of the correctly rounded one (cmp_act_value; no band).
+ *  - act_quant, masked: f32 scales between the scales of the smallest and the
+ *    largest amax that act_mul's rule allows for the group (cmp_scale);
+ *    UE8M0 exponents equal; codes equal or one apart on at most 0.01% of the
+ *    codes of a test, never a sign flip.
  *  - dequant: bit-equal. topk: ids equal, weights within (E + 4 + k) ulp.
  *  - GEMMs: relative error <= 1e-5 (f32), 8e-3 (bf16), 4e-3 (f16, oracle.h)
  *    against the oracle on both backends, and between the two backends.
@@ -110,21 +113,33 @@ static struct {
     long long codes, codes_apart;   /* quantized codes compared; one code apart */
     long long scales, scales_apart; /* f32 scales compared; not bit-equal */
     double scale_ulp;               /* largest scale difference, in ulps */
-    long long values, values_apart; /* activation outputs compared; not bit-equal */
-    double value_ulp;               /* largest difference, in ulps of the output dtype */
-    double gemm_rel;                /* largest GEMM relative error, device vs cpu */
+    struct {                        /* act_mul outputs, per activation (silu, gelu, gelu_tanh) */
+        long long values, apart;    /* compared; not bit-equal */
+        double ulp;                 /* largest difference from the cpu, in ulps of the output dtype */
+        long long by_fn;            /* more than 1 ulp apart: the exception of cmp_act_value */
+        double fn_ulp;              /* their largest distance from the formula with the device's function */
+    } act[3];
+    double gemm_rel; /* largest GEMM relative error, device vs cpu */
 } seen;
 
-/* SPEC: FP8 codes one apart on at most 0.01% of elements (int8 codes alike). */
+/* NUMERICS.md, "Agreement between backends": codes one apart on at most 0.01% of a test's codes. */
 static void finish(const char *test)
 {
     fprintf(stderr,
             "%s on %s: %lld codes (%lld one apart), %lld f32 scales (%lld not bit-equal, worst %g ulp), "
-            "%lld act values (%lld not bit-equal, worst %g ulp), GEMM rel. error <= %.3g\n",
+            "GEMM rel. error <= %.3g\n",
             test, h_backend(), seen.codes, seen.codes_apart, seen.scales, seen.scales_apart, seen.scale_ulp,
-            seen.values, seen.values_apart, seen.value_ulp, seen.gemm_rel);
-    HCHECK(seen.codes_apart * 10000 <= seen.codes, "%s: %lld of %lld codes one apart: more than SPEC's 0.01%%",
-           test, seen.codes_apart, seen.codes);
+            seen.gemm_rel);
+    static const char *names[3] = {"silu", "gelu", "gelu_tanh"};
+    for (int a = 0; a < 3; a++)
+        if (seen.act[a].values)
+            fprintf(stderr,
+                    "  act_mul %s: %lld values, %lld not bit-equal, worst %g ulp from the cpu; %lld beyond "
+                    "1 ulp where exp/erf/tanh differ, each within %g ulp of the formula with the device's\n",
+                    names[a], seen.act[a].values, seen.act[a].apart, seen.act[a].ulp, seen.act[a].by_fn,
+                    seen.act[a].fn_ulp);
+    HCHECK(seen.codes_apart * 10000 <= seen.codes, "%s: %lld of %lld codes one apart: more than 0.01%%", test,
+           seen.codes_apart, seen.codes);
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -213,6 +228,81 @@ static void fill_act(tbuf *x, int special)
             }
 }
 
+/* ------------------------------------------ h as NUMERICS.md computes it */
+
+/*
+ * The one freedom between backends in h (docs/NUMERICS.md, "Agreement between
+ * backends"): the f32 value of exp, erf or tanh. NUMERICS.md takes the C
+ * library's expf, erff, tanhf, which are not correctly rounded (glibc 2.36:
+ * 0.006%, 5.8% and 5.4% of the f32 inputs in [-12, 12] differ from the
+ * correctly rounded value, tanhf by up to 2 ulp), while a backend evaluates
+ * its own, within 1 ulp of the correctly rounded value (OpenCL: in f64 and
+ * rounded once; CUDA: its own expf, erf and tanh in f64). The f32 operations
+ * after the function turn one ulp of it into up to 3 ulp of h (silu: 1 + e,
+ * g / d, * u, * r each round), and where gelu's 1 + erf (1 + tanh) cancels
+ * into many. Everything else is IEEE f32 arithmetic in a fixed order, the
+ * same on every backend. So the test evaluates NUMERICS.md's formula itself,
+ * in f32, with each function value the rule allows, and checks exactly that:
+ * no band, and any other error (an operation fused, reordered, rounded
+ * differently) shows. With the C library's value the formula must give the
+ * CPU's result bit for bit, which the comparisons check for every value.
+ */
+
+/* g and u after the clamp, and z, the argument of exp (silu), erf (gelu) or tanh (gelu_tanh). */
+typedef struct {
+    float g, u, z;
+} act_in;
+
+static act_in act_in_of(const or_act_opt *o, double g, double u)
+{
+    act_in a = {(float)g, (float)u, 0.0f};
+    const float lim = (float)o->limit;
+    if (lim > 0.0f) {
+        a.g = (a.g > lim) ? lim : a.g;
+        a.u = (a.u > lim) ? lim : (a.u < -lim ? -lim : a.u);
+    }
+    if (o->act == MOEFUSE_ACT_GELU)
+        a.z = a.g * 0.70710678118654752f;
+    else if (o->act == MOEFUSE_ACT_GELU_TANH)
+        a.z = 0.7978845608028654f * (a.g + 0.044715f * ((a.g * a.g) * a.g));
+    else
+        a.z = -a.g;
+    return a;
+}
+
+static const char *act_fn_name(int act)
+{
+    return act == MOEFUSE_ACT_GELU ? "erf" : act == MOEFUSE_ACT_GELU_TANH ? "tanh" : "exp";
+}
+
+/* The C library's value at z (the CPU backend's). */
+static float act_fn_libm(int act, float z)
+{
+    return act == MOEFUSE_ACT_GELU ? erff(z) : act == MOEFUSE_ACT_GELU_TANH ? tanhf(z) : expf(z);
+}
+
+/* The correctly rounded value (f64 rounded once: off only at near-ties), moved by k ulp. */
+static float act_fn_near(int act, float z, int k)
+{
+    double v = act == MOEFUSE_ACT_GELU ? erf(z) : act == MOEFUSE_ACT_GELU_TANH ? tanh(z) : exp(z);
+    float f = (float)v;
+    return k < 0 ? nextafterf(f, -INFINITY) : k > 0 ? nextafterf(f, INFINITY) : f;
+}
+
+static float bf16_of(float v) { return (float)or_round(OR_BF16, v); }
+
+/* h from the function value fv, steps 2-4, in f32; an absent factor is 1 (exact). */
+static float act_h(const or_act_opt *o, act_in a, float fv, float rs, float es)
+{
+    float v = o->act == MOEFUSE_ACT_SILU ? a.g / (1.0f + fv) : (0.5f * a.g) * (1.0f + fv);
+    if (o->round_bf16) v = bf16_of(v);
+    float h = v * a.u;
+    h = h * rs;
+    h = h * es;
+    if (o->round_bf16) h = bf16_of(h);
+    return h;
+}
+
 /* ---------------------------------------------------------- dequant */
 
 /* Bit-equal floats; NaN signs must agree (an f32 NaN's payload is not specified). */
@@ -279,17 +369,16 @@ static const char *at(const qcfg *c, int64_t e, int64_t t, int64_t col)
 }
 
 /*
- * f32 scales: SPEC's 1 ulp where exp or a division differs, or the oracle's
- * band for s = amax / 448 where that is wider. s follows the group's largest
- * |h|, and h itself agrees only as act_mul does (see cmp_act_value): one ulp of
- * the C library's expf, erff or tanhf, which a device cannot reproduce bit for
- * bit, becomes a few ulps of h through the f32 operations after it, and many
- * where gelu's 1 + erf (1 + tanh) cancels. The band is what one ulp per libm
- * function and one rounding per operation move amax by (oracle.h). Without an
- * activation the band is a point, and the scales must be bit-equal.
+ * f32 scales, s = max(amax, eps) / 448 (127). Without an activation h is x
+ * and s must be bit-equal. With one, amax follows the largest |h| of the
+ * group, each h as the act_mul rule allows it (see "h as NUMERICS.md
+ * computes it"), and the division is exact IEEE: s must lie between the
+ * scales of the smallest and the largest such amax (group_scale_range).
+ * Where the device does not divide correctly rounded (its name says
+ * "division not correctly rounded") one more ulp either way.
  */
 static void cmp_scale(const qcfg *c, int64_t e, int64_t t, int64_t col, const float *cpu, const float *dev,
-                      double slo, double shi, int exact)
+                      float slo, float shi, int exact)
 {
     seen.scales++;
     if (memcmp(cpu, dev, 4) == 0) return;
@@ -297,12 +386,16 @@ static void cmp_scale(const qcfg *c, int64_t e, int64_t t, int64_t col, const fl
     HCHECK(!exact,
            "%s: scale %a on cpu, %a on %s; must be bit-equal (no activation, correctly rounded division)",
            at(c, e, t, col), *cpu, *dev, h_backend());
-    double tol = fmax(or_ulp32(fmax(fabs(*cpu), fabs(*dev))), shi - slo);
     double ulps = fabs((double)*cpu - *dev) / or_ulp32(*cpu);
     if (ulps > seen.scale_ulp) seen.scale_ulp = ulps;
-    HCHECK(fabs((double)*cpu - *dev) <= tol,
-           "%s: scale %a on cpu, %a on %s (%.3g ulp); allowed %.3g (oracle band [%a, %a])", at(c, e, t, col),
-           *cpu, *dev, h_backend(), ulps, tol, slo, shi);
+    if (!exact_division()) {
+        slo = nextafterf(slo, 0.0f);
+        shi = nextafterf(shi, INFINITY);
+    }
+    HCHECK(*dev >= slo && *dev <= shi,
+           "%s: scale %a on cpu, %a on %s (%.3g ulp); allowed [%a, %a] (the scales of the group's amax with "
+           "exp/erf/tanh values within 1 ulp of the correctly rounded ones)",
+           at(c, e, t, col), *cpu, *dev, h_backend(), ulps, slo, shi);
 }
 
 /* Codes: equal, or one apart (counted against the 0.01%), never a sign flip. */
@@ -335,22 +428,66 @@ static void cmp_code(const qcfg *c, int64_t e, int64_t t, int64_t col, uint8_t c
     seen.codes_apart++;
 }
 
-/* Rows [0, n) of expert e (2-D: e = 0, rank-2 tensors) against the oracle's h. */
-static void cmp_rows(const qcfg *c, pair x, pair q, pair sc, unsigned char *jq, unsigned char *js, int64_t e,
-                     int64_t n, const double *hp, const double *lo, const double *hi, int exact)
+/* The factors of row t of expert e (2-D: e = 0), 1 when absent. */
+static void row_factors(const qcfg *c, pair rs, pair es, int64_t e, int64_t t, float *r, float *f)
+{
+    *r = !rs.d ? 1.0f : (float)(c->E ? tb_get(rs.d, e, t, 0) : tb_get(rs.d, t, 0, 0));
+    *f = es.d ? (float)tb_get(es.d, e, 0, 0) : 1.0f;
+}
+
+/*
+ * The f32 scales that group g of row (e, t) may get: [slo, shi], from the
+ * smallest and largest amax the act_mul rule allows (each finite h: the CPU's,
+ * or the formula with exp/erf/tanh within 1 ulp of the correctly rounded
+ * value; non-finite h are left out of amax on both sides). The CPU's own
+ * amax must give the CPU's scale, bit for bit.
+ */
+static void group_scale_range(const qcfg *c, pair x, float r, float f, int64_t e, int64_t t, int64_t g,
+                              const float *cpu, float *slo, float *shi)
+{
+    const or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
+    const float eps = c->eps > 0 ? c->eps : 1e-10f, div = c->qdt == MOEFUSE_F8_E4M3 ? 448.0f : 127.0f;
+    float am = 0.0f, lo = 0.0f, hi = 0.0f;
+    for (int64_t i = g * c->G; i < (g + 1) * c->G; i++) {
+        double gv, uv;
+        gate_up(x.d, e, t, i, c->H, c->order, &gv, &uv);
+        const act_in a = act_in_of(&ao, gv, uv);
+        const float hc = act_h(&ao, a, act_fn_libm(c->act, a.z), r, f);
+        if (!isfinite(hc)) continue;
+        float mn = fabsf(hc), mx = mn;
+        for (int k = -1; k <= 1; k++) {
+            const float hk = fabsf(act_h(&ao, a, act_fn_near(c->act, a.z, k), r, f));
+            mn = hk < mn ? hk : mn;
+            mx = hk > mx ? hk : mx;
+        }
+        am = fabsf(hc) > am ? fabsf(hc) : am;
+        lo = mn > lo ? mn : lo;
+        hi = mx > hi ? mx : hi;
+    }
+    const float s_cpu = (am > eps ? am : eps) / div;
+    HCHECK(s_cpu == *cpu, "%s: the test's formula gives the scale %a, the cpu %a (test out of step with "
+           "NUMERICS.md?)", at(c, e, t, -1 - g), (double)s_cpu, (double)*cpu);
+    *slo = (lo > eps ? lo : eps) / div;
+    *shi = (hi > eps ? hi : eps) / div;
+}
+
+/* Rows [0, n) of expert e (2-D: e = 0, rank-2 tensors). */
+static void cmp_rows(const qcfg *c, pair x, pair rs, pair es, pair q, pair sc, unsigned char *jq,
+                     unsigned char *js, int64_t e, int64_t n, int exact)
 {
     const int three = q.d->t.rank == 3, f32_scales = sc.d->t.dtype == MOEFUSE_F32;
     const int64_t H = c->H, G = c->G;
-    const float eps = c->eps > 0 ? c->eps : 1e-10f;
     or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
-    for (int64_t t = 0; t < n; t++)
+    for (int64_t t = 0; t < n; t++) {
+        float r, f;
+        row_factors(c, rs, es, e, t, &r, &f);
         for (int64_t g = 0; g < H / G; g++) {
             if (f32_scales) {
-                double slo, shi;
-                h_scale_band(hp + t * H + g * G, lo + t * H + g * G, hi + t * H + g * G, G, eps,
-                             c->qdt == MOEFUSE_F8_E4M3, &slo, &shi);
                 float *sd = h_scale_el(sc.d, c->L.layout, e, t, g),
                       *scp = h_scale_el(sc.c, c->L.layout, e, t, g);
+                float slo = *scp, shi = *scp;
+                if (!c->quant_only)
+                    group_scale_range(c, x, r, f, e, t, g, scp, &slo, &shi);
                 judge(js, sc.d, sd, 4);
                 cmp_scale(c, e, t, -1 - g, scp, sd, slo, shi, exact);
             }
@@ -367,21 +504,7 @@ static void cmp_rows(const qcfg *c, pair x, pair q, pair sc, unsigned char *jq, 
                 cmp_code(c, e, t, i, *cc, *cd, exact, free_sign);
             }
         }
-}
-
-/* The oracle's h for rows [0, n) of expert e: activation bands, or x itself for quant. */
-static void oracle_rows(const qcfg *c, pair x, pair rs, pair es, int64_t e, int64_t n, double *hp, double *lo,
-                        double *hi)
-{
-    if (c->quant_only) {
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t i = 0; i < c->H; i++)
-                hp[t * c->H + i] = lo[t * c->H + i] = hi[t * c->H + i] = tb_get(x.d, t, i, 0);
-        return;
     }
-    or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
-    double esv = es.d ? tb_get(es.d, e, 0, 0) : 1.0;
-    h_ref_act(x.d, c->E ? e : -1, n, c->H, rs.d, esv, &ao, hp, lo, hi);
 }
 
 static int64_t clamp_count(int32_t n, int64_t Tmax) { return n < 0 ? 0 : n > Tmax ? Tmax : n; }
@@ -390,16 +513,10 @@ static void compare_quant(const qcfg *c, pair x, pair rs, pair es, pair q, pair 
 {
     const int exact = c->quant_only && exact_division();
     unsigned char *jq = judged_new(q), *js = judged_new(sc);
-    size_t m = (size_t)(c->T * c->H);
-    double *hp = doubles(m), *lo = doubles(m), *hi = doubles(m);
     for (int64_t e = 0; e < (c->E ? c->E : 1); e++) {
         int64_t n = c->E ? clamp_count(c->counts[e], c->T) : c->T;
-        oracle_rows(c, x, rs, es, e, n, hp, lo, hi);
-        cmp_rows(c, x, q, sc, jq, js, e, n, hp, lo, hi, exact);
+        cmp_rows(c, x, rs, es, q, sc, jq, js, e, n, exact);
     }
-    free(hp);
-    free(lo);
-    free(hi);
     /* UE8M0 and packed scales, tails, padding: bytes equal (see run_quant_case) */
     same_elsewhere(q, jq, qdesc(c));
     same_elsewhere(sc, js, qdesc(c));
@@ -486,14 +603,10 @@ static void run_quant_case(qcfg c)
 /* ------------------------------------------------------- float outputs */
 
 /*
- * act_mul: SPEC's 1 ulp of the output dtype, or the oracle's band where that
- * is wider. One ulp is not reachable in general: NUMERICS.md defines h through
- * the C library's expf, erff and tanhf, and a device evaluates its own. Both
- * are within an ulp of exact, and the f32 operations after them can turn that
- * ulp into a few (silu: g / (1 + e) * u * r rounds three more times), and the
- * cancellation in gelu's 1 + erf (1 + tanh) into many. The band is exactly
- * what one ulp per libm function and one rounding per operation allow
- * (oracle.h), rounded to the output dtype; any other error is far outside it.
+ * act_mul: within 1 ulp of the output dtype of the CPU's value, or, where the
+ * function values differ (see "h as NUMERICS.md computes it"), within 1 ulp of
+ * the formula with an exp/erf/tanh value within 1 ulp of the correctly rounded
+ * one.
  */
 /* for failure messages only */
 static const char *act_at(const char *what, int64_t t, int64_t c, double g, double u)
@@ -501,16 +614,24 @@ static const char *act_at(const char *what, int64_t t, int64_t c, double g, doub
     return h_fmt("%s [%lld, %lld] g=%a u=%a", what, (long long)t, (long long)c, g, u);
 }
 
-static void cmp_act_value(pair x, pair out, int64_t t, int64_t c, int64_t H, const or_act_opt *o, double lo,
-                          double hi, const char *what)
+/* rs: row t's scale (1 when absent) */
+static void cmp_act_value(pair x, pair out, int64_t t, int64_t c, int64_t H, const or_act_opt *o, float rs,
+                          const char *what)
 {
-    moefuse_dtype dt = out.d->t.dtype;
-    size_t es = moefuse_dtype_size(dt);
-    seen.values++;
-    if (memcmp(tb_el(out.d, t, c, 0), tb_el(out.c, t, c, 0), es) == 0) return;
-    seen.values_apart++;
+    const moefuse_dtype dt = out.d->t.dtype;
+    const int ai = o->act, odt = h_dt_or(dt);
     double vd = tb_get(out.d, t, c, 0), vc = tb_get(out.c, t, c, 0), g, u;
     gate_up(x.d, 0, t, c, H, o->order, &g, &u);
+    const act_in a = act_in_of(o, g, u);
+    const float libm = act_fn_libm(ai, a.z);
+    if (isfinite(vc)) {
+        const double self = or_round(odt, act_h(o, a, libm, rs, 1.0f));
+        HCHECK(self == vc, "%s: the test's formula gives %a, the cpu %a (test out of step with NUMERICS.md?)",
+               act_at(what, t, c, g, u), self, vc);
+    }
+    seen.act[ai].values++;
+    if (memcmp(tb_el(out.d, t, c, 0), tb_el(out.c, t, c, 0), moefuse_dtype_size(dt)) == 0) return;
+    seen.act[ai].apart++;
     if (isnan(vc) || isnan(vd)) {
         HCHECK(isnan(vc) && isnan(vd), "%s: %a on cpu, %a on %s", act_at(what, t, c, g, u), vc, vd,
                h_backend());
@@ -520,13 +641,25 @@ static void cmp_act_value(pair x, pair out, int64_t t, int64_t c, int64_t H, con
     }
     HCHECK(isfinite(vc) && isfinite(vd), "%s: %a on cpu, %a on %s: infinities must be equal",
            act_at(what, t, c, g, u), vc, vd, h_backend());
-    int odt = h_dt_or(dt);
-    double band = or_round(odt, hi) - or_round(odt, lo), ulps = ulps_apart(dt, vc, vd);
-    if (ulps > seen.value_ulp) seen.value_ulp = ulps;
-    HCHECK(ulps <= 1.0 || fabs(vc - vd) <= band,
-           "%s: %.9g on cpu, %.9g on %s: %.3g ulp apart, oracle band [%.9g, %.9g] is %.3g ulp wide",
-           act_at(what, t, c, g, u), vc, vd, h_backend(), ulps, lo, hi,
-           band / fmax(ulp_of(dt, vc), ulp_of(dt, vd)));
+    double ulps = ulps_apart(dt, vc, vd);
+    if (ulps > seen.act[ai].ulp) seen.act[ai].ulp = ulps;
+    if (ulps <= 1.0) return;
+
+    /* the exception: the formula with another function value */
+    double best = INFINITY;
+    float fbest = 0.0f;
+    for (int k = -1; k <= 1; k++) {
+        const float fv = act_fn_near(ai, a.z, k);
+        const double d = ulps_apart(dt, or_round(odt, act_h(o, a, fv, rs, 1.0f)), vd);
+        if (d < best) best = d, fbest = fv;
+    }
+    seen.act[ai].by_fn++;
+    if (best > seen.act[ai].fn_ulp) seen.act[ai].fn_ulp = best;
+    HCHECK(best <= 1.0,
+           "%s: %.9g on cpu, %.9g on %s: %.3g ulp apart, and %.3g ulp from the formula with any %s(%a) within "
+           "1 ulp of the correctly rounded %a (closest: %a; the C library's: %a)",
+           act_at(what, t, c, g, u), vc, vd, h_backend(), ulps, best, act_fn_name(ai), (double)a.z,
+           (double)act_fn_near(ai, a.z, 0), (double)fbest, (double)libm);
 }
 
 typedef struct {
@@ -554,20 +687,16 @@ static void run_act_mul_case(mcfg c)
                              (double)c.limit, c.use_rs, c.special);
     BOTH(moefuse_act_mul(g_ctx, T(x.d), T(rs.d), T(out.d), &o),
          moefuse_act_mul(g_ref, T(x.c), T(rs.c), T(out.c), &o), what);
-    size_t n = (size_t)(c.T * c.H);
-    double *hp = doubles(n), *lo = doubles(n), *hi = doubles(n);
     or_act_opt ao = {c.act, c.order, c.limit, c.rnd};
-    h_ref_act(x.d, -1, c.T, c.H, rs.d, 1.0, &ao, hp, lo, hi);
     unsigned char *j = judged_new(out);
-    for (int64_t t = 0; t < c.T; t++)
+    for (int64_t t = 0; t < c.T; t++) {
+        const float r = c.use_rs ? (float)tb_get(rs.d, t, 0, 0) : 1.0f;
         for (int64_t i = 0; i < c.H; i++) {
             judge(j, out.d, tb_el(out.d, t, i, 0), moefuse_dtype_size(c.dt));
-            cmp_act_value(x, out, t, i, c.H, &ao, lo[t * c.H + i], hi[t * c.H + i], what);
+            cmp_act_value(x, out, t, i, c.H, &ao, r, what);
         }
+    }
     same_elsewhere(out, j, what);
-    free(hp);
-    free(lo);
-    free(hi);
     tb_free_all();
 }
 
@@ -642,7 +771,7 @@ static const char *edesc(const ecfg *c)
                  (long long)c->Eg, c->bias, c->act, c->order, c->invalid, (double)c->limit);
 }
 
-/* SPEC bounds (f16 from oracle.h) */
+/* NUMERICS.md, "Agreement between backends" (f16: oracle.h) */
 static double gemm_bound(moefuse_dtype dt)
 {
     return dt == MOEFUSE_F32 ? 1e-5 : dt == MOEFUSE_BF16 ? 8e-3 : 4e-3;
@@ -670,7 +799,7 @@ static double rel_err(const double *got, const double *ref, size_t n)
 
 /*
  * A GEMM output [n0, n1, n2] on both sides: each against the oracle, and the
- * two against each other, within SPEC's bound; rows of invalid slots (valid[]
+ * two against each other, within the bound; rows of invalid slots (valid[]
  * < 0, when rows_are_slots) exactly 0 on both; other bytes equal.
  */
 static void cmp_gemm(const ecfg *c, pair out, const double *ref, int64_t n0, int64_t n1, int64_t n2,

@@ -158,12 +158,17 @@ inline void mf_store(__global uchar *base, int dt, long i, float v)
 }
 
 /*
- * exp, erf and tanh of f32 arguments. The CPU reference uses glibc's expf,
- * erff and tanhf, which are (nearly always) correctly rounded; OpenCL's f32
- * versions may be a few ulp off, and gelu's 1 + t cancels, turning one ulp of
- * t into many of h. Where the device has doubles (MF_HAVE_FP64, set by the
- * host from cl_khr_fp64) the f64 function rounded once to f32 gives the
- * correctly rounded value but for rare double-rounding ties.
+ * exp, erf and tanh of f32 arguments: the one place where backends may differ.
+ * docs/NUMERICS.md ("Agreement between backends") asks for a value within
+ * 1 ulp of the correctly rounded one; the CPU takes the C library's, which
+ * need not be correctly rounded (glibc 2.36's erff and tanhf miss on ~5% of
+ * inputs), and the f32 operations after it amplify one ulp (gelu's 1 + t
+ * cancels). Where the device has doubles (MF_HAVE_FP64, set by the host from
+ * cl_khr_fp64) the f64 function rounded once to f32 is correctly rounded but
+ * at near-ties, and within 1 ulp whatever the driver's f64 accuracy (OpenCL
+ * allows 16 ulp of f64 at most: 2^-48 relative, far below half an f32 ulp).
+ * Without doubles the f32 built-ins give what the driver gives (OpenCL allows
+ * 3 ulp for exp, 16 for erf, 5 for tanh; PoCL's are within 1).
  */
 #ifdef MF_HAVE_FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
