@@ -4,10 +4,10 @@
  *    call before it) replays to the same bits as the eager call, again after
  *    the inputs change and after the context's scratch has been regrown;
  *  - the eager call and every replay agree with the CPU golden backend run on
- *    the same inputs (tb_twin), within test_cross_backend.c's tolerances:
+ *    the same inputs (tb_twin), within NUMERICS.md's agreement bounds:
  *    quant and dequant bit-equal, act_quant codes one apart on at most 0.01%
- *    and f32 scales within 1 ulp or the oracle's band, act_mul within 1 ulp or
- *    the band, topk ids equal and weights within (E + 4 + k) ulp, and the
+ *    and f32 scales within 1 ulp or the oracle's band for amax / 448, bf16
+ *    act_mul within 1 ulp, topk ids equal and weights within (E + 4 + k) ulp, and the
  *    bf16 MoE layer within a relative error of 8e-3; every other element byte
  *    equal. So an eager call and a graph that both write nothing, or both
  *    compute the same wrong thing, fail;
@@ -151,21 +151,20 @@ static void cmp_act_quant_rows(versus *qs, versus *scs, int sides, tbuf *x, int6
     free(hi);
 }
 
-/* SPEC: FP8 codes one apart on at most 0.01% of the codes of a test. */
+/* NUMERICS.md: FP8 codes one apart on at most 0.01% of the codes of a test. */
 static void check_codes_apart(void)
 {
     HCHECK(codes_apart * 10000 <= codes_seen,
            "%lld of %lld FP8 codes one apart from the cpu's: more than 0.01%%", codes_apart, codes_seen);
 }
 
-/* silu act_mul, bf16 out [Tn, H]: within 1 ulp of bf16, or within the oracle's band. */
-static void cmp_act_mul(versus *out, tbuf *x, int64_t Tn, int64_t H)
+/*
+ * silu act_mul, bf16 out [Tn, H]: within 1 ulp of the cpu's, the rule of NUMERICS.md's
+ * "Agreement between backends" with no exception needed: the backends' f32 h may differ by
+ * a few f32 ulp where exp does, and a few f32 ulp cross at most one bf16 rounding boundary.
+ */
+static void cmp_act_mul(versus *out, int64_t Tn, int64_t H)
 {
-    const or_act_opt silu = {0, 0, 0.0, 0};
-    const size_t m = (size_t)(Tn * H + 1);
-    double *hp = malloc(sizeof(double) * m), *lo = malloc(sizeof(double) * m),
-           *hi = malloc(sizeof(double) * m);
-    h_ref_act(x, -1, Tn, H, NULL, 1.0, &silu, hp, lo, hi);
     for (int64_t t = 0; t < Tn; t++)
         for (int64_t c = 0; c < H; c++) {
             uint16_t bd, bc;
@@ -173,17 +172,12 @@ static void cmp_act_mul(versus *out, tbuf *x, int64_t Tn, int64_t H)
             memcpy(&bc, tb_el(out->cpu, t, c, 0), 2);
             judge(out, tb_el(out->dev, t, c, 0), 2);
             double vd = tb_get(out->dev, t, c, 0), vc = tb_get(out->cpu, t, c, 0);
-            double band = or_round(OR_BF16, hi[t * H + c]) - or_round(OR_BF16, lo[t * H + c]);
             /* same sign: one ulp apart is one apart as integers */
             int one_ulp = (bd ^ bc) < 0x8000 && abs((int)bd - (int)bc) <= 1;
-            EXPECT(isfinite(vd) && (one_ulp || fabs(vd - vc) <= band),
-                   "%s [%lld, %lld]: %.9g, on the cpu %.9g: more than 1 ulp apart and outside the "
-                   "oracle band [%.9g, %.9g]",
-                   out->what, (long long)t, (long long)c, vd, vc, lo[t * H + c], hi[t * H + c]);
+            EXPECT(isfinite(vd) && one_ulp,
+                   "%s [%lld, %lld]: %.9g, on the cpu %.9g: more than 1 bf16 ulp apart",
+                   out->what, (long long)t, (long long)c, vd, vc);
         }
-    free(hp);
-    free(lo);
-    free(hi);
 }
 
 /* topk_softmax with renormalize, f32 weights: ids equal (unjudged bytes), weights within (E + 4 + k) ulp. */
@@ -199,7 +193,7 @@ static void cmp_topk_weights(versus *w, int64_t M, int64_t E, int64_t k)
         }
 }
 
-/* A bf16 GEMM output [M, K]: finite, and ||dev - cpu|| / ||cpu|| <= 8e-3 (SPEC section 5). */
+/* A bf16 GEMM output [M, K]: finite, and ||dev - cpu|| / ||cpu|| <= 8e-3 (NUMERICS.md, "Agreement between backends"). */
 static void cmp_gemm(tbuf *dev, tbuf *cpu, int64_t M, int64_t K, const char *what)
 {
     double num = 0, den = 0;
@@ -212,7 +206,7 @@ static void cmp_gemm(tbuf *dev, tbuf *cpu, int64_t M, int64_t K, const char *wha
             den += b * b;
         }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    HCHECK(rel <= 8e-3, "%s: relative error %.3g against the cpu; SPEC allows 8e-3 for bf16", what, rel);
+    HCHECK(rel <= 8e-3, "%s: relative error %.3g against the cpu; NUMERICS.md allows 8e-3 for bf16", what, rel);
 }
 
 /* ------------------------------------------------------------------ capture */
@@ -440,7 +434,7 @@ static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax,
         v = versus_new(r->dq[d], r->dq[CPU], h_fmt("dequant, %s", side_name[d]));
         versus_end(&v);
         v = versus_new(r->am[d], r->am[CPU], h_fmt("act_mul, %s", side_name[d]));
-        cmp_act_mul(&v, r->x, Tn, H);
+        cmp_act_mul(&v, Tn, H);
         versus_end(&v);
         v = versus_new(r->ids[d], r->ids[CPU], h_fmt("topk_softmax ids, %s", side_name[d]));
         versus_end(&v);

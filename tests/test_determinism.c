@@ -1,4 +1,4 @@
-/* Results bitwise equal run to run (SPEC 4.3); on the cpu backend the two runs
+/* Results bitwise equal run to run (NUMERICS.md: the summation order is fixed); on the cpu backend the two runs
  * use 1 and 2 OpenMP threads. Device backends get the same two runs (the thread
  * count changes nothing there): their work split and atomics must not change a bit.
  *

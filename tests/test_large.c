@@ -121,7 +121,7 @@ static void cpu_rows(const uint16_t *x, int64_t n, uint8_t *q, float *s)
 
 /*
  * n rows of codes and scales read back from the backend (qd, sd) against the
- * cpu's (qc, sc), SPEC 5: codes one apart with the same sign on at most 0.01%,
+ * cpu's (qc, sc), as NUMERICS.md's agreement section allows: codes one apart with the same sign on at most 0.01%,
  * scales within one ulp. `row0` and `what` only label messages.
  */
 static void compare_rows(const uint8_t *qd, const uint8_t *qc, const float *sd, const float *sc,
@@ -349,7 +349,7 @@ static void cpu_forward(const int64_t *tok, int64_t n, const uint16_t *x, const 
     moefuse_context_destroy(cpu);
 }
 
-/* Rows tok[0..n) of got against the n rows of ref: SPEC's relative error for bf16, 8e-3. */
+/* Rows tok[0..n) of got against the n rows of ref: NUMERICS.md's relative error for bf16, 8e-3. */
 static void compare_tokens(int64_t M, const uint16_t *got, const uint16_t *ref, const int64_t *tok,
                            int64_t n)
 {

@@ -359,7 +359,8 @@ MF_HD float mf_expf_tab(float x, const float *tab)
 
 /*
  * The gelu forms are not on the hot path: erf and tanh are evaluated in
- * double and rounded once (the CPU's erff/tanhf are within 1 ulp), pinned to
+ * double and rounded once (correctly rounded in practice; glibc's erff/tanhf
+ * miss that on ~5% of inputs, tanhf by up to 2 ulp: NUMERICS.md allows it), pinned to
  * +-1 where f32 rounds them there anyway (as numerics.cl explains).
  */
 MF_HD float mf_erf(float t)
