@@ -305,6 +305,11 @@ START_TEST(t_sizes_that_overflow)
            (long long)moefuse_tensor_numel(&t));
     HCHECK(moefuse_tensor_span_bytes(&t) == -1, "span of 2^76 elements gave %lld",
            (long long)moefuse_tensor_span_bytes(&t));
+    /* empty is 0 bytes even where the other dims' strides would overflow */
+    int64_t empty_shape[2] = {INT64_C(1) << 24, 0}, wild[2] = {INT64_MAX, 1};
+    t = moefuse_tensor_strided((void *)16, MOEFUSE_F32, 2, empty_shape, wild);
+    HCHECK(moefuse_tensor_span_bytes(&t) == 0, "an empty tensor spans %lld bytes",
+           (long long)moefuse_tensor_span_bytes(&t));
     int64_t fits[2] = {INT64_C(1) << 28, 16};
     t = moefuse_tensor_dense((void *)16, MOEFUSE_F32, 2, fits);
     HCHECK(moefuse_tensor_numel(&t) == INT64_C(1) << 32 &&

@@ -62,9 +62,10 @@ int64_t moefuse_tensor_numel(const moefuse_tensor *t)
 int64_t moefuse_tensor_span_bytes(const moefuse_tensor *t)
 {
     int64_t last = 0, reach;
-    for (int32_t d = 0; d < t->rank && d < MOEFUSE_MAX_RANK; d++) {
+    for (int32_t d = 0; d < t->rank && d < MOEFUSE_MAX_RANK; d++)
         if (t->shape[d] <= 0)
-            return 0;
+            return 0; /* empty, whatever the other dims and strides say */
+    for (int32_t d = 0; d < t->rank && d < MOEFUSE_MAX_RANK; d++) {
         if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &reach) ||
             __builtin_add_overflow(last, reach, &last))
             return -1;
