@@ -4,7 +4,9 @@
  *
  * Conventions shared by every call:
  *  - Every entry point returns a moefuse_status. On failure nothing has been
- *    written to any output, and moefuse_last_error(ctx) says what was wrong.
+ *    written to any output, and moefuse_last_error(ctx) says what was wrong
+ *    (one exception: MOEFUSE_ERR_BACKEND_FAILURE from a launch the device
+ *    runtime failed after an earlier kernel of the call ran).
  *  - Option structs are zero-initialisable: a field left at 0 takes the
  *    documented default, so `moefuse_quant_options opt = {0};` is valid.
  *  - Tensors live where the context's backend wants them: host memory for
