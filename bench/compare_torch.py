@@ -136,7 +136,7 @@ def _empty_cache():
 
 
 def check_codes(q, s, q_ref, s_ref):
-    """SPEC section 5: codes equal or one apart on at most 0.01%, never a sign flip; scales
+    """docs/NUMERICS.md, "Agreement between backends": codes equal or one apart on at most 0.01%, never a sign flip; scales
     within a few ulp (torch's silu is x * sigmoid(x), moefuse's g / (1 + e^-g))."""
     a, b = q.view(torch.uint8).int(), q_ref.view(torch.uint8).int()
     diff = ((a & 0x7F) - (b & 0x7F)).abs()
