@@ -118,8 +118,8 @@ struct moefuse_backend_i {
     /* [optional] does `data` belong to this backend's device? Default: any non-NULL pointer. */
     bool (*owns_pointer)(void *state, const void *data);
     /* [optional] bytes from `data` to the end of the memory it lies in (a cl_mem's size, the
-     * rest of a device allocation), false when unknown. Tensors must end inside it.
-     * Default: unknown (host pointers). */
+     * rest of a device allocation), false when unknown. Tensors must end inside it. Called
+     * only for data owns_pointer accepted. Default: unknown (host pointers). */
     bool (*buffer_extent)(void *state, const void *data, uint64_t *bytes);
     /* true when tensor.data is an opaque handle (cl_mem): alignment is checked on offset only. */
     bool data_is_handle;

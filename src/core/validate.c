@@ -112,21 +112,29 @@ static moefuse_status check_inside_buffer(moefuse_context *ctx, const char *op, 
 moefuse_status mf_check_outputs(moefuse_context *ctx, const char *op, const mf_operand *ops,
                                 size_t count, bool *idle)
 {
+    enum { MAX_OPERANDS = 16 }; /* the most any call has is 9 */
+    if (count > MAX_OPERANDS)
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: %zu operands to compare", op, count);
+    /* the byte range of each operand that touches memory, computed once */
+    byte_range range[MAX_OPERANDS];
+    bool touches[MAX_OPERANDS];
     *idle = true;
-    for (size_t i = 0; i < count; i++)
-        if (ops[i].output && mf_present(ops[i].t) && moefuse_tensor_span_bytes(ops[i].t) != 0)
-            *idle = false;
     for (size_t i = 0; i < count; i++) {
-        if (!ops[i].output || !mf_present(ops[i].t) || moefuse_tensor_span_bytes(ops[i].t) == 0)
+        touches[i] = mf_present(ops[i].t) && moefuse_tensor_span_bytes(ops[i].t) != 0;
+        if (touches[i])
+            range[i] = range_of(ctx, ops[i].t);
+        if (touches[i] && ops[i].output)
+            *idle = false;
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!ops[i].output || !touches[i])
             continue;
-        byte_range out = range_of(ctx, ops[i].t);
         for (size_t j = 0; j < count; j++) {
             /* a pair of outputs is looked at once, from its first member */
-            if (j == i || (ops[j].output && j < i) || !mf_present(ops[j].t) ||
-                moefuse_tensor_span_bytes(ops[j].t) == 0)
+            if (j == i || !touches[j] || (ops[j].output && j < i))
                 continue;
-            byte_range other = range_of(ctx, ops[j].t);
-            if (other.space == out.space && other.begin < out.end && out.begin < other.end)
+            if (range[j].space == range[i].space && range[j].begin < range[i].end &&
+                range[i].begin < range[j].end)
                 return mf_error(ctx, MOEFUSE_ERR_OVERLAP,
                                 "%s: output %s shares memory with %s %s (their byte ranges from "
                                 "first to last element intersect); outputs may not overlap any "

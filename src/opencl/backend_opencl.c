@@ -227,13 +227,13 @@ static bool ocl_owns_pointer(void *state, const void *data)
     return mf_ptrset_has(&s->buffers, data);
 }
 
-/* The size of a cl_mem of ours (only asked once ocl_owns_pointer said it is one). */
+/* The size of a cl_mem of ours: the core asks only after ocl_owns_pointer found it in the
+ * set, so data is a real cl_mem and OpenCL may be asked about it. */
 static bool ocl_buffer_extent(void *state, const void *data, uint64_t *bytes)
 {
-    const ocl_state *s = state;
+    (void)state;
     size_t size = 0;
-    if (!mf_ptrset_has(&s->buffers, data) ||
-        clGetMemObjectInfo((cl_mem)data, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS)
+    if (clGetMemObjectInfo((cl_mem)data, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS)
         return false;
     *bytes = size;
     return true;
