@@ -2,7 +2,7 @@
  * The MoE kernels' element helpers, on top of src/cuda/numerics.cuh (the
  * backend's bit-exact formats and activations of docs/NUMERICS.md): loads of
  * a float element of any dtype, one rounding on store, and the gate's
- * clamp + activation + product with the CPU's NaN bits (mf_activate, mf_mul).
+ * clamp + activation + product with the CPU's NaN bits (mf_activate_f32, mf_mul).
  * Arithmetic the MoE kernels write themselves uses the _rn intrinsics, so no
  * a*b+c is ever contracted, whatever --fmad says.
  */
@@ -38,7 +38,7 @@ static __device__ __forceinline__ float mfm_gated(int act, float limit, float g,
         g = mf_clamp_gate(g, limit);
         u = mf_clamp_up(u, limit);
     }
-    return mf_mul(mf_activate(act, g), u);
+    return mf_mul(mf_activate_f32(act, g), u);
 }
 
 #endif /* MOEFUSE_CUDA_MOE_MATH_CUH */

@@ -1,16 +1,19 @@
 /*
- * Number formats and activations of docs/NUMERICS.md for the CUDA backend,
- * bit exact with the CPU reference (src/cpu/numerics.h, activation.h):
+ * Number formats of docs/NUMERICS.md for the CUDA backend, bit exact with the
+ * CPU reference (src/cpu/numerics.h); the activations and exp are the shared
+ * text of src/numerics/, plus the device's branch-free fast paths below:
  * every rounding is integer code on the bits or one IEEE operation, so the
  * results do not depend on the compiler. The build passes --fmad=false: no
  * a * b + c is contracted unless written as fmaf.
  *
  * Everything here is __host__ __device__ and also compiles as plain C (gcc,
  * -ffp-contract=off), so the host program src/cuda/tools/check_numerics.c
- * can verify mf_expf and the scale division against double precision.
+ * can verify the scale division against double precision.
  */
 #ifndef MOEFUSE_CUDA_NUMERICS_CUH
 #define MOEFUSE_CUDA_NUMERICS_CUH
+
+#include "numerics/mf_activation.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -22,7 +25,7 @@
 #define MF_HD static inline
 #endif
 
-/* moefuse_dtype / layout / activation values, as plain ints (moefuse.h) */
+/* moefuse_dtype / layout values, as plain ints (moefuse.h) */
 #define MF_DT_F32 0
 #define MF_DT_F16 1
 #define MF_DT_BF16 2
@@ -34,38 +37,6 @@
 #define MF_LAYOUT_ROW 0
 #define MF_LAYOUT_COL 1
 #define MF_LAYOUT_PACKED 2
-
-#define MF_ACT_SILU 0
-#define MF_ACT_GELU 1
-#define MF_ACT_GELU_TANH 2
-
-/* ------------------------------------------------------------------ bits */
-
-MF_HD uint32_t mf_f32_bits(float f)
-{
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-MF_HD float mf_bits_f32(uint32_t u)
-{
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-/* Bit tests, immune to any finite-math assumption. */
-MF_HD int mf_is_nan(float v) { return (mf_f32_bits(v) & 0x7FFFFFFFu) > 0x7F800000u; }
-MF_HD int mf_is_finite(float v) { return (mf_f32_bits(v) & 0x7F800000u) != 0x7F800000u; }
 
 /* ------------------------------------------------------------------ bf16 */
 
@@ -206,8 +177,6 @@ MF_HD float mf_ue8m0_read(uint32_t e)
  * SET. The GPU returns a canonical positive NaN instead, which would turn
  * the f8 code 0xFF into 0x7F. These rebuild the x86 bits (as numerics.cl).
  */
-MF_HD float mf_quiet(float x) { return mf_bits_f32(mf_f32_bits(x) | 0x00400000u); }
-
 MF_HD float mf_nan_of(float r, float x, float y)
 {
     if (!mf_is_nan(r))
@@ -221,252 +190,22 @@ MF_HD float mf_nan_of(float r, float x, float y)
 
 MF_HD float mf_mul(float x, float y) { return mf_nan_of(x * y, x, y); }
 
-/* ------------------------------------------------------------------- exp */
-
-/*
- * expf with an error below 0.6 ulp over the whole range (checked for every
- * float in [-104, 89] by src/cuda/tools/check_numerics.c), in f32 with
- * explicit fmaf, so host and device give the same bits.
- *
- * x = n ln2 + r + rl: n = rint(x log2e) by the 1.5 * 2^23 trick; r = x - n L2H
- * is exact in one fmaf (L2H = RN(ln2), |r| < 0.3466, and x and n L2H are
- * close); rl = -n (ln2 - L2H), |rl| < 2^-21.7, is too large to drop and is
- * applied as rl * e^r. e^r = 1 + r + r^2 (1/2 + r P(r)) with P a degree-4
- * fit of (e^r - 1 - r - r^2/2) / r^3 (error 8e-9). 1 + r is split exactly
- * into s_hi + s_lo and r^2 into p2 + p2l, so that the only large rounding
- * is the last addition s_hi + lo: 0.5 ulp plus about 0.05 ulp.
- */
-#define MF_EXP_L2E 0x1.715476p+0f    /* RN(log2 e) */
-#define MF_EXP_L2H 0x1.62e430p-1f    /* RN(ln 2) */
-#define MF_EXP_L2L -0x1.05c610p-29f  /* RN(ln 2 - L2H) */
-#define MF_EXP_MAGIC 0x1.8p+23f      /* 1.5 * 2^23: adding it rounds to an integer */
-
-/* The mantissa m = s_hi + lo (about e^(x - n ln2)) and the bits of j, whose low bits are n. */
-MF_HD void mf_exp_core(float x, float *s_hi_out, float *lo_out, uint32_t *jbits)
-{
-    const float j = fmaf(x, MF_EXP_L2E, MF_EXP_MAGIC);
-    const float nf = j - MF_EXP_MAGIC;
-    const float r = fmaf(-nf, MF_EXP_L2H, x); /* exact */
-    const float rl = -nf * MF_EXP_L2L;
-    float P = 0x1.a0f86ap-13f;
-    P = fmaf(P, r, 0x1.6d1106p-10f);
-    P = fmaf(P, r, 0x1.1110f6p-7f);
-    P = fmaf(P, r, 0x1.55551ap-5f);
-    P = fmaf(P, r, 0x1.555556p-3f);
-    const float U = fmaf(r, P, 0.5f); /* (e^r - 1 - r) / r^2 */
-    const float s_hi = 1.0f + r;
-    const float s_lo = r - (s_hi - 1.0f); /* exact (|r| < 1) */
-    const float p2 = r * r;
-    const float p2l = fmaf(r, r, -p2); /* exact */
-    const float E1 = fmaf(p2, U, s_hi); /* ~e^r, scales rl */
-    float lo = fmaf(p2l, 0.5f, s_lo);
-    lo = fmaf(rl, E1, lo);
-    lo = fmaf(p2, U, lo);
-    *s_hi_out = s_hi;
-    *lo_out = lo;
-    *jbits = mf_f32_bits(j);
-}
-
-/* Results near overflow, subnormal results and non-finite input: rare, so out of line on
- * the device (it would cost registers in every caller). */
-#if defined(__CUDACC__)
-static __host__ __device__ __noinline__ float mf_expf_slow(float x)
-#else
-static float mf_expf_slow(float x)
-#endif
-{
-    if (mf_is_nan(x))
-        return x + x;
-    if (x > 0x1.62e42ep+6f) /* 88.7228...: the result rounds to Inf */
-        return mf_bits_f32(0x7F800000u);
-    if (x < -104.0f) /* below 2^-150: rounds to 0 (-Inf included) */
-        return 0.0f;
-    float s_hi, lo;
-    uint32_t jb;
-    mf_exp_core(x, &s_hi, &lo, &jb);
-    const int n = (int)(jb - 0x4B400000u); /* two's complement: j = 1.5 * 2^23 + n */
-    /* one rounding, from a double in which 2^n and the sum are exact (n in [-151, 129]) */
-    return (float)ldexp((double)s_hi + (double)lo, n);
-}
-
-MF_HD float mf_expf(float x)
-{
-    /* |x| < 86.5: n in [-125, 125], the result and 2^n are normal */
-    if (fabsf(x) < 86.5f) {
-        float s_hi, lo;
-        uint32_t jb;
-        mf_exp_core(x, &s_hi, &lo, &jb);
-        const float m = s_hi + lo; /* in [0.70, 1.42] */
-        /* m * 2^n by adding n to the exponent field: jb << 23 == n << 23 (mod 2^32) */
-        return mf_bits_f32(mf_f32_bits(m) + (jb << 23));
-    }
-    return mf_expf_slow(x);
-}
-
-/*
- * The hot path's expf (silu), cheaper and more accurate (< 0.53 ulp, checked
- * like mf_expf) thanks to a table of 2^(j/32) as hi + lo pairs, which the
- * kernels copy to shared memory (host code passes an array of MF_EXP2_TAB_INIT):
- * x = (32 n + j) ln2/32 + r, |r| < 0.01084; r = x - k L32H exact in one fmaf,
- * then r -= k L32L rounded (error < 2^-31); e^r - 1 = q = r + r^2 (c2 + c3 r);
- * m = hi + (hi q + lo) with one large rounding, then the exponent gets n.
- * The range and the slow path are mf_expf's.
- */
-#define MF_EXP2_TAB_INIT \
-    { \
-    0x1.000000p+0f, 0x0.0p+0f, 0x1.059b0ep+0f, -0x1.9d4f52p-25f, \
-    0x1.0b5586p+0f, 0x1.9f3122p-25f, 0x1.11301ep+0f, -0x1.fdb496p-25f, \
-    0x1.172b84p+0f, -0x1.c15742p-27f, 0x1.1d4874p+0f, -0x1.d2e8cap-25f, \
-    0x1.2387a6p+0f, 0x1.ceac48p-25f, 0x1.29e9e0p+0f, -0x1.5c0424p-25f, \
-    0x1.306fe0p+0f, 0x1.4636e2p-25f, 0x1.371a74p+0f, -0x1.18aac6p-25f, \
-    0x1.3dea64p+0f, 0x1.824684p-25f, 0x1.44e086p+0f, 0x1.8624b4p-30f, \
-    0x1.4bfdaep+0f, -0x1.593abcp-25f, 0x1.5342b6p+0f, -0x1.2c5610p-25f, \
-    0x1.5ab07ep+0f, -0x1.5bd5ecp-27f, 0x1.6247ecp+0f, -0x1.f8b550p-25f, \
-    0x1.6a09e6p+0f, 0x1.9fcef4p-26f, 0x1.71f75ep+0f, 0x1.1d8beep-25f, \
-    0x1.7a1148p+0f, -0x1.829fd0p-25f, 0x1.82589ap+0f, -0x1.accc7cp-26f, \
-    0x1.8ace54p+0f, 0x1.15506ep-27f, 0x1.93737cp+0f, -0x1.e64744p-25f, \
-    0x1.9c4918p+0f, 0x1.51f848p-27f, 0x1.a5503cp+0f, -0x1.b83b54p-25f, \
-    0x1.ae89fap+0f, -0x1.a94b14p-26f, 0x1.b7f770p+0f, -0x1.a09438p-25f, \
-    0x1.c199bep+0f, -0x1.3d56b2p-27f, 0x1.cb720ep+0f, -0x1.8837ccp-27f, \
-    0x1.d5818ep+0f, -0x1.822dbcp-27f, 0x1.dfc974p+0f, -0x1.908c94p-25f, \
-    0x1.ea4afap+0f, 0x1.52486cp-27f, 0x1.f50766p+0f, -0x1.246eb0p-26f \
-    }
-#define MF_EXP_INV32 0x1.715476p+5f   /* RN(32 / ln2) */
-#define MF_EXP_L32H 0x1.62e430p-6f    /* RN(ln2 / 32) */
-#define MF_EXP_L32L -0x1.05c610p-34f  /* RN(ln2 / 32 - L32H) */
-
-MF_HD float mf_expf_tab(float x, const float *tab)
-{
-    if (fabsf(x) < 86.5f) {
-        const float kf = fmaf(x, MF_EXP_INV32, MF_EXP_MAGIC); /* 1.5 * 2^23 + k */
-        const float k = kf - MF_EXP_MAGIC;
-        const float r0 = fmaf(-k, MF_EXP_L32H, x); /* exact */
-        const float r = fmaf(-k, MF_EXP_L32L, r0);
-        const float p = fmaf(r, 0x1.555596p-3f, 0x1.000052p-1f);
-        const float r2 = r * r;
-        const float q = fmaf(r2, p, r);
-        const uint32_t kb = mf_f32_bits(kf);
-        const uint32_t j = kb & 31u;
-        const float hi = tab[2 * j], lo = tab[2 * j + 1];
-        const float m = hi + fmaf(hi, q, lo); /* in [0.98, 2.03] */
-        /* n = k >> 5 (floor): kb = 0x4B400000 + k and 0x4B400000 / 32 << 23 == 0 (mod 2^32) */
-        return mf_bits_f32(mf_f32_bits(m) + ((kb >> 5) << 23));
-    }
-    return mf_expf_slow(x);
-}
-
-/* ------------------------------------------------------ erf, tanh (gelu) */
-
-/*
- * The gelu forms are not on the hot path: erf and tanh are evaluated in
- * double and rounded once (correctly rounded in practice; glibc's erff/tanhf
- * miss that on ~5% of inputs, tanhf by up to 2 ulp: NUMERICS.md allows it), pinned to
- * +-1 where f32 rounds them there anyway (as numerics.cl explains).
- */
-MF_HD float mf_erf(float t)
-{
-    if (fabsf(t) > 3.9193f)
-        return t > 0.0f ? 1.0f : -1.0f;
-    return (float)erf((double)t);
-}
-
-MF_HD float mf_tanh(float z)
-{
-    if (fabsf(z) > 9.0110f)
-        return z > 0.0f ? 1.0f : -1.0f;
-    return (float)tanh((double)z);
-}
-
-/* ------------------------------------------------------------ activation */
-
-/* Comparisons, so that NaN passes through. */
-MF_HD float mf_clamp_gate(float g, float limit) { return (g > limit) ? limit : g; }
-
-MF_HD float mf_clamp_up(float u, float limit)
-{
-    return (u > limit) ? limit : (u < -limit ? -limit : u);
-}
-
-MF_HD float mf_silu(float g)
-{
-    const float d = 1.0f + mf_expf(-g);
-    return g / d;
-}
-
-/* The same with the table exp: the kernels' silu (h of act_quant and act_mul alike). */
-MF_HD float mf_silu_tab(float g, const float *tab)
-{
-    const float d = 1.0f + mf_expf_tab(-g, tab);
-    return g / d;
-}
-
-MF_HD float mf_gelu(float g)
-{
-    const float t = g * 0.70710678118654752f;
-    const float a = 0.5f * g;
-    const float b = 1.0f + mf_erf(t);
-    return a * b;
-}
-
-MF_HD float mf_gelu_tanh(float g)
-{
-    const float g2 = g * g;
-    const float g3 = g2 * g;
-    const float c = 0.044715f * g3;
-    const float inner = g + c;
-    const float th = mf_tanh(0.7978845608028654f * inner);
-    const float a = 0.5f * g;
-    const float b = 1.0f + th;
-    return a * b;
-}
-
-/* The formulas of NUMERICS.md with the GPU's NaN bits (callers fix NaN results). */
-MF_HD float mf_act_plain(int act, float g)
-{
-    if (act == MF_ACT_GELU)
-        return mf_gelu(g);
-    if (act == MF_ACT_GELU_TANH)
-        return mf_gelu_tanh(g);
-    return mf_silu(g);
-}
-
-/*
- * Same with the CPU's NaN bits: a NaN g comes back as itself, quieted (in
- * every form the first NaN operand of the last operation is g's); the only
- * invalid operations are at g = -Inf, giving the default NaN. The kernels
- * call it only where the result is NaN, whose bits do not depend on which
- * exp computed it.
- */
-MF_HD float mf_activate(int act, float g)
-{
-    if (mf_is_nan(g))
-        return mf_quiet(g);
-    const float r = mf_act_plain(act, g);
-    return mf_is_nan(r) ? mf_bits_f32(0xFFC00000u) : r;
-}
-
 /* ------------------------------------------------- device fast paths */
 
 #if defined(__CUDACC__)
 /*
- * mf_expf_tab's fast path for |x| < 86.5, the same operations (so the same
- * bits), with the table at shared-memory address tabs: no branch, so the
- * kernels can interleave the channels of a lane.
+ * mf_exp_f32 (src/numerics/mf_exp.h) for |x| < MF_EXP_FAST_LIMIT: its very
+ * pieces, with the table read from shared-memory address tabs (lanes index it
+ * freely; constant memory would serialise them) and without the branch, so
+ * the kernels can interleave the channels of a lane.
  */
 static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
 {
-    const float kf = fmaf(x, MF_EXP_INV32, MF_EXP_MAGIC);
-    const float k = kf - MF_EXP_MAGIC;
-    const float r0 = fmaf(-k, MF_EXP_L32H, x);
-    const float r = fmaf(-k, MF_EXP_L32L, r0);
-    const float p = fmaf(r, 0x1.555596p-3f, 0x1.000052p-1f);
-    const float r2 = r * r;
-    const float q = fmaf(r2, p, r);
-    const uint32_t kb = mf_f32_bits(kf);
+    const uint32_t kb = mf_exp_kbits(x);
+    const float q = mf_exp_poly(x, kb);
     float hi, lo;
     asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(hi), "=f"(lo) : "r"(tabs + ((kb & 31u) << 3)));
-    const float m = hi + fmaf(hi, q, lo);
-    return mf_bits_f32(mf_f32_bits(m) + ((kb >> 5) << 23));
+    return mf_exp_scale_fast(mf_exp_mantissa(q, hi, lo), kb);
 }
 
 /*
@@ -475,7 +214,7 @@ static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
  * (FCHK) and the branch to the slow path that goes with it; the sign is
  * copied from a (b > 0), so -0 stays -0. Only for the operands of silu with
  * |g| < 64 (b = 1 + e^-g in [1, 2^93]): device_check.cu compares the whole
- * fast silu with mf_silu_tab for every float.
+ * fast silu with mf_silu_formula for every float.
  */
 static __device__ __forceinline__ float mf_div_fast(float a, float b)
 {
@@ -502,7 +241,7 @@ static __device__ __forceinline__ int mf_div_fast_ok(float a)
 /* Does the fast silu cover g? (NaN: no.) */
 static __device__ __forceinline__ int mf_silu_fast_ok(float g) { return fabsf(g) < 64.0f; }
 
-/* silu(g) = mf_silu_tab(g) for every g with mf_silu_fast_ok(g). */
+/* mf_silu_formula(g) for every g with mf_silu_fast_ok(g) (device_check.cu). */
 static __device__ __forceinline__ float mf_silu_fast(float g, uint32_t tabs)
 {
     return mf_div_fast(g, 1.0f + mf_exp_tab_fast(-g, tabs));

@@ -94,9 +94,9 @@ static __device__ __forceinline__ void row_factors(const rows_params &p, int64_t
  */
 /* silu of the inputs the fast path does not take: out of line, so the compiler shares (and
  * keeps in registers) nothing between the two paths. */
-static __device__ __noinline__ float silu_slow(float g, const float *tab)
+static __device__ __noinline__ float silu_slow(float g)
 {
-    return mf_silu_tab(g, tab);
+    return mf_silu_formula(g);
 }
 
 static __device__ __forceinline__ void act8(const rows_params &p, int act, int plain,
@@ -124,7 +124,7 @@ static __device__ __forceinline__ void act8(const rows_params &p, int act, int p
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 if (!mf_silu_fast_ok(g[i]))
-                    r[i] = silu_slow(g[i], tab);
+                    r[i] = silu_slow(g[i]);
         }
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -132,11 +132,11 @@ static __device__ __forceinline__ void act8(const rows_params &p, int act, int p
     } else if (act == MF_ACT_GELU) {
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            g[i] = mf_gelu(g[i]);
+            g[i] = mf_gelu_formula(g[i]);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            g[i] = mf_gelu_tanh(g[i]);
+            g[i] = mf_gelu_tanh_formula(g[i]);
     }
     if (!plain && p.round_bf16) {
 #pragma unroll
@@ -201,7 +201,7 @@ static __device__ __noinline__ float h_exact(act_opts o, int64_t c)
         g = mf_clamp_gate(g, o.limit);
         u = mf_clamp_up(u, o.limit);
     }
-    float a = mf_activate(o.act, g);
+    float a = mf_activate_f32(o.act, g);
     if (o.round_bf16)
         a = mf_round_bf16(a);
     float h = mf_mul(a, u);
@@ -694,8 +694,8 @@ static __device__ __forceinline__ int64_t setup_rows(const rows_params &p, int64
 
 enum { MODE_QUANT, MODE_MUL };
 
-/* 2^(j/32) for mf_expf_tab, copied to shared memory by every block (lanes index it freely). */
-__constant__ float mf_c_exp2_tab[64] = MF_EXP2_TAB_INIT;
+/* 2^(j/32) for mf_exp_tab_fast, copied to shared memory by every block (lanes index it freely). */
+__constant__ float mf_c_exp2_tab[64] = MF_EXP_TABLE_INIT;
 
 static __device__ __forceinline__ void load_exp_table(float *tab)
 {

@@ -41,7 +41,7 @@ static __device__ __forceinline__ float prob(float v, int mode, float mx, float 
         return 0.0f;
     if (mode == 1)
         return v == mx ? share : 0.0f;
-    return mf_expf(v - mx) / sum;
+    return mf_exp_f32(v - mx) / sum;
 }
 
 static __device__ __forceinline__ uint64_t rank_key(float v, int64_t i, int mode, float mx,
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
                     } else {
                         v = load_elem(row, i, p.ldt);
                     }
-                    x = mf_is_nan(v) ? 0.0f : mf_expf(v - mx);
+                    x = mf_is_nan(v) ? 0.0f : mf_exp_f32(v - mx);
                 }
                 const int64_t left = p.E - base;
                 const int lim = left < 32 ? (int)left : 32;
