@@ -33,9 +33,11 @@ void help_bench(void)
         "  act_quant         T, H        [G=128, layout=row|col|packed, ue8m0=0|1, q=fp8|int8]\n"
         "  act_mul           T, H\n"
         "  quant, dequant    T, H        [G, layout, ue8m0, q as above]\n"
-        "  act_quant_masked  E, Tmax, H  [G, layout, ue8m0, q, fill=full|skew, tokens=N]\n"
+        "  act_quant_masked  E, Tmax, H  [G, layout, ue8m0, q, fill=full|skew|random, tokens=N]\n"
         "                    full: tokens (default E*Tmax) spread evenly over the experts;\n"
         "                    skew: half the tokens (default E*Tmax/2) on expert 0, the rest spread\n"
+        "                    evenly over the others; random: each count uniform in [0, Tmax]\n"
+        "                    (a fixed draw, the same every run)\n"
         "  topk_softmax      M, E, k\n"
         "  moe_gate, moe_final, moe_forward   M, E, k, K, I\n"
         "H is the output width: act_* read rows of 2H. Examples:\n"
@@ -273,8 +275,15 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
         if (b->op->kind == KIND_MASKED) {
             const char *fill = shape_get(s, "fill");
             const int skew = fill && strcmp(fill, "skew") == 0;
-            if (fill && !skew && strcmp(fill, "full") != 0) {
-                fprintf(stderr, "moefuse bench: fill must be full or skew, not '%s'\n", fill);
+            const int random = fill && strcmp(fill, "random") == 0;
+            if (fill && !skew && !random && strcmp(fill, "full") != 0) {
+                fprintf(stderr, "moefuse bench: fill must be full, skew or random, not '%s'\n",
+                        fill);
+                return -1;
+            }
+            if (random && shape_get(s, "tokens")) {
+                fprintf(stderr, "moefuse bench: fill=random draws the counts; tokens= is not "
+                                "taken with it\n");
                 return -1;
             }
             int64_t tokens;
@@ -294,13 +303,20 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
              * on expert 0 and the rest spread evenly over the others, which always fits.
              */
             int64_t rest = tokens, from = 0;
-            if (skew && E1 > 1) {
+            if (random) { /* each count uniform in [0, Tmax], the same draw every run */
+                uint64_t state = 0x9E3779B97F4A7C15ull;
+                for (int64_t e = 0; e < E1; e++) {
+                    state = state * 6364136223846793005ull + 1442695040888963407ull;
+                    n[e] = (int32_t)((state >> 33) % (uint64_t)(b->T + 1));
+                }
+                from = E1; /* nothing left to spread */
+            } else if (skew && E1 > 1) {
                 n[0] = (int32_t)(tokens / 2 < b->T ? tokens / 2 : b->T);
                 rest -= n[0];
                 from = 1;
             }
             const int64_t others = E1 - from;
-            for (int64_t e = from; e < E1; e++)
+            for (int64_t e = from; others > 0 && e < E1; e++)
                 n[e] = (int32_t)(rest / others + (e - from < rest % others ? 1 : 0));
             b->valid_rows = 0;
             for (int64_t e = 0; e < E1; e++)

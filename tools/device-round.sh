@@ -13,6 +13,7 @@
 #                   device_check.cu (the device computes the same bits; hardware shortcuts)
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
+#                   (BENCH_FILE names another list, e.g. tools/bench-rows.txt)
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
 #   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
 #   call-overhead   bench/call_overhead.py: host time per call, Python binding against C
@@ -76,9 +77,9 @@ run_suite() { # backend
 }
 
 run_bench() { # backend
-    local log="$out/bench-$1.txt"
+    local log="$out/bench-$1.txt" list=${BENCH_FILE:-tools/bench-$1.txt}
     : >"$log"
-    grep -vE '^\s*(#|$)' "tools/bench-$1.txt" | while read -r line; do
+    grep -vE '^\s*(#|$)' "$list" | while read -r line; do
         echo "== moefuse bench --backend $1 $line" >>"$log"
         # shellcheck disable=SC2086
         timeout 120 "$build/tools/moefuse" bench --backend "$1" $line >>"$log" 2>&1 ||
