@@ -14,6 +14,7 @@ static void help_main(void)
            "  info    version, built backends, devices, and what 'auto' picks\n"
            "  demo    one MoE layer of Qwen3-30B-A3B, checked against the CPU golden backend\n"
            "  bench   time one operation against a ceiling measured in the same run\n"
+           "  prove   every f32 input of the activations, bit for bit against their definition\n"
            "  help    this text; 'moefuse help <command>' or 'moefuse <command> --help'\n"
            "\n"
            "The backend comes from --backend, else MOEFUSE_BACKEND, else auto.\n");
@@ -54,6 +55,8 @@ int main(int argc, char **argv)
         return cmd_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "prove") == 0)
+        return cmd_prove(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || is_help(cmd)) {
         if (argc > 2 && strcmp(argv[2], "info") == 0)
             help_info();
@@ -61,6 +64,8 @@ int main(int argc, char **argv)
             help_demo();
         else if (argc > 2 && strcmp(argv[2], "bench") == 0)
             help_bench();
+        else if (argc > 2 && strcmp(argv[2], "prove") == 0)
+            help_prove();
         else
             help_main();
         return 0;

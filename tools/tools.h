@@ -7,10 +7,12 @@
 int cmd_info(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_prove(int argc, char **argv);
 
 void help_info(void);
 void help_demo(void);
 void help_bench(void);
+void help_prove(void);
 
 /* 1 when argv[i] is -h or --help. */
 int is_help(const char *arg);
