@@ -192,6 +192,18 @@ MF_HD float mf_mul(float x, float y) { return mf_nan_of(x * y, x, y); }
 
 /* ------------------------------------------------- device fast paths */
 
+/* |q| with the sign of a: one lop3 on the device (nvcc makes two of the C expression). */
+MF_HD float mf_with_sign_of(float q, float a)
+{
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("lop3.b32 %0, %1, 0x7FFFFFFF, %2, 0xE2;" : "=r"(r) : "r"(mf_f32_bits(q)), "r"(mf_f32_bits(a)));
+    return mf_bits_f32(r);
+#else
+    return mf_bits_f32((mf_f32_bits(q) & 0x7FFFFFFFu) | (mf_f32_bits(a) & 0x80000000u));
+#endif
+}
+
 #if defined(__CUDACC__)
 /*
  * mf_exp_f32 (src/numerics/mf_exp.h) for |x| < MF_EXP_FAST_LIMIT: its very
@@ -205,7 +217,8 @@ static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
     const float q = mf_exp_poly(x, kb);
     float hi, lo;
     asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(hi), "=f"(lo) : "r"(tabs + ((kb & 31u) << 3)));
-    return mf_exp_scale_fast(mf_exp_mantissa(q, hi, lo), kb);
+    /* mf_exp_scale_fast with n << 23 as (kb & ~31) * 2^18 (the same bits mod 2^32): one IMAD */
+    return mf_bits_f32(mf_f32_bits(mf_exp_mantissa(q, hi, lo)) + (kb & ~31u) * 262144u);
 }
 
 /*
@@ -225,7 +238,7 @@ static __device__ __forceinline__ float mf_div_fast(float a, float b)
     const float q0 = a * r1;
     const float res = fmaf(-b, q0, a);
     const float q = fmaf(r1, res, q0);
-    return mf_bits_f32((mf_f32_bits(q) & 0x7FFFFFFFu) | (mf_f32_bits(a) & 0x80000000u));
+    return mf_with_sign_of(q, a);
 }
 
 /*
@@ -267,7 +280,7 @@ MF_HD float mf_div_scale(float h, float s, float y)
     const float q0 = h * y;
     const float res = fmaf(-q0, s, h);
     const float q = fmaf(res, y, q0);
-    return mf_bits_f32((mf_f32_bits(q) & 0x7FFFFFFFu) | (mf_f32_bits(h) & 0x80000000u));
+    return mf_with_sign_of(q, h);
 }
 
 #endif /* MOEFUSE_CUDA_NUMERICS_CUH */

@@ -289,6 +289,27 @@ static __device__ __forceinline__ void codes8(int fp8, const float h[8], float s
     }
 }
 
+/*
+ * The same for a power-of-two scale (UE8M0) with y = 1/s exact: h * y is
+ * the exact quotient rounded once, as h / s is, so one multiplication per
+ * value gives the bits of the division (and keeps the sign of -0).
+ */
+static __device__ __forceinline__ void codes8_pow2(int fp8, const float h[8], float y,
+                                                   uint32_t w[2])
+{
+    float d[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        d[i] = h[i] * y;
+    if (fp8) {
+        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
+        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
+    } else {
+        w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
+        w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
+    }
+}
+
 /* Code of one value of h: NaN (with the CPU's bits), +-Inf, finite with either division. */
 static __device__ __forceinline__ uint32_t code1(int fp8, float v, float s, float y, int fast)
 {
@@ -299,38 +320,58 @@ static __device__ __forceinline__ uint32_t code1(int fp8, float v, float s, floa
     return fp8 ? (e4m3x2(d, 0.0f) & 0xFFu) : i8code(d);
 }
 
+/* Eight values passed by value: an array argument of an out-of-line call would put the
+ * caller's h in local memory on every path. */
+typedef struct vals8 {
+    float v[8];
+} vals8;
+
 /*
  * Codes of 8 values when one is not finite, or s is outside the range of
  * mf_div_scale: rare (a divergent branch). A NaN's sign is the one the CPU
- * computes, recomputed from memory. (Out of line, the call would cost the
- * hot kernel registers: the ABI keeps every live value across it.)
+ * computes, recomputed from memory. Out of line: inlined, its loop made the
+ * compiler evaluate the range test once per value on the hot path.
  */
-static __device__ __forceinline__ uint2 codes8_slow(act_opts o, int64_t c0, const float h[8],
-                                                    float s, float y, int fp8)
+static __device__ __noinline__ uint2 codes8_slow(act_opts o, int64_t c0, vals8 h, float s,
+                                                 float y, int fp8)
 {
     const int fast = mf_scale_fast_ok(s);
     uint32_t w[2] = {0u, 0u};
     for (int i = 0; i < 8; i++) {
-        const float v = mf_is_nan(h[i]) ? h_exact(o, c0 + i) : h[i];
+        const float v = mf_is_nan(h.v[i]) ? h_exact(o, c0 + i) : h.v[i];
         w[i >> 2] |= code1(fp8, v, s, y, fast) << ((i & 3) * 8);
     }
     return make_uint2(w[0], w[1]);
 }
 
-/* Store the scale of group g of row (e, t) in the layout (byte of a packed word). */
-static __device__ __forceinline__ void put_scale(const rows_params &p, int64_t e, int64_t t,
-                                                 int64_t g, float s, uint32_t ue)
+/* Element index of group 0 of row (e, t) in the scales: the byte index for packed words. */
+static __device__ __forceinline__ int64_t scale_base(const rows_params &p, int64_t e, int64_t t)
+{
+    if (p.layout == MF_LAYOUT_PACKED)
+        return (e * p.ss0 + t) * 4;
+    return e * p.ss0 + (p.layout == MF_LAYOUT_COL ? t : t * p.ss1);
+}
+
+/* Store the scale of group g of the row whose scale_base is base (byte g % 4 of a packed,
+ * little-endian word). */
+static __device__ __forceinline__ void put_scale_at(const rows_params &p, int64_t base, int64_t g,
+                                                    float s, uint32_t ue)
 {
     if (p.layout == MF_LAYOUT_PACKED) {
-        const int64_t word = e * p.ss0 + (g >> 2) * p.ss1 + t;
-        p.sc[word * 4 + (g & 3)] = (char)ue; /* byte g % 4 of a little-endian word */
+        p.sc[base + (g >> 2) * p.ss1 * 4 + (g & 3)] = (char)ue;
         return;
     }
-    const int64_t i = e * p.ss0 + (p.layout == MF_LAYOUT_COL ? g * p.ss1 + t : t * p.ss1 + g);
+    const int64_t i = base + (p.layout == MF_LAYOUT_COL ? g * p.ss1 : g);
     if (p.sc_f32)
         ((float *)p.sc)[i] = s;
     else
         ((uint8_t *)p.sc)[i] = (uint8_t)ue;
+}
+
+static __device__ __forceinline__ void put_scale(const rows_params &p, int64_t e, int64_t t,
+                                                 int64_t g, float s, uint32_t ue)
+{
+    put_scale_at(p, scale_base(p, e, t), g, s, ue);
 }
 
 /* ------------------------------------------------------------- staging */
@@ -369,6 +410,75 @@ static __device__ __forceinline__ void cp_async_commit(void)
 static __device__ __forceinline__ void cp_async_wait_oldest(void)
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(MF_STAGES - 1) : "memory");
+}
+
+/*
+ * The sm_90 staging of 2-byte x (bf16/f16, whose staged layout is the row's
+ * own: slot k, lane l at byte 16 (32 k + l)): one lane copies the item's gate
+ * and up ranges with two bulk copies (cp.async.bulk, the TMA engine) that
+ * complete on an mbarrier per ring slot, instead of every lane issuing
+ * 16-byte cp.async copies and computing their addresses: a handful of
+ * instructions per item where the per-lane copies cost ~5 per channel.
+ */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MF_BULK 1
+#else
+#define MF_BULK 0
+#endif
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(a) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_init_fence(void)
+{
+#if MF_BULK
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/* Lane 0: the item's bytes (gate, then up when activate) to stage, completing on bar. */
+static __device__ __forceinline__ void bulk_fetch(char *stage, uint64_t *bar, const char *g,
+                                                  const char *u, unsigned bytes, int activate)
+{
+#if MF_BULK
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    const unsigned d = (unsigned)__cvta_generic_to_shared(stage);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+                 "r"(activate ? 2 * bytes : bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(d),
+                 "l"(g), "r"(bytes), "r"(b)
+                 : "memory");
+    if (activate)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                     "[%1], %2, [%3];\n" ::"r"(d + MF_ST_SLOTS * 32 * 16),
+                     "l"(u), "r"(bytes), "r"(b)
+                     : "memory");
+#else
+    (void)stage, (void)bar, (void)g, (void)u, (void)bytes, (void)activate;
+#endif
+}
+
+/* Every lane: wait until the bulk copies of the slot's phase have landed. */
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned phase)
+{
+#if MF_BULK
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n"
+                 "}\n" ::"r"(b),
+                 "r"(phase)
+                 : "memory");
+#else
+    (void)bar, (void)phase;
+#endif
 }
 
 /* Bytes of one staged item of one warp. */
@@ -426,54 +536,75 @@ static __device__ __forceinline__ void stage_read8(const char *stage, int xdt, i
     }
 }
 
-/* One slot of a quantizing item: 8 channels per lane from c0 (n = 8 or 0 past the row). */
+/* max(a, b), NaN when either is NaN (one instruction from sm_80 on). */
+static __device__ __forceinline__ float max_keep_nan(float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return (mf_is_nan(a) || mf_is_nan(b)) ? a + b : fmaxf(a, b);
+#endif
+}
+
+/*
+ * One slot of a quantizing item: 8 channels per lane from c0 (n = 8 or 0 past the row).
+ * lpg: lanes per group (uniform; a constant in the hot kernels). The group's scale comes back
+ * in *s_out / *ue_out (every lane of the group has it); store_item_scales writes it.
+ */
 static __device__ __forceinline__ void quant_slot(const rows_params &p, int act, int plain,
-                                                  const float *tab, int64_t e, int64_t t,
-                                                  const char *xrow, char *qrow, float rs, float es,
-                                                  int64_t c0, int n, float h[8], float u[8],
-                                                  int lane)
+                                                  int lpg, const float *tab, const char *xrow,
+                                                  char *qrow, float rs, float es, int64_t c0,
+                                                  int n, float h[8], float u[8], float *s_out,
+                                                  uint32_t *ue_out)
 {
     if (p.activate)
         act8(p, act, plain, tab, h, u, rs, es);
     /*
      * amax over the lane's finite values, then over its group's lanes. The fast
-     * test: chk = sum of h * 0 is NaN exactly when some h is Inf or NaN; only
-     * then is the finite filter needed (fmaxf already skips NaN, not Inf).
+     * test: a maximum that keeps NaN is finite exactly when every h is; only
+     * then is the finite filter skipped.
      */
-    float m = 0.0f, chk = 0.0f;
+    float m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        m = fmaxf(m, fabsf(h[i]));
-        chk = fmaf(h[i], 0.0f, chk);
-    }
-    const int special = mf_is_nan(chk);
+    for (int i = 0; i < 8; i++)
+        m = max_keep_nan(m, fabsf(h[i]));
+    const int special = !mf_is_finite(m);
     if (special) {
         m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++)
             m = mf_is_finite(h[i]) ? fmaxf(m, fabsf(h[i])) : m;
     }
-    for (int off = 1; off < p.lpg; off <<= 1) /* every lane takes part */
-        m = fmaxf(m, __shfl_xor_sync(MF_FULL, m, off));
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) /* every lane takes part (lpg is uniform) */
+        if (off < lpg)
+            m = fmaxf(m, __shfl_xor_sync(MF_FULL, m, off));
     uint32_t ue;
     const float s = group_scale(p, m, &ue);
-    if ((lane & (p.lpg - 1)) == 0) { /* the group's first lane writes its scale */
-        const int64_t g = c0 >> p.glog;
-        if (n != 0)
-            put_scale(p, e, t, g, s, ue);
-        else if (p.layout == MF_LAYOUT_PACKED && g < p.Gw * 4)
-            put_scale(p, e, t, g, 0.0f, 0u); /* unused byte of the row's last word */
-    }
+    *s_out = s;
+    *ue_out = ue;
     if (n == 0)
         return;
-    const float y = mf_scale_fast_ok(s) ? mf_div_fast(1.0f, s) : 1.0f / s;
+    const int fast = mf_scale_fast_ok(s);
     uint32_t w[2];
-    if (!special && mf_scale_fast_ok(s)) {
-        codes8(p.fp8, h, s, y, w);
+    if (!special && fast && p.ue8m0) {
+        /* s = 2^(ue - 127) with ue in [67, 187] here: 1/s is 2^(127 - ue), exact and normal */
+        codes8_pow2(p.fp8, h, mf_bits_f32((254u - ue) << 23), w);
     } else {
-        const uint2 c = codes8_slow(make_opts(p, xrow, rs, es), c0, h, s, y, p.fp8);
-        w[0] = c.x;
-        w[1] = c.y;
+        const float y = fast ? mf_div_fast(1.0f, s) : 1.0f / s;
+        if (!special && fast) {
+            codes8(p.fp8, h, s, y, w);
+        } else {
+            vals8 hv;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                hv.v[i] = h[i];
+            const uint2 c = codes8_slow(make_opts(p, xrow, rs, es), c0, hv, s, y, p.fp8);
+            w[0] = c.x;
+            w[1] = c.y;
+        }
     }
     if (p.vec_q) {
         *(uint2 *)(qrow + c0) = make_uint2(w[0], w[1]);
@@ -482,6 +613,39 @@ static __device__ __forceinline__ void quant_slot(const rows_params &p, int act,
         for (int i = 0; i < 8; i++)
             qrow[c0 + i] = (char)(w[i >> 2] >> ((i & 3) * 8));
     }
+}
+
+/*
+ * The scales of an item of S slots, written once per item rather than once per slot (the
+ * address arithmetic would cost a whole slot's worth of instructions each time): slot k left
+ * group k * gps + j (gps = 32 / lpg groups per slot) in the lanes of j; lane i gathers group
+ * i by one shuffle per slot and writes it. Groups past the row are skipped, but for the
+ * unused bytes of the row's last packed word, which are written as 0.
+ */
+template <int S>
+static __device__ __forceinline__ void store_item_scales(const rows_params &p, int lpg,
+                                                         int64_t sbase, int64_t g0,
+                                                         const float s[S], const uint32_t ue[S],
+                                                         int lane)
+{
+    const int gps = 32 / lpg;
+    const int src = (lane % gps) * lpg, slot = lane / gps;
+    float sv = 0.0f;
+    uint32_t uv = 0u;
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+        const float a = __shfl_sync(MF_FULL, s[k], src);
+        const uint32_t b = p.ue8m0 ? __shfl_sync(MF_FULL, ue[k], src) : 0u;
+        sv = k == slot ? a : sv;
+        uv = k == slot ? b : uv;
+    }
+    const int64_t g = g0 + lane;
+    if (slot >= S)
+        return;
+    if (g < p.Gn)
+        put_scale_at(p, sbase, g, sv, uv);
+    else if (p.layout == MF_LAYOUT_PACKED && g < p.Gw * 4)
+        put_scale_at(p, sbase, g, 0.0f, 0u);
 }
 
 /* One warp item of the quantizing ops, from memory: row (e, t), 512 channels from ch * 512. */
@@ -505,14 +669,18 @@ static __device__ __forceinline__ void quant_item(const rows_params &p, int xdt,
         if (p.activate)
             load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
     }
+    float sc[2];
+    uint32_t ue[2];
 #pragma unroll
     for (int k = 0; k < 2; k++)
-        quant_slot(p, act, plain, tab, e, t, xrow, qrow, rs, es, c0[k], n[k], h[k], u[k], lane);
+        quant_slot(p, act, plain, p.lpg, tab, xrow, qrow, rs, es, c0[k], n[k], h[k], u[k],
+                   &sc[k], &ue[k]);
+    store_item_scales<2>(p, p.lpg, scale_base(p, e, t), (ch * MF_ITEM) >> p.glog, sc, ue, lane);
 }
 
 /* The same from a staged item (MF_ST_SLOTS slots of 256 channels), slot by slot. */
 static __device__ __forceinline__ void quant_item_st(const rows_params &p, int xdt, int act,
-                                                     int plain, const float *tab,
+                                                     int plain, int lpgc, const float *tab,
                                                      const char *stage, int64_t e, int64_t t,
                                                      int64_t ch, int lane)
 {
@@ -520,6 +688,9 @@ static __device__ __forceinline__ void quant_item_st(const rows_params &p, int x
     char *qrow = p.q + e * p.qs0 + t * p.qs1;
     float rs, es;
     row_factors(p, e, t, &rs, &es);
+    const int lpg = lpgc ? lpgc : p.lpg;
+    float sc[MF_ST_SLOTS];
+    uint32_t ue[MF_ST_SLOTS];
 #pragma unroll
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
@@ -528,8 +699,10 @@ static __device__ __forceinline__ void quant_item_st(const rows_params &p, int x
         stage_read8(stage, xdt, p.activate, k, 0, n, lane, h);
         if (p.activate)
             stage_read8(stage, xdt, p.activate, k, 1, n, lane, u);
-        quant_slot(p, act, plain, tab, e, t, xrow, qrow, rs, es, c0, n, h, u, lane);
+        quant_slot(p, act, plain, lpg, tab, xrow, qrow, rs, es, c0, n, h, u, &sc[k], &ue[k]);
     }
+    store_item_scales<MF_ST_SLOTS>(p, lpg, scale_base(p, e, t), (ch * MF_ST_ITEM) >> p.glog, sc,
+                                   ue, lane);
 }
 
 /* One slot of act_mul: h of n (<= 8) channels from c0, rounded to out's (x's) dtype. */
@@ -583,6 +756,7 @@ static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt
     char *orow = p.q + (e * p.qs0 + t * p.qs1) * p.qes;
     float rs, es;
     row_factors(p, e, t, &rs, &es);
+    const int64_t sbase = scale_base(p, e, t);
 #pragma unroll
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
@@ -757,17 +931,43 @@ static __device__ __forceinline__ void it_next(const rows_params &p, item_it *i,
     }
 }
 
+/* Stage item (row xrow, chunk ch): bulk copies by lane 0, or 16-byte cp.async by every lane. */
+static __device__ __forceinline__ void fetch_item(const rows_params &p, int xdt, int bulk,
+                                                  char *stage, uint64_t *bar, const char *xrow,
+                                                  int64_t ch, int lane)
+{
+    if (!bulk) {
+        stage_fetch(p, xdt, stage, xrow, ch, lane);
+        return;
+    }
+    __syncwarp(); /* every lane has read what this slot held before */
+    if (lane == 0) {
+        const int64_t c0 = ch * MF_ST_ITEM;
+        const int64_t n = p.H - c0 < MF_ST_ITEM ? p.H - c0 : MF_ST_ITEM;
+        bulk_fetch(stage, bar, xrow + (p.goff + c0) * 2, xrow + (p.uoff + c0) * 2,
+                   (unsigned)(n * 2), p.activate);
+    }
+}
+
 /*
  * The same walk with the items' x staged in shared memory MF_STAGES - 1
  * items ahead (rows with 16-byte aligned vectors only). Dynamic shared
  * memory: the row offsets (masked, E small), then each warp's ring.
  */
 static __device__ __forceinline__ void walk_staged(const rows_params &p, int mode, int xdt,
-                                                   int act, int plain)
+                                                   int act, int plain, int lpgc)
 {
     extern __shared__ int64_t mf_smem[];
     __shared__ float tab[64];
-    load_exp_table(tab);
+    __shared__ uint64_t bars[MF_WARPS][MF_STAGES];
+    const int bulk = MF_BULK && xdt != MF_DT_F32;
+    if (bulk && (threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < MF_STAGES; i++)
+            mbar_init(&bars[threadIdx.x >> 5][i]);
+        mbar_init_fence();
+    }
+    load_exp_table(tab); /* its barrier also publishes the mbarriers */
     const int64_t *offs;
     const int64_t rows = setup_rows(p, mf_smem, &offs);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -782,6 +982,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
      * compared with constants, so nothing goes to local memory) */
     int64_t ring_e[MF_STAGES], ring_t[MF_STAGES];
     int64_t fe = 0; /* expert of the last fetch: the next is at least that */
+    unsigned phases = 0u; /* parity of each ring slot's next mbarrier phase (bulk) */
 #pragma unroll
     for (int i = 0; i < MF_STAGES; i++)
         ring_e[i] = ring_t[i] = 0;
@@ -796,10 +997,11 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             }
             ring_e[sidx] = fe;
             ring_t[sidx] = t;
-            stage_fetch(p, xdt, ring + sidx * sb, p.x + (fe * p.xs0 + t * p.xs1) * p.xes,
-                        fetch_i.ch, lane);
+            fetch_item(p, xdt, bulk, ring + sidx * sb, &bars[warp][sidx],
+                       p.x + (fe * p.xs0 + t * p.xs1) * p.xes, fetch_i.ch, lane);
         }
-        cp_async_commit();
+        if (!bulk)
+            cp_async_commit();
         it_next(p, &fetch_i, Wq, Wr);
     }
     for (int sidx = 0; proc_i.row < rows; sidx = sidx + 1 == MF_STAGES ? 0 : sidx + 1) {
@@ -816,12 +1018,17 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
                 ring_e[i] = i == fslot ? fe : ring_e[i];
                 ring_t[i] = i == fslot ? t : ring_t[i];
             }
-            stage_fetch(p, xdt, ring + fslot * sb, p.x + (fe * p.xs0 + t * p.xs1) * p.xes,
-                        fetch_i.ch, lane);
+            fetch_item(p, xdt, bulk, ring + fslot * sb, &bars[warp][fslot],
+                       p.x + (fe * p.xs0 + t * p.xs1) * p.xes, fetch_i.ch, lane);
         }
-        cp_async_commit();
         it_next(p, &fetch_i, Wq, Wr);
-        cp_async_wait_oldest();
+        if (bulk) {
+            mbar_wait(&bars[warp][sidx], (phases >> sidx) & 1u);
+            phases ^= 1u << sidx;
+        } else {
+            cp_async_commit();
+            cp_async_wait_oldest();
+        }
         int64_t e = ring_e[0], t = ring_t[0];
 #pragma unroll
         for (int i = 1; i < MF_STAGES; i++) {
@@ -829,7 +1036,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             t = i == sidx ? ring_t[i] : t;
         }
         if (mode == MODE_QUANT)
-            quant_item_st(p, xdt, act, plain, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
+            quant_item_st(p, xdt, act, plain, lpgc, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
         else
             mul_item_st(p, xdt, act, plain, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
         it_next(p, &proc_i, Wq, Wr);
@@ -865,33 +1072,35 @@ __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any(ro
 /* The staged (cp.async) versions of the four, for 16-byte aligned x. */
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st(rows_params p)
 {
-    walk_staged(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1);
+    walk_staged(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1, 0);
 }
 
-/* The hot path of all: bf16 x, plain silu (or quant), staged; the dtype a constant too. */
+/* The hot path of all: bf16 x, plain silu (or quant), staged; the dtype and the lanes per
+ * group (G / 8) constants too. */
+template <int LPG>
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st_bf16(rows_params p)
 {
-    walk_staged(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1);
+    walk_staged(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1, LPG);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_any_st(rows_params p)
 {
-    walk_staged(p, MODE_QUANT, p.xdt, p.act, 0);
+    walk_staged(p, MODE_QUANT, p.xdt, p.act, 0, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st(rows_params p)
 {
-    walk_staged(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1);
+    walk_staged(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st_bf16(rows_params p)
 {
-    walk_staged(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1);
+    walk_staged(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any_st(rows_params p)
 {
-    walk_staged(p, MODE_MUL, p.xdt, p.act, 0);
+    walk_staged(p, MODE_MUL, p.xdt, p.act, 0, 0);
 }
 
 /*
@@ -1154,8 +1363,10 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
             const int silu = plain_silu(&p);
             const int per_sm = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
             const int bf16 = p.xdt == MF_DT_BF16;
-            const void *k = silu ? (bf16 ? (const void *)mf_k_quant_silu_st_bf16
-                                         : (const void *)mf_k_quant_silu_st)
+            void (*hot)(rows_params) = p.lpg == 16  ? mf_k_quant_silu_st_bf16<16>
+                                       : p.lpg == 8 ? mf_k_quant_silu_st_bf16<8>
+                                                    : mf_k_quant_silu_st_bf16<4>;
+            const void *k = silu ? (bf16 ? (const void *)hot : (const void *)mf_k_quant_silu_st)
                                  : (const void *)mf_k_quant_any_st;
             size_t bytes = 0;
             if (p.vec_x)
@@ -1167,7 +1378,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                                          : mf_cuda_grid(s, T * p.chunks, MF_WARPS, per_sm);
             if (bytes) {
                 if (silu && bf16)
-                    mf_k_quant_silu_st_bf16<<<grid, MF_THREADS, bytes, s->stream>>>(p);
+                    hot<<<grid, MF_THREADS, bytes, s->stream>>>(p);
                 else if (silu)
                     mf_k_quant_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
                 else
