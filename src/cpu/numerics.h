@@ -7,24 +7,11 @@
 #define MOEFUSE_CPU_NUMERICS_H
 
 #include "moefuse.h"
+#include "numerics/mf_portable.h" /* mf_f32_bits, mf_bits_f32: shared with every backend */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-static inline uint32_t mf_f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float mf_bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* ------------------------------------------------------------------ bf16 */
 

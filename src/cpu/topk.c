@@ -1,6 +1,7 @@
 /* topk_softmax: f32 softmax over each row of logits, then the k largest (docs/NUMERICS.md). */
 #include "cpu/cpu_internal.h"
 #include "cpu/numerics.h"
+#include "numerics/mf_exp.h"
 #include "cpu/tensor_cpu.h"
 
 #include <math.h>
@@ -47,7 +48,7 @@ static void topk_row(const mf_topk_args *a, int64_t m, float *l, float *p, unsig
     } else {
         float sum = 0.0f;
         for (int64_t i = 0; i < E; i++) {
-            p[i] = nan[i] ? 0.0f : expf(l[i] - mx);
+            p[i] = nan[i] ? 0.0f : mf_exp_f32(l[i] - mx); /* the library's exp */
             sum = sum + p[i];
         }
         for (int64_t i = 0; i < E; i++)

@@ -16,6 +16,7 @@
 #define MOEFUSE_NUMERICS_PORTABLE_H
 
 #if defined(__OPENCL_VERSION__)
+#pragma OPENCL FP_CONTRACT OFF /* no a * b + c fused unless written as fma */
 #define MF_FN inline
 typedef uint mf_u32;
 typedef int mf_i32;
