@@ -48,7 +48,6 @@ typedef struct ocl_state {
     size_t wg;            /* work-group size for the row / GEMM kernels (power of two) */
     cl_uint compute_units;
     bool fp_correct_div;  /* -cl-fp32-correctly-rounded-divide-sqrt was used */
-    bool fp64;            /* cl_khr_fp64: exp/erf/tanh evaluated in f64 (numerics.cl) */
     bool from_cache;      /* the program came from the on-disk binary cache */
     bool tiled;           /* the 16 x 16 tiled GEMMs fit this device (else one column per item) */
     bool force_tiled;     /* MOEFUSE_OPENCL_GEMM=tiled: skip the size heuristic */

@@ -87,31 +87,16 @@ static void build_log(ocl_state *s, char *buf, size_t size)
 }
 
 /* Options per device. Correctly rounded f32 division makes s = amax / 448 and
- * h / s match the CPU bit for bit; without it OpenCL allows 2.5 ulp. */
+ * h / s match the CPU bit for bit; without it OpenCL allows 2.5 ulp. (exp, erf
+ * and tanh are the library's own f32 code, src/numerics: no doubles needed.) */
 static moefuse_status choose_options(moefuse_context *ctx, ocl_state *s, char *opts, size_t size)
 {
+    (void)ctx;
     cl_device_fp_config fp = 0;
     clGetDeviceInfo(s->device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
     s->fp_correct_div = (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
-    /* doubles, where present, give exp/erf/tanh correctly rounded to f32 (numerics.cl) */
-    size_t n = 0;
-    if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, 0, NULL, &n) == CL_SUCCESS) {
-        /* no silent fallback to the f32 built-ins: they would change results */
-        char *ext = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(n + 1, 1);
-        if (!ext)
-            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                            "opencl: cannot allocate %zu bytes for the device's extension list",
-                            n + 1);
-        if (clGetDeviceInfo(s->device, CL_DEVICE_EXTENSIONS, n, ext, NULL) == CL_SUCCESS)
-            s->fp64 = strstr(ext, "cl_khr_fp64") != NULL;
-        free(ext);
-    }
-    const char *env = getenv("MOEFUSE_OPENCL_FP64"); /* "0": test the f32 built-ins path */
-    if (env && strcmp(env, "0") == 0)
-        s->fp64 = false;
-    snprintf(opts, size, "-cl-std=CL1.2%s%s",
-             s->fp_correct_div ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
-             s->fp64 ? " -DMF_HAVE_FP64" : "");
+    snprintf(opts, size, "-cl-std=CL1.2%s",
+             s->fp_correct_div ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     return MOEFUSE_OK;
 }
 

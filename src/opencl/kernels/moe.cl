@@ -40,7 +40,7 @@ inline float mf_gate_out(float ag, float au, __global const uchar *b1, int bdt, 
         ag = mf_clamp_gate(ag, limit);
         au = mf_clamp_up(au, limit);
     }
-    return mf_mul(mf_activate(act, ag), au);
+    return mf_mul(mf_activate_f32(act, ag), au);
 }
 
 /* Stage elements [k0, k0 + n) of an activation row into local memory as f32. */

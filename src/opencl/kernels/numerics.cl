@@ -4,7 +4,7 @@
  * not depend on cl_khr_fp16 (bf16/f16 travel as ushort).
  * This file comes first in the embedded program; the others use its helpers.
  */
-#pragma OPENCL FP_CONTRACT OFF /* the CPU reference never fuses a*b+c unless it says fma */
+/* FP_CONTRACT OFF: set by mf_portable.h, first in the program */
 
 /* moefuse_dtype values (moefuse.h) */
 #define MF_F32 0
@@ -20,9 +20,8 @@
 #define MF_COLUMN_MAJOR 1
 #define MF_PACKED 2
 
-/* Bit tests instead of isfinite/isnan: immune to finite-math assumptions. */
-inline int mf_is_finite(float v) { return (as_uint(v) & 0x7F800000u) != 0x7F800000u; }
-inline int mf_is_nan(float v) { return (as_uint(v) & 0x7FFFFFFFu) > 0x7F800000u; }
+/* mf_is_nan, mf_is_finite, mf_quiet and the activations come from src/numerics (the
+ * shared headers embedded before this file). */
 
 inline float mf_bf16_to_f32(ushort h) { return as_float((uint)h << 16); }
 
@@ -158,30 +157,6 @@ inline void mf_store(__global uchar *base, int dt, long i, float v)
 }
 
 /*
- * exp, erf and tanh of f32 arguments: the one place where backends may differ.
- * docs/NUMERICS.md ("Agreement between backends") asks for a value within
- * 1 ulp of the correctly rounded one; the CPU takes the C library's, which
- * need not be correctly rounded (glibc 2.36's erff and tanhf miss on ~5% of
- * inputs), and the f32 operations after it amplify one ulp (gelu's 1 + t
- * cancels). Where the device has doubles (MF_HAVE_FP64, set by the host from
- * cl_khr_fp64) the f64 function rounded once to f32 is correctly rounded but
- * at near-ties, and within 1 ulp whatever the driver's f64 accuracy (OpenCL
- * allows 16 ulp of f64 at most: 2^-48 relative, far below half an f32 ulp).
- * Without doubles the f32 built-ins give what the driver gives (OpenCL allows
- * 3 ulp for exp, 16 for erf, 5 for tanh; PoCL's are within 1).
- */
-#ifdef MF_HAVE_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-inline float mf_exp(float x) { return (float)exp((double)x); }
-inline float mf_erf(float x) { return (float)erf((double)x); }
-inline float mf_tanh(float x) { return (float)tanh((double)x); }
-#else
-inline float mf_exp(float x) { return exp(x); }
-inline float mf_erf(float x) { return erf(x); }
-inline float mf_tanh(float x) { return tanh(x); }
-#endif
-
-/*
  * NaN bits as the CPU reference gets them on x86-64 (SSE): an operation with
  * a NaN operand returns the first NaN operand, quieted, payload and sign
  * kept; an invalid operation (0 * Inf, Inf / Inf) returns the "default NaN"
@@ -191,8 +166,6 @@ inline float mf_tanh(float x) { return tanh(x); }
  * the operands wherever h can become NaN. (aarch64 hosts differ again: their
  * default NaN is positive; NUMERICS.md may want to settle this.)
  */
-inline float mf_quiet(float x) { return as_float(as_uint(x) | 0x00400000u); }
-
 inline float mf_nan_of(float r, float x, float y)
 {
     if (!mf_is_nan(r))
@@ -205,57 +178,6 @@ inline float mf_nan_of(float r, float x, float y)
 }
 
 inline float mf_mul(float x, float y) { return mf_nan_of(x * y, x, y); }
-
-/* Clamp and gated activations, in the order NUMERICS.md writes them. */
-inline float mf_clamp_gate(float g, float limit) { return (g > limit) ? limit : g; }
-
-inline float mf_clamp_up(float u, float limit)
-{
-    return (u > limit) ? limit : (u < -limit ? -limit : u);
-}
-
-/* The formulas of NUMERICS.md, for g that is not NaN. */
-inline float mf_activate_finite_or_inf(int act, float g)
-{
-    if (act == 1) { /* gelu (erf) */
-        float t = g * 0.70710678118654752f;
-        float a = 0.5f * g;
-        /* Beyond |t| = 3.91921 erf rounds to +-1 in f32 (erfc < 2^-25); pinned there
-         * so the ends do not hang on the device library's accuracy. glibc's erff
-         * gives exactly +-1 from the same point (checked for every f32 to 6.5). */
-        float b = 1.0f + (fabs(t) > 3.9193f ? copysign(1.0f, t) : mf_erf(t));
-        return a * b;
-    }
-    if (act == 2) { /* gelu_tanh */
-        float g2 = g * g;
-        float g3 = g2 * g;
-        float c = 0.044715f * g3;
-        float inner = g + c;
-        float z = 0.7978845608028654f * inner;
-        /* tanh rounds to +-1 in f32 beyond |z| = 13 ln 2 = 9.01091; pinned for the
-         * same reason (glibc's tanhf agrees from that point). Then act(g) is
-         * exactly 0 for very negative g, as on the CPU, and 0 * Inf stays NaN. */
-        float t = fabs(z) > 9.0110f ? copysign(1.0f, z) : mf_tanh(z);
-        float a = 0.5f * g;
-        float b = 1.0f + t;
-        return a * b;
-    }
-    float d = 1.0f + mf_exp(-g); /* silu */
-    return g / d;
-}
-
-/*
- * A NaN g comes back as itself (quieted): in every form the first NaN operand
- * of the last operation is g's. The only invalid operations are at g = -Inf
- * (-Inf / Inf for silu, -Inf * 0 for the gelu forms): the default NaN.
- */
-inline float mf_activate(int act, float g)
-{
-    if (mf_is_nan(g))
-        return mf_quiet(g);
-    float r = mf_activate_finite_or_inf(act, g);
-    return mf_is_nan(r) ? as_float(0xFFC00000u) : r;
-}
 
 /* Last e with offs[e] <= i: the expert of flattened valid row i. */
 inline long mf_find_expert(__global const long *offs, long experts, long i)

@@ -30,7 +30,7 @@ inline float mf_h(const mf_hrow *r, long c)
         g = mf_clamp_gate(g, r->limit);
         u = mf_clamp_up(u, r->limit);
     }
-    float a = mf_activate(r->act, g);
+    float a = mf_activate_f32(r->act, g);
     if (r->round_bf16)
         a = mf_round_bf16(a);
     float h = mf_mul(a, u); /* x86 NaN bits (numerics.cl) */

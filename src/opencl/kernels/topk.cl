@@ -20,7 +20,7 @@ inline float mf_prob(const mf_softmax_row *r, long i)
         return 0.0f;
     if (r->mode == 1)
         return v == r->mx ? r->share : 0.0f;
-    return mf_exp(v - r->mx) / r->sum;
+    return mf_exp_f32(v - r->mx) / r->sum;
 }
 
 /* Does (pa, a) rank ahead of (pb, b)? */
@@ -69,7 +69,7 @@ __kernel void mf_topk_softmax(__global const uchar *logits, long lo, long ls0, i
         float sum = 0.0f;
         for (long i = 0; i < experts; i++) {
             float v = mf_load(logits, ldt, r.base + i);
-            float p = mf_is_nan(v) ? 0.0f : mf_exp(v - r.mx);
+            float p = mf_is_nan(v) ? 0.0f : mf_exp_f32(v - r.mx);
             sum = sum + p;
         }
         r.sum = sum;
