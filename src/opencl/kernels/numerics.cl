@@ -2,9 +2,10 @@
  * Number formats of docs/NUMERICS.md in OpenCL C 1.2: every rounding is
  * integer code on the bits, so results match the CPU backend exactly and do
  * not depend on cl_khr_fp16 (bf16/f16 travel as ushort).
- * This file comes first in the embedded program; the others use its helpers.
+ * It follows the shared headers of src/numerics in the embedded program (see
+ * meson.build; FP_CONTRACT OFF is set by prelude.cl, first of all); the
+ * kernel files after it use its helpers.
  */
-/* FP_CONTRACT OFF: set by mf_portable.h, first in the program */
 
 /* moefuse_dtype values (moefuse.h) */
 #define MF_F32 0
