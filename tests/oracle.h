@@ -11,7 +11,7 @@
  *  - paths with an activation: the oracle evaluates each element as a double
  *    INTERVAL [lo, hi]: every f32 operation of the documented formula
  *    is widened outward by its own rounding bound: 2^-24 relative for each
- *    + - * / (correctly rounded), 2^-23 (1 ulp) for expf/erff/tanhf. The result is thus what f32-vs-f64 differences can
+ *    + - * / (correctly rounded), 2^-23 (1 ulp) for the library's exp/erf/tanh. The result is thus what f32-vs-f64 differences can
  *    justify, taking the conditioning of the formula into account (gelu's
  *    1 + erf(z) cancels for negative z). With MOEFUSE_ROUND_BF16 the ends of
  *    the interval are rounded to bf16 (rounding is monotone).

@@ -13,19 +13,12 @@
  * bit, in seconds: cheap enough to run on every build, and a broken
  * comparison shows up before anyone runs it on a GPU.
  *
- * The bounds (the reasons are at the functions that apply them):
- *  - quant (no activation): scales and codes bit-equal when the device divides
- *    correctly rounded (its name says "division not correctly rounded" when
- *    not; then scales within 1 ulp and codes one apart).
- *  - act_mul: within 1 ulp of the output dtype of the CPU's value, or, where
- *    the backend's exp/erf/tanh value differs from the C library's, within
- *    1 ulp of NUMERICS.md's f32 formula evaluated with a function value within
- *    1 ulp of the correctly rounded one (cmp_act_value; no band).
- *  - act_quant, masked: f32 scales between the scales of the smallest and the
- *    largest amax that act_mul's rule allows for the group (cmp_scale);
- *    UE8M0 exponents equal; codes equal or one apart on at most 0.01% of the
- *    codes of a test, never a sign flip.
- *  - dequant: bit-equal. topk: ids equal, weights within (E + 4 + k) ulp.
+ * What must agree:
+ *  - act_mul, act_quant, act_quant_masked, quant, dequant, topk_softmax:
+ *    every byte, bit for bit (every backend runs the library's own exp, erf
+ *    and tanh and IEEE f32 arithmetic in the documented order). The one
+ *    exception: a NaN from act(g) * u where both are NaN may carry either
+ *    operand's sign (f8 NaN code 0x7F or 0xFF, act_mul's NaN sign).
  *  - GEMMs: relative error <= 1e-5 (f32), 8e-3 (bf16), 4e-3 (f16, oracle.h)
  *    against the oracle on both backends, and between the two backends.
  */
@@ -110,36 +103,17 @@ static void same_elsewhere(pair p, unsigned char *judged, const char *what)
 
 /* Counted per test: reset by the fixture (tests share a process under CK_FORK=no). */
 static struct {
-    long long codes, codes_apart;   /* quantized codes compared; one code apart */
-    long long scales, scales_apart; /* f32 scales compared; not bit-equal */
-    double scale_ulp;               /* largest scale difference, in ulps */
-    struct {                        /* act_mul outputs, per activation (silu, gelu, gelu_tanh) */
-        long long values, apart;    /* compared; not bit-equal */
-        double ulp;                 /* largest difference from the cpu, in ulps of the output dtype */
-        long long by_fn;            /* more than 1 ulp apart: the exception of cmp_act_value */
-        double fn_ulp;              /* their largest distance from the formula with the device's function */
-    } act[3];
-    double gemm_rel; /* largest GEMM relative error, device vs cpu */
+    long long codes, scales, values; /* codes, f32 scales, act_mul values compared */
+    long long nan_either;            /* NaN from two NaN operands: sign not compared */
+    double gemm_rel;                 /* largest GEMM relative error, device vs cpu */
 } seen;
 
-/* NUMERICS.md, "Agreement between backends": codes one apart on at most 0.01% of a test's codes. */
 static void finish(const char *test)
 {
     fprintf(stderr,
-            "%s on %s: %lld codes (%lld one apart), %lld f32 scales (%lld not bit-equal, worst %g ulp), "
-            "GEMM rel. error <= %.3g\n",
-            test, h_backend(), seen.codes, seen.codes_apart, seen.scales, seen.scales_apart, seen.scale_ulp,
-            seen.gemm_rel);
-    static const char *names[3] = {"silu", "gelu", "gelu_tanh"};
-    for (int a = 0; a < 3; a++)
-        if (seen.act[a].values)
-            fprintf(stderr,
-                    "  act_mul %s: %lld values, %lld not bit-equal, worst %g ulp from the cpu; %lld beyond "
-                    "1 ulp where exp/erf/tanh differ, each within %g ulp of the formula with the device's\n",
-                    names[a], seen.act[a].values, seen.act[a].apart, seen.act[a].ulp, seen.act[a].by_fn,
-                    seen.act[a].fn_ulp);
-    HCHECK(seen.codes_apart * 10000 <= seen.codes, "%s: %lld of %lld codes one apart: more than 0.01%%", test,
-           seen.codes_apart, seen.codes);
+            "%s on %s: %lld codes, %lld f32 scales, %lld act_mul values bit-equal (%lld NaN of two NaN "
+            "operands, sign free); GEMM rel. error <= %.3g\n",
+            test, h_backend(), seen.codes, seen.scales, seen.values, seen.nan_either, seen.gemm_rel);
 }
 
 /* ------------------------------------------------------------- helpers */
@@ -155,26 +129,19 @@ static const moefuse_dtype FLOATS[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
 
 static double *doubles(size_t n) { return malloc(sizeof(double) * (n ? n : 1)); }
 
-/* ulp of v in a float dtype (subnormal spacing below the normal range) */
-static double ulp_of(moefuse_dtype dt, double v)
-{
-    int p = dt == MOEFUSE_F32 ? 24 : dt == MOEFUSE_BF16 ? 8 : 11;
-    int emin = dt == MOEFUSE_F16 ? -14 : -126, e;
-    frexp(fabs(v), &e);
-    int lead = v == 0.0 || e - 1 < emin ? emin : e - 1;
-    return ldexp(1.0, lead - (p - 1));
-}
-
-static double ulps_apart(moefuse_dtype dt, double a, double b)
-{
-    double u = fmax(ulp_of(dt, a), ulp_of(dt, b));
-    return fabs(a - b) / u;
-}
-
-/* Does the backend under test divide correctly rounded (as the CPU does)? */
+/*
+ * Does the backend under test divide correctly rounded? NUMERICS.md exempts an OpenCL device
+ * that does not (its name says so) from the bit-equality of the row operations; none of the
+ * devices this project tests on is one, and the test says so when it meets one.
+ */
 static int exact_division(void)
 {
-    return strstr(moefuse_device_name(g_ctx), "division not correctly rounded") == NULL;
+    static int warned;
+    const int exact = strstr(moefuse_device_name(g_ctx), "division not correctly rounded") == NULL;
+    if (!exact && !warned++)
+        fprintf(stderr, "NOTE: %s does not divide correctly rounded: row-op values not compared\n",
+                moefuse_device_name(g_ctx));
+    return exact;
 }
 
 /* g and u of output channel c (x is [T, 2H], or [E, T, 2H] with e >= 0) */
@@ -228,81 +195,6 @@ static void fill_act(tbuf *x, int special)
             }
 }
 
-/* ------------------------------------------ h as NUMERICS.md computes it */
-
-/*
- * The one freedom between backends in h (docs/NUMERICS.md, "Agreement between
- * backends"): the f32 value of exp, erf or tanh. NUMERICS.md takes the C
- * library's expf, erff, tanhf, which are not correctly rounded (glibc 2.36:
- * 0.006%, 5.8% and 5.4% of the f32 inputs in [-12, 12] differ from the
- * correctly rounded value, tanhf by up to 2 ulp), while a backend evaluates
- * its own, within 1 ulp of the correctly rounded value (OpenCL: in f64 and
- * rounded once; CUDA: its own expf, erf and tanh in f64). The f32 operations
- * after the function turn one ulp of it into up to 3 ulp of h (silu: 1 + e,
- * g / d, * u, * r each round), and where gelu's 1 + erf (1 + tanh) cancels
- * into many. Everything else is IEEE f32 arithmetic in a fixed order, the
- * same on every backend. So the test evaluates NUMERICS.md's formula itself,
- * in f32, with each function value the rule allows, and checks exactly that:
- * no band, and any other error (an operation fused, reordered, rounded
- * differently) shows. With the C library's value the formula must give the
- * CPU's result bit for bit, which the comparisons check for every value.
- */
-
-/* g and u after the clamp, and z, the argument of exp (silu), erf (gelu) or tanh (gelu_tanh). */
-typedef struct {
-    float g, u, z;
-} act_in;
-
-static act_in act_in_of(const or_act_opt *o, double g, double u)
-{
-    act_in a = {(float)g, (float)u, 0.0f};
-    const float lim = (float)o->limit;
-    if (lim > 0.0f) {
-        a.g = (a.g > lim) ? lim : a.g;
-        a.u = (a.u > lim) ? lim : (a.u < -lim ? -lim : a.u);
-    }
-    if (o->act == MOEFUSE_ACT_GELU)
-        a.z = a.g * 0.70710678118654752f;
-    else if (o->act == MOEFUSE_ACT_GELU_TANH)
-        a.z = 0.7978845608028654f * (a.g + 0.044715f * ((a.g * a.g) * a.g));
-    else
-        a.z = -a.g;
-    return a;
-}
-
-static const char *act_fn_name(int act)
-{
-    return act == MOEFUSE_ACT_GELU ? "erf" : act == MOEFUSE_ACT_GELU_TANH ? "tanh" : "exp";
-}
-
-/* The C library's value at z (the CPU backend's). */
-static float act_fn_libm(int act, float z)
-{
-    return act == MOEFUSE_ACT_GELU ? erff(z) : act == MOEFUSE_ACT_GELU_TANH ? tanhf(z) : expf(z);
-}
-
-/* The correctly rounded value (f64 rounded once: off only at near-ties), moved by k ulp. */
-static float act_fn_near(int act, float z, int k)
-{
-    double v = act == MOEFUSE_ACT_GELU ? erf(z) : act == MOEFUSE_ACT_GELU_TANH ? tanh(z) : exp(z);
-    float f = (float)v;
-    return k < 0 ? nextafterf(f, -INFINITY) : k > 0 ? nextafterf(f, INFINITY) : f;
-}
-
-static float bf16_of(float v) { return (float)or_round(OR_BF16, v); }
-
-/* h from the function value fv, steps 2-4, in f32; an absent factor is 1 (exact). */
-static float act_h(const or_act_opt *o, act_in a, float fv, float rs, float es)
-{
-    float v = o->act == MOEFUSE_ACT_SILU ? a.g / (1.0f + fv) : (0.5f * a.g) * (1.0f + fv);
-    if (o->round_bf16) v = bf16_of(v);
-    float h = v * a.u;
-    h = h * rs;
-    h = h * es;
-    if (o->round_bf16) h = bf16_of(h);
-    return h;
-}
-
 /* ---------------------------------------------------------- dequant */
 
 /* Bit-equal floats; NaN signs must agree (an f32 NaN's payload is not specified). */
@@ -344,6 +236,7 @@ typedef struct {
     int64_t E, T, H, G; /* E = 0: the 2-D call; T is Tmax for the masked call */
     lay L;
     int act, order, rnd, use_rs, es_kind, zero_tail, rp, special, quant_only;
+    int boundary; /* h of boundary values (boundary_h) instead of random ones */
     float limit, eps;
     int32_t counts[8];
 } qcfg;
@@ -368,128 +261,41 @@ static const char *at(const qcfg *c, int64_t e, int64_t t, int64_t col)
                  col < 0 ? "group" : "channel", (long long)(col < 0 ? -1 - col : col));
 }
 
-/*
- * f32 scales, s = max(amax, eps) / 448 (127). Without an activation h is x
- * and s must be bit-equal. With one, amax follows the largest |h| of the
- * group, each h as the act_mul rule allows it (see "h as NUMERICS.md
- * computes it"), and the division is exact IEEE: s must lie between the
- * scales of the smallest and the largest such amax (group_scale_range).
- * Where the device does not divide correctly rounded (its name says
- * "division not correctly rounded") one more ulp either way.
- */
-static void cmp_scale(const qcfg *c, int64_t e, int64_t t, int64_t col, const float *cpu, const float *dev,
-                      float slo, float shi, int exact)
+/* f32 scales: bit-equal. */
+static void cmp_scale(const qcfg *c, int64_t e, int64_t t, int64_t col, const float *cpu, const float *dev)
 {
     seen.scales++;
-    if (memcmp(cpu, dev, 4) == 0) return;
-    seen.scales_apart++;
-    HCHECK(!exact,
-           "%s: scale %a on cpu, %a on %s; must be bit-equal (no activation, correctly rounded division)",
-           at(c, e, t, col), *cpu, *dev, h_backend());
-    double ulps = fabs((double)*cpu - *dev) / or_ulp32(*cpu);
-    if (ulps > seen.scale_ulp) seen.scale_ulp = ulps;
-    if (!exact_division()) {
-        slo = nextafterf(slo, 0.0f);
-        shi = nextafterf(shi, INFINITY);
-    }
-    HCHECK(*dev >= slo && *dev <= shi,
-           "%s: scale %a on cpu, %a on %s (%.3g ulp); allowed [%a, %a] (the scales of the group's amax with "
-           "exp/erf/tanh values within 1 ulp of the correctly rounded ones)",
-           at(c, e, t, col), *cpu, *dev, h_backend(), ulps, slo, shi);
+    HCHECK(memcmp(cpu, dev, 4) == 0 || !exact_division(), "%s: scale %a on cpu, %a on %s: must be bit-equal", at(c, e, t, col),
+           *cpu, *dev, h_backend());
 }
 
-/* Codes: equal, or one apart (counted against the 0.01%), never a sign flip. */
-static void cmp_code(const qcfg *c, int64_t e, int64_t t, int64_t col, uint8_t cpu, uint8_t dev, int exact,
+/* Codes: equal; an f8 NaN code from two NaN operands may have either sign. */
+static void cmp_code(const qcfg *c, int64_t e, int64_t t, int64_t col, uint8_t cpu, uint8_t dev,
                      int nan_sign_free)
 {
-    const int is_f8 = c->qdt == MOEFUSE_F8_E4M3;
     seen.codes++;
-    if (cpu == dev) return;
-    HCHECK(!exact,
-           "%s: code 0x%02x on cpu, 0x%02x on %s; must be equal (no activation, correctly rounded division)",
+    if (cpu == dev)
+        return;
+    const int both_nan = c->qdt == MOEFUSE_F8_E4M3 && (cpu & 0x7F) == 0x7F && (dev & 0x7F) == 0x7F;
+    HCHECK((both_nan && nan_sign_free) || !exact_division(), "%s: code 0x%02x on cpu, 0x%02x on %s: must be equal",
            at(c, e, t, col), cpu, dev, h_backend());
-    int apart;
-    if (is_f8) {
-        int nan_c = (cpu & 0x7F) == 0x7F, nan_d = (dev & 0x7F) == 0x7F;
-        if (nan_c && nan_d && nan_sign_free) return;
-        HCHECK(!nan_c && !nan_d, "%s: code 0x%02x on cpu, 0x%02x on %s: NaN codes differ", at(c, e, t, col),
-               cpu, dev, h_backend());
-        HCHECK((cpu ^ dev) < 0x80, "%s: code 0x%02x on cpu, 0x%02x on %s: sign flip", at(c, e, t, col), cpu,
-               dev, h_backend());
-        apart = abs(or_f8_ord(cpu) - or_f8_ord(dev));
-    } else {
-        int a = (int8_t)cpu, b = (int8_t)dev;
-        HCHECK(!((a < 0 && b > 0) || (a > 0 && b < 0)), "%s: code %d on cpu, %d on %s: sign flip",
-               at(c, e, t, col), a, b, h_backend());
-        apart = abs(a - b);
-    }
-    HCHECK(apart <= 1, "%s: code 0x%02x on cpu, 0x%02x on %s: %d codes apart", at(c, e, t, col), cpu, dev,
-           h_backend(), apart);
-    seen.codes_apart++;
-}
-
-/* The factors of row t of expert e (2-D: e = 0), 1 when absent. */
-static void row_factors(const qcfg *c, pair rs, pair es, int64_t e, int64_t t, float *r, float *f)
-{
-    *r = !rs.d ? 1.0f : (float)(c->E ? tb_get(rs.d, e, t, 0) : tb_get(rs.d, t, 0, 0));
-    *f = es.d ? (float)tb_get(es.d, e, 0, 0) : 1.0f;
-}
-
-/*
- * The f32 scales that group g of row (e, t) may get: [slo, shi], from the
- * smallest and largest amax the act_mul rule allows (each finite h: the CPU's,
- * or the formula with exp/erf/tanh within 1 ulp of the correctly rounded
- * value; non-finite h are left out of amax on both sides). The CPU's own
- * amax must give the CPU's scale, bit for bit.
- */
-static void group_scale_range(const qcfg *c, pair x, float r, float f, int64_t e, int64_t t, int64_t g,
-                              const float *cpu, float *slo, float *shi)
-{
-    const or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
-    const float eps = c->eps > 0 ? c->eps : 1e-10f, div = c->qdt == MOEFUSE_F8_E4M3 ? 448.0f : 127.0f;
-    float am = 0.0f, lo = 0.0f, hi = 0.0f;
-    for (int64_t i = g * c->G; i < (g + 1) * c->G; i++) {
-        double gv, uv;
-        gate_up(x.d, e, t, i, c->H, c->order, &gv, &uv);
-        const act_in a = act_in_of(&ao, gv, uv);
-        const float hc = act_h(&ao, a, act_fn_libm(c->act, a.z), r, f);
-        if (!isfinite(hc)) continue;
-        float mn = fabsf(hc), mx = mn;
-        for (int k = -1; k <= 1; k++) {
-            const float hk = fabsf(act_h(&ao, a, act_fn_near(c->act, a.z, k), r, f));
-            mn = hk < mn ? hk : mn;
-            mx = hk > mx ? hk : mx;
-        }
-        am = fabsf(hc) > am ? fabsf(hc) : am;
-        lo = mn > lo ? mn : lo;
-        hi = mx > hi ? mx : hi;
-    }
-    const float s_cpu = (am > eps ? am : eps) / div;
-    HCHECK(s_cpu == *cpu, "%s: the test's formula gives the scale %a, the cpu %a (test out of step with "
-           "NUMERICS.md?)", at(c, e, t, -1 - g), (double)s_cpu, (double)*cpu);
-    *slo = (lo > eps ? lo : eps) / div;
-    *shi = (hi > eps ? hi : eps) / div;
+    seen.nan_either++;
 }
 
 /* Rows [0, n) of expert e (2-D: e = 0, rank-2 tensors). */
-static void cmp_rows(const qcfg *c, pair x, pair rs, pair es, pair q, pair sc, unsigned char *jq,
-                     unsigned char *js, int64_t e, int64_t n, int exact)
+static void cmp_rows(const qcfg *c, pair x, pair q, pair sc, unsigned char *jq, unsigned char *js,
+                     int64_t e, int64_t n)
 {
     const int three = q.d->t.rank == 3, f32_scales = sc.d->t.dtype == MOEFUSE_F32;
     const int64_t H = c->H, G = c->G;
     or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
     for (int64_t t = 0; t < n; t++) {
-        float r, f;
-        row_factors(c, rs, es, e, t, &r, &f);
         for (int64_t g = 0; g < H / G; g++) {
             if (f32_scales) {
                 float *sd = h_scale_el(sc.d, c->L.layout, e, t, g),
                       *scp = h_scale_el(sc.c, c->L.layout, e, t, g);
-                float slo = *scp, shi = *scp;
-                if (!c->quant_only)
-                    group_scale_range(c, x, r, f, e, t, g, scp, &slo, &shi);
                 judge(js, sc.d, sd, 4);
-                cmp_scale(c, e, t, -1 - g, scp, sd, slo, shi, exact);
+                cmp_scale(c, e, t, -1 - g, scp, sd);
             }
             for (int64_t i = g * G; i < (g + 1) * G; i++) {
                 uint8_t *cd = three ? tb_el(q.d, e, t, i) : tb_el(q.d, t, i, 0);
@@ -501,7 +307,7 @@ static void cmp_rows(const qcfg *c, pair x, pair rs, pair es, pair q, pair sc, u
                     gate_up(x.d, e, t, i, H, c->order, &gv, &uv);
                     free_sign = nan_from_two_nans(gv, uv, &ao);
                 }
-                cmp_code(c, e, t, i, *cc, *cd, exact, free_sign);
+                cmp_code(c, e, t, i, *cc, *cd, free_sign);
             }
         }
     }
@@ -509,17 +315,54 @@ static void cmp_rows(const qcfg *c, pair x, pair rs, pair es, pair q, pair sc, u
 
 static int64_t clamp_count(int32_t n, int64_t Tmax) { return n < 0 ? 0 : n > Tmax ? Tmax : n; }
 
-static void compare_quant(const qcfg *c, pair x, pair rs, pair es, pair q, pair sc)
+static void compare_quant(const qcfg *c, pair x, pair q, pair sc)
 {
-    const int exact = c->quant_only && exact_division();
     unsigned char *jq = judged_new(q), *js = judged_new(sc);
     for (int64_t e = 0; e < (c->E ? c->E : 1); e++) {
         int64_t n = c->E ? clamp_count(c->counts[e], c->T) : c->T;
-        cmp_rows(c, x, rs, es, q, sc, jq, js, e, n, exact);
+        cmp_rows(c, x, q, sc, jq, js, e, n);
     }
     /* UE8M0 and packed scales, tails, padding: bytes equal (see run_quant_case) */
     same_elsewhere(q, jq, qdesc(c));
     same_elsewhere(sc, js, qdesc(c));
+}
+
+/*
+ * Value i of a group of G whose h must probe the quantizer's edges (kind =
+ * the group's index mod 9): amax exactly 448, 464, 480 (f8) or 127 (i8);
+ * amax 2^-30, and in the f32 denormals (below eps); scales just above and just
+ * below a power of two (UE8M0 rounds one up, keeps the other); quotients on
+ * the rounding ties of the code (with s a power of two, h / s lands exactly on
+ * the midpoint of two f8 codes, f8 subnormals included, or on k + 0.5 for
+ * i8); and NaN, +-Inf among finite values.
+ */
+static double boundary_h(int64_t kind, int64_t i, int64_t G, int is_f8)
+{
+    static const double f8_ties[] = {1.0625, -1.1875, 2.125, 0x1.8p-9, -0x1p-10, 0x1.4p-8, 9.5 * 0x1p-9,
+                                     17.0, -208.0, 0.0, -0.0, 1.0};
+    static const double i8_ties[] = {0.5, -1.5, 2.5, 126.5, -126.5, 63.5, 0.0, -0.0, 1.0, 3.0, -7.5, 100.5};
+    const double top = is_f8 ? 448.0 : 127.0;
+    const double *ties = is_f8 ? f8_ties : i8_ties;
+    const int nt = 12;
+    if (i == G - 1) { /* the group's amax */
+        switch (kind % 9) {
+        case 0: return top;
+        case 1: return is_f8 ? 464.0 : 127.0 * 0x1p-20;
+        case 2: return is_f8 ? 480.0 : -127.0 * 0x1p+20;
+        case 3: return 0x1p-30;
+        case 4: return 0x1p-140; /* f32 denormal, below eps */
+        case 5: return top * 0x1p-7 * (1.0 + 0x1p-23); /* s just above 2^-7 */
+        case 6: return -top * 0x1p+5 * (1.0 - 0x1p-24); /* s just below 2^5 */
+        case 7: return top * 0x1p-20;
+        default: return 3.0;
+        }
+    }
+    switch (kind % 9) {
+    case 0: return ties[i % nt];                 /* s = 1 */
+    case 7: return ties[i % nt] * 0x1p-20;       /* s = 2^-20 */
+    case 8: return i == 0 ? NAN : i == 1 ? INFINITY : i == 2 ? -INFINITY : h_unif(-3, 3);
+    default: return h_unif(-1, 1) * fabs(boundary_h(kind, G - 1, G, is_f8));
+    }
 }
 
 /*
@@ -534,7 +377,26 @@ static void run_quant_case(qcfg c)
     const int u8 = c.L.ue8m0 && c.L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
     const int64_t width = c.quant_only ? H : 2 * H;
     pair x = E ? pair3("x", c.xdt, E, Tn, width, c.rp, 1) : pair2("x", c.xdt, Tn, width, c.rp, 1);
-    if (c.quant_only) {
+    if (c.boundary) {
+        /* quant: x = h; the activations: g = 32 and u = h / 32, since act(32) = 32 exactly in every
+         * form (exp(-32) vanishes next to 1, erf and tanh are 1), so h = 32 * (h / 32) */
+        const int is_f8 = c.qdt == MOEFUSE_F8_E4M3;
+        for (int64_t e = 0; e < (E ? E : 1); e++)
+            for (int64_t t = 0; t < Tn; t++)
+                for (int64_t i = 0; i < H; i++) {
+                    const double h = boundary_h(t * Gn + i / c.G, i % c.G, c.G, is_f8);
+                    const int64_t gc = c.order ? H + i : i, uc = c.order ? i : H + i;
+                    if (c.quant_only) {
+                        if (E) tb_set(x.d, e, t, i, h); else tb_set(x.d, t, i, 0, h);
+                    } else if (E) {
+                        tb_set(x.d, e, t, gc, 32.0);
+                        tb_set(x.d, e, t, uc, h / 32.0);
+                    } else {
+                        tb_set(x.d, t, gc, 0, 32.0);
+                        tb_set(x.d, t, uc, 0, h / 32.0);
+                    }
+                }
+    } else if (c.quant_only) {
         for (int64_t t = 0; t < Tn; t++)
             for (int64_t i = 0; i < H; i++)
                 tb_set(x.d, t, i, 0, act_input(c.special) * ldexp(1.0, (int)h_randint(-12, 12)));
@@ -588,7 +450,7 @@ static void run_quant_case(qcfg c)
     else
         BOTH(moefuse_act_quant(g_ctx, T(x.d), T(rs.d), T(q.d), T(sc.d), &o),
              moefuse_act_quant(g_ref, T(x.c), T(rs.c), T(q.c), T(sc.c), &o), qdesc(&c));
-    compare_quant(&c, x, rs, es, q, sc);
+    compare_quant(&c, x, q, sc);
     if (c.quant_only) {
         /* dequant of the CPU's codes and scales, given to both sides */
         memcpy(q.d->full, q.c->full, q.d->total);
@@ -602,64 +464,26 @@ static void run_quant_case(qcfg c)
 
 /* ------------------------------------------------------- float outputs */
 
-/*
- * act_mul: within 1 ulp of the output dtype of the CPU's value, or, where the
- * function values differ (see "h as NUMERICS.md computes it"), within 1 ulp of
- * the formula with an exp/erf/tanh value within 1 ulp of the correctly rounded
- * one.
- */
+/* act_mul: bit-equal; a NaN from two NaN operands may have either sign. */
 /* for failure messages only */
 static const char *act_at(const char *what, int64_t t, int64_t c, double g, double u)
 {
     return h_fmt("%s [%lld, %lld] g=%a u=%a", what, (long long)t, (long long)c, g, u);
 }
 
-/* rs: row t's scale (1 when absent) */
-static void cmp_act_value(pair x, pair out, int64_t t, int64_t c, int64_t H, const or_act_opt *o, float rs,
+static void cmp_act_value(pair x, pair out, int64_t t, int64_t c, int64_t H, const or_act_opt *o,
                           const char *what)
 {
     const moefuse_dtype dt = out.d->t.dtype;
-    const int ai = o->act, odt = h_dt_or(dt);
+    seen.values++;
+    if (memcmp(tb_el(out.d, t, c, 0), tb_el(out.c, t, c, 0), moefuse_dtype_size(dt)) == 0)
+        return;
     double vd = tb_get(out.d, t, c, 0), vc = tb_get(out.c, t, c, 0), g, u;
     gate_up(x.d, 0, t, c, H, o->order, &g, &u);
-    const act_in a = act_in_of(o, g, u);
-    const float libm = act_fn_libm(ai, a.z);
-    if (isfinite(vc)) {
-        const double self = or_round(odt, act_h(o, a, libm, rs, 1.0f));
-        HCHECK(self == vc, "%s: the test's formula gives %a, the cpu %a (test out of step with NUMERICS.md?)",
-               act_at(what, t, c, g, u), self, vc);
-    }
-    seen.act[ai].values++;
-    if (memcmp(tb_el(out.d, t, c, 0), tb_el(out.c, t, c, 0), moefuse_dtype_size(dt)) == 0) return;
-    seen.act[ai].apart++;
-    if (isnan(vc) || isnan(vd)) {
-        HCHECK(isnan(vc) && isnan(vd), "%s: %a on cpu, %a on %s", act_at(what, t, c, g, u), vc, vd,
-               h_backend());
-        HCHECK(signbit(vc) == signbit(vd) || nan_from_two_nans(g, u, o), "%s: NaN of opposite signs",
-               act_at(what, t, c, g, u));
-        return;
-    }
-    HCHECK(isfinite(vc) && isfinite(vd), "%s: %a on cpu, %a on %s: infinities must be equal",
+    HCHECK((isnan(vc) && isnan(vd) && nan_from_two_nans(g, u, o)) || !exact_division(),
+           "%s: %a on cpu, %a on %s: must be bit-equal",
            act_at(what, t, c, g, u), vc, vd, h_backend());
-    double ulps = ulps_apart(dt, vc, vd);
-    if (ulps > seen.act[ai].ulp) seen.act[ai].ulp = ulps;
-    if (ulps <= 1.0) return;
-
-    /* the exception: the formula with another function value */
-    double best = INFINITY;
-    float fbest = 0.0f;
-    for (int k = -1; k <= 1; k++) {
-        const float fv = act_fn_near(ai, a.z, k);
-        const double d = ulps_apart(dt, or_round(odt, act_h(o, a, fv, rs, 1.0f)), vd);
-        if (d < best) best = d, fbest = fv;
-    }
-    seen.act[ai].by_fn++;
-    if (best > seen.act[ai].fn_ulp) seen.act[ai].fn_ulp = best;
-    HCHECK(best <= 1.0,
-           "%s: %.9g on cpu, %.9g on %s: %.3g ulp apart, and %.3g ulp from the formula with any %s(%a) within "
-           "1 ulp of the correctly rounded %a (closest: %a; the C library's: %a)",
-           act_at(what, t, c, g, u), vc, vd, h_backend(), ulps, best, act_fn_name(ai), (double)a.z,
-           (double)act_fn_near(ai, a.z, 0), (double)fbest, (double)libm);
+    seen.nan_either++;
 }
 
 typedef struct {
@@ -689,13 +513,11 @@ static void run_act_mul_case(mcfg c)
          moefuse_act_mul(g_ref, T(x.c), T(rs.c), T(out.c), &o), what);
     or_act_opt ao = {c.act, c.order, c.limit, c.rnd};
     unsigned char *j = judged_new(out);
-    for (int64_t t = 0; t < c.T; t++) {
-        const float r = c.use_rs ? (float)tb_get(rs.d, t, 0, 0) : 1.0f;
+    for (int64_t t = 0; t < c.T; t++)
         for (int64_t i = 0; i < c.H; i++) {
             judge(j, out.d, tb_el(out.d, t, i, 0), moefuse_dtype_size(c.dt));
-            cmp_act_value(x, out, t, i, c.H, &ao, r, what);
+            cmp_act_value(x, out, t, i, c.H, &ao, what);
         }
-    }
     same_elsewhere(out, j, what);
     tb_free_all();
 }
@@ -722,12 +544,7 @@ static double logit(int mode, int64_t m, int64_t i, int64_t E)
     }
 }
 
-/*
- * ids equal; weights within (E + 4 + k) ulp: p = expf(l - max) / sum with the
- * sum in index order on both sides, so one ulp of expf per term moves the sum
- * by up to E ulp and the division adds one; renormalizing adds k + 1 more. It
- * is the bound test_topk allows against the f64 oracle.
- */
+/* ids and weights: every byte equal (the library's exp, the sum in index order everywhere). */
 static void run_topk_case(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int renorm, int mode)
 {
     pair lg = pair2("logits", dt, M, E, 1, 1);
@@ -739,17 +556,8 @@ static void run_topk_case(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int
                              moefuse_dtype_name(dt), (long long)M, (long long)E, (long long)k, renorm, mode);
     BOTH(moefuse_topk_softmax(g_ctx, T(lg.d), renorm, T(ids.d), T(w.d)),
          moefuse_topk_softmax(g_ref, T(lg.c), renorm, T(ids.c), T(w.c)), what);
-    unsigned char *j = judged_new(w);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t s = 0; s < k; s++) {
-            double a = tb_get(w.c, m, s, 0), b = tb_get(w.d, m, s, 0);
-            double tol = (double)(E + 4 + (renorm ? k : 0)) * or_ulp32(a);
-            judge(j, w.d, tb_el(w.d, m, s, 0), 4);
-            HCHECK(fabs(a - b) <= tol, "%s: row %lld slot %lld: weight %a on cpu, %a on %s (tol %.3g)", what,
-                   (long long)m, (long long)s, a, b, h_backend(), tol);
-        }
-    same_elsewhere(ids, judged_new(ids), what); /* ids: every byte equal */
-    same_elsewhere(w, j, what);
+    same_elsewhere(ids, judged_new(ids), what);
+    same_elsewhere(w, judged_new(w), what);
     tb_free_all();
 }
 
@@ -1089,6 +897,26 @@ START_TEST(t_quant_dequant)
 }
 END_TEST
 
+/* Boundary inputs (boundary_h) through quant, act_quant and the masked call, every layout. */
+START_TEST(t_boundaries)
+{
+    for (int r = 0; r < 30; r++) {
+        const int64_t G = (int64_t[]){128, 32, 64}[r % 3];
+        qcfg c = qbase(r % 3 == 2 && r >= 10 ? 2 : 0, 9, 2 * G, G); /* 9 rows x 2 groups: every kind */
+        c.boundary = 1;
+        c.quant_only = r < 10; /* quant has no 3-D form */
+        c.L = LAYS[r % 5];
+        c.qdt = !c.L.ue8m0 && (r & 4) ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
+        c.act = r % 3;
+        c.order = (r >> 1) & 1;
+        c.eps = r == 13 ? 0x1p-32f : 0.0f;
+        for (int e = 0; e < 2; e++) c.counts[e] = 9 - e;
+        run_quant_case(c);
+    }
+    finish("boundaries");
+}
+END_TEST
+
 /* Hand-made codes (every f8 code, NaN included) and scales (UE8M0 1..255, tiny to huge f32). */
 START_TEST(t_dequant_handmade)
 {
@@ -1255,6 +1083,7 @@ int main(void)
     tcase_add_test(tc, t_act_quant_shapes);
     tcase_add_test(tc, t_act_quant_options);
     tcase_add_test(tc, t_act_quant_random);
+    tcase_add_test(tc, t_boundaries);
     tcase_add_test(tc, t_masked);
     tcase_add_test(tc, t_quant_dequant);
     tcase_add_test(tc, t_dequant_handmade);
