@@ -6,8 +6,23 @@
  */
 #include "opencl/ocl_internal.h"
 
-/* h values one lane keeps in registers: MF_PRIV of kernels/rows.cl */
-enum { PRIV = 8 };
+/* Consecutive channels of one lane: MF_PER_LANE of kernels/rows.cl */
+enum { PER_LANE = 8 };
+
+/* Every 8-channel chunk of tensor t that a lane touches starts at an element index that is a
+ * multiple of 8 (offset and the first `strides` strides; the kernels add multiples of 8 to
+ * them): 16-byte loads of bf16 / f16 (two of f32), 8-byte stores of codes. The buffer itself
+ * is aligned to CL_DEVICE_MEM_BASE_ADDR_ALIGN (at least 128 bytes). */
+static bool chunks_aligned(const moefuse_tensor *t, int strides)
+{
+    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
+    if (es == 0 || t->offset % (es * PER_LANE) != 0)
+        return false;
+    for (int d = 0; d < strides; d++)
+        if (t->stride[d] % PER_LANE != 0)
+            return false;
+    return true;
+}
 
 /* x and row_scale as every row kernel takes them. */
 static void row_input_args(mf_kargs *k, const mf_rows_args *a)
@@ -17,11 +32,11 @@ static void row_input_args(mf_kargs *k, const mf_rows_args *a)
     mf_karg_int(k, a->row_scale.data != NULL);
 }
 
-/* Work-groups for a grid-stride walk over `rows` rows. */
-static size_t row_groups(const ocl_state *s, int64_t rows)
+/* Work-groups for a grid-stride walk over `items` items (at most 32 per compute unit). */
+static size_t item_groups(const ocl_state *s, int64_t items)
 {
     size_t cap = (size_t)s->compute_units * 32;
-    return rows < (int64_t)cap ? (size_t)(rows > 0 ? rows : 0) : cap;
+    return items < (int64_t)cap ? (size_t)(items > 0 ? items : 0) : cap;
 }
 
 static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_rows_args *a,
@@ -42,13 +57,17 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     }
 
     /* lanes per quantization group: the fewest (a power of two, at most the
-     * work-group) that hold a group in registers at PRIV values each. Small
-     * groups then share a work-group pass (fewer barriers per row), and a
-     * whole-row group gets the whole work-group. H100, T=4096 H=7168 G=128:
-     * 315 GB/s with 32 lanes recomputing h, 467 with 16 lanes in registers. */
+     * work-group) that hold a group in registers at PER_LANE values each.
+     * Small groups then share an item (one barrier for wg / lanes groups),
+     * and a group wider than PER_LANE x wg is an item of its own. */
     size_t lanes = 1;
-    while (lanes < s->wg && (int64_t)lanes * PRIV < a->group)
+    while (lanes < s->wg && (int64_t)lanes * PER_LANE < a->group)
         lanes *= 2;
+    const bool g8 = a->group % PER_LANE == 0;
+    const bool vec_x = g8 && chunks_aligned(&a->x, 2);
+    const bool vec_q = g8 && chunks_aligned(&a->out, 2);
+    const int64_t per_item = (int64_t)(s->wg / lanes);
+    const int64_t items = a->experts * a->rows * ((a->groups + per_item - 1) / per_item);
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_ROWS_QUANT]);
     row_input_args(&k, a);
     mf_karg_operand(&k, &a->expert_scale, 1, true);
@@ -71,8 +90,10 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, a->quant.ue8m0 || layout == MOEFUSE_SCALE_PACKED_UE8M0);
     mf_karg_float(&k, a->quant.eps);
     mf_karg_int(&k, (int32_t)lanes);
-    mf_karg_local(&k, s->wg * sizeof(cl_float));
-    const size_t global = row_groups(s, a->experts * a->rows) * s->wg;
+    mf_karg_int(&k, vec_x);
+    mf_karg_int(&k, vec_q);
+    mf_karg_local(&k, 2 * s->wg * sizeof(cl_uint)); /* two halves: mf_segment_max */
+    const size_t global = item_groups(s, items) * s->wg;
     MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &s->wg));
 
     /* rows that are zeroed rather than computed: the tail (zero_tail) and the padding */
@@ -121,7 +142,11 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
     mf_karg_float(&k, a->act.limit);
     mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
     mf_karg_operand(&k, &a->out, 2, true);
-    const size_t global = row_groups(s, a->rows) * s->wg;
+    const bool h8 = a->hidden % PER_LANE == 0;
+    mf_karg_int(&k, h8 && chunks_aligned(&a->x, 2));
+    mf_karg_int(&k, h8 && chunks_aligned(&a->out, 2));
+    const int64_t width = (int64_t)(PER_LANE * s->wg);
+    const size_t global = item_groups(s, a->rows * ((a->hidden + width - 1) / width)) * s->wg;
     return mf_ocl_launch(ctx, s, &k, "act_mul", 1, &global, &s->wg);
 }
 

@@ -2,45 +2,165 @@
  * Row kernels behind act_quant (2-D and masked 3-D), quant and act_mul.
  *
  * Valid rows are flattened: offs[E+1] (mf_count_prefix, on the device) holds
- * the prefix sum of the clamped counts, and a fixed grid of work-groups walks
- * rows i = group, group + groups, ... < offs[E], finding (e, t) by binary
- * search. Work therefore follows sum(n), not E * Tmax, and the host never
- * reads the counts. Without counts (2-D calls, E = 1) row i is t = i.
+ * the prefix sum of the clamped counts; without counts (2-D calls, E = 1) row
+ * i is t = i. A row is cut into items of up to 8 x (work-group size) channels
+ * and a fixed grid of work-groups walks the items grid-stride, so work
+ * follows sum(n), not E * Tmax, and the host never reads the counts.
+ *
+ * In an item, each work-item (lane) owns 8 consecutive channels: one 16-byte
+ * load of gate and one of up (bf16/f16; two each for f32) where the host
+ * found every such chunk 16-byte aligned ("vec"), element loads otherwise.
+ * The h values stay in registers between the group's amax and its codes.
  *
  * Tensors arrive as a buffer plus offsets and strides in elements (long).
  */
 
-/* Everything needed to compute h of one channel; built once per row. */
+#define MF_PER_LANE 8 /* channels of one lane: ops_rows.c's PER_LANE */
+
+/* Everything needed to compute h of a row; built once per item. */
 typedef struct mf_hrow {
     __global const uchar *x;
     long base;   /* element index of x[e, t, 0] */
     long goff;   /* channel offset of the gate half */
     long uoff;   /* channel offset of the up half */
-    int xdt, act, activate, round_bf16, has_rs, has_es;
+    int xdt, act, activate, round_bf16, has_rs, has_es, vec;
     float limit, rs, es;
 } mf_hrow;
 
-inline float mf_h(const mf_hrow *r, long c)
+/* ------------------------------------------------------------ the exp table */
+
+/*
+ * mf_exp_f32 (src/numerics/mf_exp.h) for |x| < MF_EXP_FAST_LIMIT, step for
+ * step, with its table read from a copy in local memory: on GPUs a __constant
+ * table read at 32 different indices by one warp is serialised.
+ */
+inline float mf_exp_fast_local(float x, __local const float *tab)
 {
-    if (!r->activate)
-        return mf_load(r->x, r->xdt, r->base + c);
-    float g = mf_load(r->x, r->xdt, r->base + r->goff + c);
-    float u = mf_load(r->x, r->xdt, r->base + r->uoff + c);
-    if (r->limit > 0.0f) {
-        g = mf_clamp_gate(g, r->limit);
-        u = mf_clamp_up(u, r->limit);
+    const mf_u32 kb = mf_exp_kbits(x);
+    const float2 t = vload2(kb & 31u, tab); /* T[j], T_lo[j] */
+    return mf_exp_scale_fast(mf_exp_mantissa(mf_exp_poly(x, kb), t.x, t.y), kb);
+}
+
+/* mf_silu_formula for |g| < MF_EXP_FAST_LIMIT (then d >= 1 and finite: no NaN). */
+inline float mf_silu_local(float g, __local const float *tab)
+{
+    const float d = 1.0f + mf_exp_fast_local(-g, tab);
+    return g / d;
+}
+
+/* Copy the exp table to local memory; every work-item calls this before its first h. */
+inline void mf_exp_table_to_local(__local float *tab)
+{
+    for (int i = (int)get_local_id(0); i < 64; i += (int)get_local_size(0))
+        tab[i] = mf_exp_table[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* ------------------------------------------------------------- loading h */
+
+/* Elements i .. i + 7 of x as f32: one 16-byte load (two for f32) when vec, else the
+ * first n elements one by one (the others 0). vec: i % 8 == 0, the buffer 16-byte aligned. */
+inline void mf_load_chunk(__global const uchar *x, int dt, long i, int vec, int n, float v[8])
+{
+    if (vec && dt == MF_BF16) {
+        const uint4 w = *(__global const uint4 *)(x + 2 * i);
+        v[0] = as_float(w.x << 16);
+        v[1] = as_float(w.x & 0xFFFF0000u);
+        v[2] = as_float(w.y << 16);
+        v[3] = as_float(w.y & 0xFFFF0000u);
+        v[4] = as_float(w.z << 16);
+        v[5] = as_float(w.z & 0xFFFF0000u);
+        v[6] = as_float(w.w << 16);
+        v[7] = as_float(w.w & 0xFFFF0000u);
+    } else if (vec && dt == MF_F16) {
+        const uint4 w = *(__global const uint4 *)(x + 2 * i);
+        v[0] = mf_f16_to_f32((ushort)w.x);
+        v[1] = mf_f16_to_f32((ushort)(w.x >> 16));
+        v[2] = mf_f16_to_f32((ushort)w.y);
+        v[3] = mf_f16_to_f32((ushort)(w.y >> 16));
+        v[4] = mf_f16_to_f32((ushort)w.z);
+        v[5] = mf_f16_to_f32((ushort)(w.z >> 16));
+        v[6] = mf_f16_to_f32((ushort)w.w);
+        v[7] = mf_f16_to_f32((ushort)(w.w >> 16));
+    } else if (vec) {
+        const float4 a = *(__global const float4 *)(x + 4 * i);
+        const float4 b = *(__global const float4 *)(x + 4 * i + 16);
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+        v[4] = b.x;
+        v[5] = b.y;
+        v[6] = b.z;
+        v[7] = b.w;
+    } else {
+        for (int k = 0; k < MF_PER_LANE; k++)
+            v[k] = k < n ? mf_load(x, dt, i + k) : 0.0f;
     }
-    float a = mf_activate_f32(r->act, g);
+}
+
+/*
+ * h of channels c .. c + 7 of the row (the first n of them), in NUMERICS.md's
+ * order: clamp, act(g), bf16 rounding, * u, * row_scale, * expert_scale, bf16
+ * rounding. Each option is one uniform branch around a loop over the 8
+ * values. silu takes the local-table exp where |g| < 86.5 (all but NaN and
+ * huge g); the rare others, and any NaN in h (whose bits must be the x86
+ * reference's: mf_mul), are redone one by one.
+ */
+inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, float h[8])
+{
+    if (!r->activate) {
+        mf_load_chunk(r->x, r->xdt, r->base + c, r->vec, n, h);
+        return;
+    }
+    float g[MF_PER_LANE], u[MF_PER_LANE], a[MF_PER_LANE];
+    mf_load_chunk(r->x, r->xdt, r->base + r->goff + c, r->vec, n, g);
+    mf_load_chunk(r->x, r->xdt, r->base + r->uoff + c, r->vec, n, u);
+    if (r->limit > 0.0f)
+        for (int k = 0; k < MF_PER_LANE; k++) {
+            g[k] = mf_clamp_gate(g[k], r->limit);
+            u[k] = mf_clamp_up(u[k], r->limit);
+        }
+    if (r->act == MF_ACT_SILU) {
+        int slow = 0;
+        for (int k = 0; k < MF_PER_LANE; k++) {
+            slow |= !(mf_fabsf(g[k]) < MF_EXP_FAST_LIMIT);
+            a[k] = mf_silu_local(g[k], tab);
+        }
+        if (slow)
+            for (int k = 0; k < MF_PER_LANE; k++)
+                if (!(mf_fabsf(g[k]) < MF_EXP_FAST_LIMIT))
+                    a[k] = mf_activate_f32(MF_ACT_SILU, g[k]);
+    } else {
+        for (int k = 0; k < MF_PER_LANE; k++)
+            a[k] = mf_activate_f32(r->act, g[k]);
+    }
     if (r->round_bf16)
-        a = mf_round_bf16(a);
-    float h = mf_mul(a, u); /* x86 NaN bits (numerics.cl) */
-    if (r->has_rs)
-        h = mf_mul(h, r->rs);
-    if (r->has_es)
-        h = mf_mul(h, r->es);
+        for (int k = 0; k < MF_PER_LANE; k++)
+            a[k] = mf_round_bf16(a[k]);
+    int any_nan = 0;
+    for (int k = 0; k < MF_PER_LANE; k++) {
+        float v = a[k] * u[k];
+        if (r->has_rs)
+            v = v * r->rs;
+        if (r->has_es)
+            v = v * r->es;
+        h[k] = v;
+        any_nan |= mf_is_nan(v);
+    }
+    if (any_nan) /* a NaN anywhere stays NaN to the end: rebuild its x86 bits */
+        for (int k = 0; k < MF_PER_LANE; k++)
+            if (mf_is_nan(h[k])) {
+                float v = mf_mul(a[k], u[k]);
+                if (r->has_rs)
+                    v = mf_mul(v, r->rs);
+                if (r->has_es)
+                    v = mf_mul(v, r->es);
+                h[k] = v;
+            }
     if (r->round_bf16)
-        h = mf_round_bf16(h);
-    return h;
+        for (int k = 0; k < MF_PER_LANE; k++)
+            h[k] = mf_round_bf16(h[k]);
 }
 
 /* Clamped counts -> offs[0..E]. One work-item: E is small next to the rows. */
@@ -59,12 +179,27 @@ __kernel void mf_count_prefix(__global const int *counts, long co, long cs0, lon
     }
 }
 
+/* Last e >= lo with offs[e] <= i (offs[lo] <= i): the expert of flattened valid row i.
+ * A work-group's rows only grow, so its search starts from its last expert. */
+inline long mf_find_expert_from(__global const long *offs, long lo, long experts, long i)
+{
+    long hi = experts - 1;
+    while (lo < hi) {
+        long mid = (lo + hi + 1) / 2;
+        if (offs[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Set up the h context of row (e, t). */
 inline mf_hrow mf_row_setup(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
                             __global const float *rs, long rso, long rss0, long rss1, int has_rs,
                             __global const uchar *es, long eso, long ess0, int esdt, int has_es,
                             long hidden, int activate, int act, int order, float limit,
-                            int round_bf16, long e, long t)
+                            int round_bf16, int vec, long e, long t)
 {
     mf_hrow r;
     r.x = x;
@@ -77,6 +212,7 @@ inline mf_hrow mf_row_setup(__global const uchar *x, long xo, long xs0, long xs1
     r.round_bf16 = round_bf16;
     r.has_rs = has_rs;
     r.has_es = has_es;
+    r.vec = vec;
     r.limit = limit;
     r.rs = has_rs ? rs[rso + e * rss0 + t * rss1] : 1.0f;
     r.es = has_es ? mf_load(es, esdt, eso + e * ess0) : 1.0f;
@@ -99,14 +235,130 @@ inline void mf_put_scale(__global uchar *sc, long sco, long scs0, long scs1, int
         sc[idx] = (uchar)ue;
 }
 
-#define MF_PRIV 8 /* h values a lane keeps in registers (see mf_rows_quant) */
+/* ----------------------------------------------------------- quantization */
+
+/* Bits of |v| where v is finite, else 0: an amax of non-negative floats by unsigned max. */
+inline uint mf_abs_bits_if_finite(float v)
+{
+    const uint a = as_uint(v) & 0x7FFFFFFFu;
+    return a < 0x7F800000u ? a : 0u;
+}
 
 /*
- * Quantize rows. The work-group splits into segments of `lanes` (a power of
- * two dividing the work-group size, chosen by the host); each segment takes
- * one quantization group, reduces its amax in local memory, then quantizes.
- * A lane keeps its up to MF_PRIV values of h in registers; a wider group (a
- * whole row, say) recomputes h for the second loop instead.
+ * h / s for finite h, given y = RN(1 / s) (one IEEE division per group):
+ * q0 = RN(h y) is within 1.5 ulp of h / s, the residual h - q0 s is exact in
+ * an fma and RN(q0 + res y) is then within 2^-46 (relative) of h / s beyond
+ * its own rounding. A code changes only where h / s crosses a rounding
+ * boundary m of the code (an e4m3 value with one more bit, or k + 1/2): when
+ * h / s = m exactly the result is m exactly (res = +-ulp s, exact), and
+ * otherwise h - s m is a nonzero multiple of ulp(s) ulp(m), so h / s is at
+ * least 2^-29 m away from m (e4m3; 2^-32 for i8), far more than the error.
+ * So the codes are those of the IEEE quotient. This holds while every term is
+ * a normal number: the callers take it for s in [2^-60, 2^60] (|h| <= amax <=
+ * 448 s, and a quotient below 2^-11 gives code 0 either way). The sign is
+ * h's, so -0 keeps its code 0x80.
+ */
+inline float mf_div_by_scale(float h, float s, float y)
+{
+    const float q0 = h * y;
+    const float res = fma(-q0, s, h);
+    return copysign(fma(res, y, q0), h);
+}
+
+inline int mf_div_by_scale_ok(float s) { return s >= 0x1p-60f && s <= 0x1p+60f; }
+
+/*
+ * mf_f32_to_e4m3 without branches (the same byte for every f32; see
+ * README.md). Normal codes round the low 20 mantissa bits half to even
+ * (the parity is bit 20) and saturate at 448 (0x7E, Inf too); below 2^-6
+ * the codes are the multiples of 2^-9, which adding 1.5 * 2^14 (ulp 2^-9)
+ * rounds to, half to even.
+ */
+inline uint mf_e4m3_code(float f)
+{
+    const uint u = as_uint(f), ax = u & 0x7FFFFFFFu;
+    const uint nrm = min((ax + (0x7FFFFu - 0x3C000000u) + ((ax >> 20) & 1u)) >> 20, 0x7Eu);
+    const uint sub = as_uint(as_float(ax) + 24576.0f) - 0x46C00000u;
+    const uint mag = ax < 0x3C800000u ? sub : nrm;
+    return ((u >> 24) & 0x80u) | (ax > 0x7F800000u ? 0x7Fu : mag);
+}
+
+/* mf_f32_to_i8 without branches: NaN 0, clamp to [-127, 127], round half to even by adding
+ * 1.5 * 2^23 (ulp 1). */
+inline uint mf_i8_code(float f)
+{
+    const float c = fmin(fmax(f, -127.0f), 127.0f);
+    const uint r = as_uint(c + 12582912.0f) - 0x4B400000u;
+    return mf_is_nan(f) ? 0u : (r & 0xFFu);
+}
+
+/* Codes of 8 values of h with scale s (y = 1 / s), packed little-endian into two words. */
+inline uint2 mf_codes8(const float h[8], float s, float y, int fast, int fp8)
+{
+    uint w[2] = {0u, 0u};
+    for (int k = 0; k < MF_PER_LANE; k++) {
+        const float v = h[k];
+        float d = fast ? mf_div_by_scale(v, s, y) : v / s;
+        d = mf_is_finite(v) ? d : v; /* NaN: the NaN code; +-Inf: +-448 / +-127 */
+        const uint code = fp8 ? mf_e4m3_code(d) : mf_i8_code(d);
+        w[k / 4] |= code << (8 * (k % 4));
+    }
+    return (uint2)(w[0], w[1]);
+}
+
+/* Store the first n of 8 codes at q[i]: one 8-byte store when vec (i % 8 == 0). */
+inline void mf_store_codes8(__global uchar *q, long i, uint2 w, int vec, int n)
+{
+    if (vec) {
+        *(__global uint2 *)(q + i) = w;
+        return;
+    }
+    for (int k = 0; k < n; k++)
+        q[i + k] = (uchar)((k < 4 ? w.x : w.y) >> (8 * (k % 4)));
+}
+
+/*
+ * Largest m over the `lanes` lanes of each segment (lanes a power of two
+ * dividing the work-group, lanes * seg the segment's first lane) through
+ * red[0..wg): one barrier, then each lane reads its segment's values (up to
+ * 32; more by a halving tree). red alternates between two halves from one
+ * call to the next, so a call's writes never race the previous call's reads.
+ */
+inline uint mf_segment_max(__local uint *red, uint m, int lane, int lanes, int seg)
+{
+    red[lane] = m;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local const uint *mine = red + seg * lanes;
+    if (lanes <= 32) {
+        if (lanes >= 4) {
+            for (int j = 0; j < lanes; j += 4) {
+                const uint4 v = vload4(0, mine + j);
+                m = max(m, max(max(v.x, v.y), max(v.z, v.w)));
+            }
+        } else {
+            for (int j = 0; j < lanes; j++)
+                m = max(m, mine[j]);
+        }
+        return m;
+    }
+    const int sl = lane - seg * lanes;
+    for (int s = lanes / 2; s > 0; s >>= 1) {
+        if (sl < s)
+            red[lane] = max(red[lane], red[lane + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return mine[0];
+}
+
+/*
+ * Quantize rows. Lanes form segments of `lanes` (a power of two dividing the
+ * work-group, chosen by the host: G / 8 rounded up, at most the work-group),
+ * one quantization group per segment and wg / lanes groups per item. A lane
+ * holds channels [8 sl, 8 sl + 8) of its group in registers ("chunks" = 1);
+ * a group wider than 8 x the work-group is a whole item, its lanes taking
+ * every wg-th chunk, and h is computed again for the codes (chunks > 1).
+ * vec_x / vec_q: 16-byte loads of x, 8-byte stores of codes (host-checked
+ * alignment, G % 8 == 0).
  */
 __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
                             __global const float *rs, long rso, long rss0, long rss1, int has_rs,
@@ -116,101 +368,124 @@ __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1
                             float limit, int round_bf16,
                             __global uchar *q, long qo, long qs0, long qs1, int qdt,
                             __global uchar *sc, long sco, long scs0, long scs1, int scdt,
-                            int layout, int ue8m0, float eps, int lanes, __local float *red)
+                            int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
+                            __local uint *red)
 {
+    __local float tab[64];
+    mf_exp_table_to_local(tab);
     const int lane = (int)get_local_id(0), wg = (int)get_local_size(0);
-    const int seg = lane / lanes, sl = lane % lanes, per_pass = wg / lanes;
+    const int seg = lane / lanes, sl = lane % lanes, per_item = wg / lanes;
+    const long chunks = (group + (long)MF_PER_LANE * lanes - 1) / ((long)MF_PER_LANE * lanes);
     const int fp8 = qdt == MF_F8;
     const long total = has_counts ? offs[experts] : rows;
-    for (long i = (long)get_group_id(0); i < total; i += (long)get_num_groups(0)) {
-        const long e = has_counts ? mf_find_expert(offs, experts, i) : 0;
+    const long items_per_row = (groups + per_item - 1) / per_item;
+    const long slots = layout == MF_PACKED ? (groups + 3) / 4 * 4 : groups;
+    long e = 0;
+    int part = 0; /* which half of red: mf_segment_max */
+    for (long it = (long)get_group_id(0); it < total * items_per_row;
+         it += (long)get_num_groups(0)) {
+        const long i = it / items_per_row, g = (it - i * items_per_row) * per_item + seg;
+        e = has_counts ? mf_find_expert_from(offs, e, experts, i) : 0;
         const long t = has_counts ? i - offs[e] : i;
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso,
                                        ess0, esdt, has_es, hidden, activate, act, order, limit,
-                                       round_bf16, e, t);
+                                       round_bf16, vec_x, e, t);
         const long qrow = qo + e * qs0 + t * qs1;
-        /* up to MF_PRIV values per lane stay in registers between the amax and
-         * the quantization (loads issued together, h computed once); wider
-         * groups recompute h in the second loop */
-        const int cached = group <= (long)lanes * MF_PRIV;
-        for (long g0 = 0; g0 < groups; g0 += per_pass) {
-            const long g = g0 + seg;
-            const int active = g < groups;
-            float m = 0.0f;
-            float hv[MF_PRIV];
-            if (cached) {
-                for (int k = 0; k < MF_PRIV; k++) {
-                    const long c = sl + (long)k * lanes;
-                    hv[k] = (active && c < group) ? mf_h(&r, g * group + c) : 0.0f;
-                }
-                for (int k = 0; k < MF_PRIV; k++)
-                    if (mf_is_finite(hv[k])) {
-                        float av = fabs(hv[k]);
-                        m = av > m ? av : m;
-                    }
-            } else if (active) {
-                for (long c = sl; c < group; c += lanes) {
-                    float v = mf_h(&r, g * group + c);
-                    if (mf_is_finite(v)) {
-                        float av = fabs(v);
-                        m = av > m ? av : m;
-                    }
+        const int active = g < groups;
+        float h[MF_PER_LANE];
+        uint m = 0u;
+        if (active)
+            for (long k = 0; k < chunks; k++) {
+                const long c = (sl + k * lanes) * MF_PER_LANE; /* channel in the group */
+                const int n = (int)clamp(group - c, 0L, (long)MF_PER_LANE);
+                if (n > 0) {
+                    mf_h8(&r, tab, g * group + c, n, h);
+                    for (int j = 0; j < MF_PER_LANE; j++)
+                        m = max(m, mf_abs_bits_if_finite(h[j]));
                 }
             }
-            red[lane] = m;
-            barrier(CLK_LOCAL_MEM_FENCE);
-            for (int s = lanes / 2; s > 0; s >>= 1) {
-                if (sl < s) {
-                    float o = red[lane + s];
-                    red[lane] = o > red[lane] ? o : red[lane];
-                }
-                barrier(CLK_LOCAL_MEM_FENCE);
-            }
-            float amax = red[seg * lanes];
-            barrier(CLK_LOCAL_MEM_FENCE); /* red is rewritten by the next pass */
-            if (!active)
-                continue;
-            amax = amax > eps ? amax : eps;
-            float s = fp8 ? amax / 448.0f : amax / 127.0f;
-            uint ue = 0u;
-            if (ue8m0) {
-                ue = mf_ue8m0_exponent(s);
-                s = as_float(ue << 23);
-            }
-            for (long c = sl, k = 0; c < group; c += lanes, k++) {
-                const long ch = g * group + c;
-                float v = cached ? hv[k] : mf_h(&r, ch);
-                float d = mf_is_finite(v) ? v / s : v;
-                if (fp8)
-                    q[qrow + ch] = mf_f32_to_e4m3(d);
-                else
-                    ((__global char *)q)[qrow + ch] = mf_f32_to_i8(d);
-            }
-            if (sl == 0)
-                mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, s, ue);
+        m = mf_segment_max(red + part * wg, m, lane, lanes, seg);
+        part ^= 1;
+        if (!active)
+            continue;
+        float amax = as_float(m);
+        amax = amax > eps ? amax : eps;
+        float s = fp8 ? amax / 448.0f : amax / 127.0f;
+        uint ue = 0u;
+        if (ue8m0) {
+            ue = mf_ue8m0_exponent(s);
+            s = as_float(ue << 23);
         }
-        if (lane == 0 && layout == MF_PACKED) /* unused bytes of the last packed word */
-            for (long g = groups; g < (groups + 3) / 4 * 4; g++)
-                mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, 0.0f, 0u);
+        const float y = 1.0f / s;
+        const int fast = mf_div_by_scale_ok(s);
+        for (long k = 0; k < chunks; k++) {
+            const long c = (sl + k * lanes) * MF_PER_LANE;
+            const int n = (int)clamp(group - c, 0L, (long)MF_PER_LANE);
+            if (n <= 0)
+                continue;
+            if (chunks > 1)
+                mf_h8(&r, tab, g * group + c, n, h);
+            mf_store_codes8(q, qrow + g * group + c, mf_codes8(h, s, y, fast, fp8), vec_q, n);
+        }
+        if (sl == 0) {
+            mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, s, ue);
+            if (g == groups - 1) /* unused bytes of the row's last packed word */
+                for (long gg = groups; gg < slots; gg++)
+                    mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, gg, 0.0f, 0u);
+        }
     }
 }
 
-/* act_mul: h rounded once to out's dtype. Same row walk, lanes over channels. */
+/* ----------------------------------------------------------------- act_mul */
+
+/* Store the first n of 8 values at out[i] rounded to dt: 16-byte stores when vec. */
+inline void mf_store_chunk(__global uchar *out, int dt, long i, const float v[8], int vec, int n)
+{
+    if (vec && dt == MF_F32) {
+        *(__global float4 *)(out + 4 * i) = (float4)(v[0], v[1], v[2], v[3]);
+        *(__global float4 *)(out + 4 * i + 16) = (float4)(v[4], v[5], v[6], v[7]);
+    } else if (vec) {
+        uint w[4];
+        for (int k = 0; k < 4; k++) {
+            const uint lo = dt == MF_BF16 ? mf_f32_to_bf16(v[2 * k]) : mf_f32_to_f16(v[2 * k]);
+            const uint hi = dt == MF_BF16 ? mf_f32_to_bf16(v[2 * k + 1])
+                                          : mf_f32_to_f16(v[2 * k + 1]);
+            w[k] = lo | (hi << 16);
+        }
+        *(__global uint4 *)(out + 2 * i) = (uint4)(w[0], w[1], w[2], w[3]);
+    } else {
+        for (int k = 0; k < n; k++)
+            mf_store(out, dt, i + k, v[k]);
+    }
+}
+
+/* act_mul: h rounded once to out's dtype. Items of 8 x wg channels, 8 per lane. */
 __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
                               __global const float *rs, long rso, long rss0, long rss1, int has_rs,
                               long rows, long hidden, int act, int order, float limit,
                               int round_bf16, __global uchar *out, long oo, long os0, long os1,
-                              int odt)
+                              int odt, int vec_x, int vec_out)
 {
+    __local float tab[64];
+    mf_exp_table_to_local(tab);
     const long lane = (long)get_local_id(0), wg = (long)get_local_size(0);
-    for (long t = (long)get_group_id(0); t < rows; t += (long)get_num_groups(0)) {
+    const long width = MF_PER_LANE * wg;
+    const long items_per_row = (hidden + width - 1) / width;
+    for (long it = (long)get_group_id(0); it < rows * items_per_row;
+         it += (long)get_num_groups(0)) {
+        const long t = it / items_per_row;
+        const long c = (it - t * items_per_row) * width + lane * MF_PER_LANE;
+        const int n = (int)clamp(hidden - c, 0L, (long)MF_PER_LANE);
+        if (n <= 0)
+            continue;
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, 0, 0, 0,
-                                       MF_F32, 0, hidden, 1, act, order, limit, round_bf16, 0, t);
-        const long orow = oo + t * os1;
-        for (long c = lane; c < hidden; c += wg)
-            mf_store(out, odt, orow + c, mf_h(&r, c));
-        (void)os0;
+                                       MF_F32, 0, hidden, 1, act, order, limit, round_bf16,
+                                       vec_x, 0, t);
+        float h[MF_PER_LANE];
+        mf_h8(&r, tab, c, n, h);
+        mf_store_chunk(out, odt, oo + t * os1 + c, h, vec_out, n);
     }
+    (void)os0;
 }
 
 /*
