@@ -93,6 +93,13 @@ static void resolve_address_range(cuda_state *s)
         fn = NULL;
     cudaGetLastError();
     s->address_range = (int (*)(unsigned long long *, size_t *, unsigned long long))fn;
+    fn = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    cudaGetLastError();
+    s->pointer_attributes = (int (*)(unsigned, int *, void **, unsigned long long))fn;
 }
 
 static moefuse_status init_state(moefuse_context *ctx, void **state)
@@ -271,7 +278,29 @@ static moefuse_status cuda_buffer_read(moefuse_context *ctx, void *state, const 
  */
 static bool cuda_owns_pointer(void *state, const void *data)
 {
-    const cuda_state *s = state;
+    cuda_state *s = state;
+    s->checked_ptr = NULL;
+    if (s->pointer_attributes) {
+        /* CU_POINTER_ATTRIBUTE_ MEMORY_TYPE, DEVICE_ORDINAL, IS_MANAGED, RANGE_START_ADDR,
+         * RANGE_SIZE: one driver call answers this check and the bounds check after it (not a
+         * CUDA pointer: CUDA_SUCCESS with every attribute 0) */
+        int attributes[5] = {2, 9, 8, 11, 12};
+        unsigned int type = 0;
+        int ordinal = -1;
+        unsigned int managed = 0;
+        unsigned long long base = 0;
+        size_t size = 0;
+        void *out[5] = {&type, &ordinal, &managed, &base, &size};
+        if (s->pointer_attributes(5, attributes, out, (unsigned long long)(uintptr_t)data) != 0)
+            return false;
+        const bool ours = (type == 2 /* CU_MEMORYTYPE_DEVICE */ || managed) && ordinal == s->device;
+        if (ours && size > 0) {
+            s->checked_ptr = data;
+            s->checked_base = base;
+            s->checked_size = size;
+        }
+        return ours;
+    }
     struct cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, data) != cudaSuccess) {
         cudaGetLastError();
@@ -285,11 +314,17 @@ static bool cuda_owns_pointer(void *state, const void *data)
  * framework's caching allocator hands out pieces of larger blocks, bounded by the block). */
 static bool cuda_buffer_extent(void *state, const void *data, uint64_t *bytes)
 {
-    const cuda_state *s = state;
+    cuda_state *s = state;
     unsigned long long base = 0, ptr = (unsigned long long)(uintptr_t)data;
     size_t size = 0;
-    if (!s->address_range || s->address_range(&base, &size, ptr) != 0 || ptr < base ||
-        ptr - base > size)
+    if (s->checked_ptr == data) { /* the ownership check just asked the driver */
+        base = s->checked_base;
+        size = s->checked_size;
+        s->checked_ptr = NULL;
+    } else if (!s->address_range || s->address_range(&base, &size, ptr) != 0) {
+        return false;
+    }
+    if (ptr < base || ptr - base > size)
         return false;
     *bytes = size - (ptr - base);
     return true;

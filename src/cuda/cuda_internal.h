@@ -38,6 +38,7 @@ typedef struct cuda_state {
      * (moe_mma.cu, moe_wgmma.cu): per context, so threads with contexts of their own
      * share no mutable state, and a context is used by one thread at a time */
     uint32_t mma_smem_raised, wgmma_smem_raised;
+    uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */
     size_t scratch_bytes;
@@ -48,6 +49,13 @@ typedef struct cuda_state {
     /* the driver's cuMemGetAddressRange (through the runtime, so that the library does not
      * link libcuda), or NULL: bounds of the allocation a tensor lies in */
     int (*address_range)(unsigned long long *base, size_t *size, unsigned long long ptr);
+    /* cuPointerGetAttributes (driver API, through the runtime's entry point), or NULL: the
+     * ownership check asks it for the type, device and allocation range in one call, and
+     * leaves the range for the bounds check that follows at once (checked_ptr, 0 = none) */
+    int (*pointer_attributes)(unsigned n, int *attributes, void **data, unsigned long long ptr);
+    const void *checked_ptr;
+    unsigned long long checked_base;
+    size_t checked_size;
     char device_name[256];
 } cuda_state;
 

@@ -1305,20 +1305,29 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
  * kernel is allowed more (f32 input, many experts); *bytes = 0 when even the
  * device's opt-in limit is too small (the unstaged kernel runs instead).
  */
+/*
+ * Dynamic shared memory of a staged launch in *bytes (0: too much, take the direct kernel).
+ * The kernel's limit is raised to what the device allows once per context (bit: its bit in
+ * s->rows_smem_raised), not on every call: the attribute call costs host time that a
+ * decode-sized call would notice.
+ */
 static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const rows_params *p,
-                                  size_t offs_bytes, const void *kernel, const char *op,
-                                  size_t *bytes)
+                                  size_t offs_bytes, const void *kernel, uint32_t bit,
+                                  const char *op, size_t *bytes)
 {
+    /* the kernels' static shared memory (exp table, mbarriers) stays under 1 KiB */
+    const size_t limit = s->smem_optin - 1024;
     const size_t need = (offs_bytes + 15) / 16 * 16 +
                         (size_t)MF_WARPS * MF_STAGES * (size_t)stage_bytes(p->xes, p->activate);
     *bytes = 0;
-    if (need > s->smem_optin)
+    if (need > limit)
         return MOEFUSE_OK;
-    if (need + 1024 > 48 * 1024) { /* 1 KiB for the static shared memory */
-        cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need);
+    if (need + 1024 > 48 * 1024 && !(s->rows_smem_raised & bit)) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)limit);
         if (e != cudaSuccess)
             return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+        s->rows_smem_raised |= bit;
     }
     *bytes = need;
     return MOEFUSE_OK;
@@ -1368,9 +1377,12 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                                                     : mf_k_quant_silu_st_bf16<4>;
             const void *k = silu ? (bf16 ? (const void *)hot : (const void *)mf_k_quant_silu_st)
                                  : (const void *)mf_k_quant_any_st;
+            /* the kernel's bit in s->rows_smem_raised */
+            const uint32_t bit = silu ? (bf16 ? 1u << (p.lpg == 16 ? 0 : p.lpg == 8 ? 1 : 2) : 1u << 3)
+                                      : 1u << 4;
             size_t bytes = 0;
             if (p.vec_x)
-                MF_TRY(staged_smem(ctx, s, &p, smem, k, op, &bytes));
+                MF_TRY(staged_smem(ctx, s, &p, smem, k, bit, op, &bytes));
             /* staged items are 1024 channels, the others 512 */
             p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
             /* masked: a persistent grid (the valid rows are known on the device only) */
@@ -1447,7 +1459,8 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
     /* staged items move 8 channels per lane (mul_item_st): an f32 row of 8n + 4 channels
      * passes the 16-byte test above but would be written 4 channels past its end */
     if (p.vec_x && p.H % 8 == 0)
-        MF_TRY(staged_smem(ctx, s, &p, 0, k, op, &bytes));
+        MF_TRY(staged_smem(ctx, s, &p, 0, k, silu ? (bf16 ? 1u << 5 : 1u << 6) : 1u << 7, op,
+                           &bytes));
     p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
     const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, per_sm);
     if (bytes) {
