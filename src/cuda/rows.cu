@@ -1300,16 +1300,11 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
 }
 
 /*
- * Dynamic shared memory of a staged kernel: the row offsets (offs_bytes,
- * rounded to 16) and MF_STAGES items per warp. Above the default 48 KiB the
- * kernel is allowed more (f32 input, many experts); *bytes = 0 when even the
- * device's opt-in limit is too small (the unstaged kernel runs instead).
- */
-/*
- * Dynamic shared memory of a staged launch in *bytes (0: too much, take the direct kernel).
- * The kernel's limit is raised to what the device allows once per context (bit: its bit in
- * s->rows_smem_raised), not on every call: the attribute call costs host time that a
- * decode-sized call would notice.
+ * Dynamic shared memory of a staged kernel in *bytes: the row offsets (offs_bytes, rounded to
+ * 16) and MF_STAGES items per warp; 0 when even the device's opt-in limit is too small (the
+ * unstaged kernel runs instead). Above the default 48 KiB the kernel's limit is raised once
+ * per context (bit: its bit in s->rows_smem_raised), not on every call: the attribute call
+ * costs host time that a decode-sized call would notice.
  */
 static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const rows_params *p,
                                   size_t offs_bytes, const void *kernel, uint32_t bit,
