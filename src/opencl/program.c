@@ -10,6 +10,7 @@
 
 static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_COUNT_PREFIX] = "mf_count_prefix",   [MF_K_ROWS_QUANT] = "mf_rows_quant",
+    [MF_K_ROWS_QUANT_SILU] = "mf_rows_quant_silu", [MF_K_ROWS_QUANT_H] = "mf_rows_quant_h",
     [MF_K_ROWS_ACT_MUL] = "mf_rows_act_mul",   [MF_K_ROWS_TAIL] = "mf_rows_tail",
     [MF_K_DEQUANT] = "mf_dequant",             [MF_K_TOPK_SOFTMAX] = "mf_topk_softmax",
     [MF_K_MOE_GATE] = "mf_moe_gate",           [MF_K_MOE_FINAL] = "mf_moe_final",
@@ -144,9 +145,9 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
             return mf_ocl_fail(ctx, e, NULL, call);
         }
     }
-    /* One work-group size for the row and GEMM kernels: at most 128, within
-     * what the device and every kernel allow, a power of two (the amax
-     * reduction halves it). */
+    /* One work-group size for the row and GEMM kernels: at most 128 (MF_MAX_WG of
+     * kernels/rows.cl sizes local arrays by it), within what the device and every
+     * kernel allow, a power of two (the amax reduction halves it). */
     size_t wg = 128, dev_max = 1;
     clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof dev_max, &dev_max, NULL);
     if (dev_max < wg)

@@ -16,6 +16,7 @@
  */
 
 #define MF_PER_LANE 8 /* channels of one lane: ops_rows.c's PER_LANE */
+#define MF_MAX_WG 128  /* work-group size at most (program.c) */
 
 /* Everything needed to compute h of a row; built once per item. */
 typedef struct mf_hrow {
@@ -99,6 +100,25 @@ inline void mf_load_chunk(__global const uchar *x, int dt, long i, int vec, int 
     }
 }
 
+/* Eight values passed by value: an array argument of an out-of-line call would keep the
+ * caller's arrays in memory on every path. */
+typedef struct mf_vals8 {
+    float v[MF_PER_LANE];
+} mf_vals8;
+
+/*
+ * a = silu(g) where mf_silu_local does not apply (|g| >= 86.5, NaN): rare,
+ * and out of line, so that a GPU compiler neither interleaves its eight
+ * copies with the hot path nor counts their registers there.
+ */
+__attribute__((noinline)) mf_vals8 mf_silu_slow8(mf_vals8 g, mf_vals8 a)
+{
+    for (int k = 0; k < MF_PER_LANE; k++)
+        if (!(mf_fabsf(g.v[k]) < MF_EXP_FAST_LIMIT))
+            a.v[k] = mf_activate_f32(MF_ACT_SILU, g.v[k]);
+    return a;
+}
+
 /*
  * h of channels c .. c + 7 of the row (the first n of them), in NUMERICS.md's
  * order: clamp, act(g), bf16 rounding, * u, * row_scale, * expert_scale, bf16
@@ -116,29 +136,44 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
     float g[MF_PER_LANE], u[MF_PER_LANE], a[MF_PER_LANE];
     mf_load_chunk(r->x, r->xdt, r->base + r->goff + c, r->vec, n, g);
     mf_load_chunk(r->x, r->xdt, r->base + r->uoff + c, r->vec, n, u);
-    if (r->limit > 0.0f)
+    if (r->limit > 0.0f) {
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++) {
             g[k] = mf_clamp_gate(g[k], r->limit);
             u[k] = mf_clamp_up(u[k], r->limit);
         }
+    }
     if (r->act == MF_ACT_SILU) {
         int slow = 0;
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++) {
             slow |= !(mf_fabsf(g[k]) < MF_EXP_FAST_LIMIT);
             a[k] = mf_silu_local(g[k], tab);
         }
-        if (slow)
+        if (slow) {
+            mf_vals8 gv, av;
+#pragma unroll
+            for (int k = 0; k < MF_PER_LANE; k++) {
+                gv.v[k] = g[k];
+                av.v[k] = a[k];
+            }
+            av = mf_silu_slow8(gv, av);
+#pragma unroll
             for (int k = 0; k < MF_PER_LANE; k++)
-                if (!(mf_fabsf(g[k]) < MF_EXP_FAST_LIMIT))
-                    a[k] = mf_activate_f32(MF_ACT_SILU, g[k]);
+                a[k] = av.v[k];
+        }
     } else {
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++)
             a[k] = mf_activate_f32(r->act, g[k]);
     }
-    if (r->round_bf16)
+    if (r->round_bf16) {
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++)
             a[k] = mf_round_bf16(a[k]);
+    }
     int any_nan = 0;
+#pragma unroll
     for (int k = 0; k < MF_PER_LANE; k++) {
         float v = a[k] * u[k];
         if (r->has_rs)
@@ -148,7 +183,8 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
         h[k] = v;
         any_nan |= mf_is_nan(v);
     }
-    if (any_nan) /* a NaN anywhere stays NaN to the end: rebuild its x86 bits */
+    if (any_nan) { /* a NaN anywhere stays NaN to the end: rebuild its x86 bits */
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++)
             if (mf_is_nan(h[k])) {
                 float v = mf_mul(a[k], u[k]);
@@ -158,9 +194,12 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
                     v = mf_mul(v, r->es);
                 h[k] = v;
             }
-    if (r->round_bf16)
+    }
+    if (r->round_bf16) {
+#pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++)
             h[k] = mf_round_bf16(h[k]);
+    }
 }
 
 /* Clamped counts -> offs[0..E]. One work-item: E is small next to the rows. */
@@ -237,11 +276,24 @@ inline void mf_put_scale(__global uchar *sc, long sco, long scs0, long scs1, int
 
 /* ----------------------------------------------------------- quantization */
 
-/* Bits of |v| where v is finite, else 0: an amax of non-negative floats by unsigned max. */
-inline uint mf_abs_bits_if_finite(float v)
+/* Bits of the largest finite |h[j]| (0 if none): an amax of non-negative floats by unsigned
+ * max. Sets *nonfinite where some h[j] is NaN or +-Inf (rare: then a second pass). */
+inline uint mf_amax_bits8(const float h[8], int *nonfinite)
 {
-    const uint a = as_uint(v) & 0x7FFFFFFFu;
-    return a < 0x7F800000u ? a : 0u;
+    uint all = 0u;
+#pragma unroll
+    for (int j = 0; j < MF_PER_LANE; j++)
+        all = max(all, as_uint(h[j]) & 0x7FFFFFFFu);
+    if (all < 0x7F800000u)
+        return all;
+    *nonfinite = 1;
+    uint m = 0u;
+#pragma unroll
+    for (int j = 0; j < MF_PER_LANE; j++) {
+        const uint ab = as_uint(h[j]) & 0x7FFFFFFFu;
+        m = max(m, ab < 0x7F800000u ? ab : 0u);
+    }
+    return m;
 }
 
 /*
@@ -255,55 +307,90 @@ inline uint mf_abs_bits_if_finite(float v)
  * least 2^-29 m away from m (e4m3; 2^-32 for i8), far more than the error.
  * So the codes are those of the IEEE quotient. This holds while every term is
  * a normal number: the callers take it for s in [2^-60, 2^60] (|h| <= amax <=
- * 448 s, and a quotient below 2^-11 gives code 0 either way). The sign is
- * h's, so -0 keeps its code 0x80.
+ * 448 s, and a quotient below 2^-11 gives code 0 either way). The sign of a
+ * zero quotient may be lost: the e4m3 code takes its sign from h.
  */
 inline float mf_div_by_scale(float h, float s, float y)
 {
     const float q0 = h * y;
     const float res = fma(-q0, s, h);
-    return copysign(fma(res, y, q0), h);
+    return fma(res, y, q0);
 }
 
 inline int mf_div_by_scale_ok(float s) { return s >= 0x1p-60f && s <= 0x1p+60f; }
 
 /*
- * mf_f32_to_e4m3 without branches (the same byte for every f32; see
- * README.md). Normal codes round the low 20 mantissa bits half to even
- * (the parity is bit 20) and saturate at 448 (0x7E, Inf too); below 2^-6
- * the codes are the multiples of 2^-9, which adding 1.5 * 2^14 (ulp 2^-9)
- * rounds to, half to even.
+ * mf_f32_to_e4m3 of a value of magnitude |d| with the sign of sgn, without
+ * branches (the same byte for every f32: README.md). Normal codes round the
+ * low 20 mantissa bits half to even (the parity is bit 20), from 2^-6 up;
+ * below 2^-6 the codes are the multiples of 2^-9, which adding 1.5 * 2^14
+ * (ulp 2^-9) rounds to, half to even. _finite: |d| < 464 and not NaN (no
+ * saturation, no NaN code).
  */
-inline uint mf_e4m3_code(float f)
+inline uint mf_e4m3_code_finite(float d, float sgn)
 {
-    const uint u = as_uint(f), ax = u & 0x7FFFFFFFu;
+    const uint ax = as_uint(d) & 0x7FFFFFFFu;
+    const uint nrm = (ax + (0x7FFFFu - 0x3C000000u) + ((ax >> 20) & 1u)) >> 20;
+    const uint sub = as_uint(as_float(ax) + 24576.0f) - 0x46C00000u;
+    return ((as_uint(sgn) >> 24) & 0x80u) | (ax < 0x3C800000u ? sub : nrm);
+}
+
+/* Any f32: saturates at 448 (0x7E, Inf too), NaN gives 0x7F with sgn's sign. */
+inline uint mf_e4m3_code(float d, float sgn)
+{
+    const uint ax = as_uint(d) & 0x7FFFFFFFu;
     const uint nrm = min((ax + (0x7FFFFu - 0x3C000000u) + ((ax >> 20) & 1u)) >> 20, 0x7Eu);
     const uint sub = as_uint(as_float(ax) + 24576.0f) - 0x46C00000u;
     const uint mag = ax < 0x3C800000u ? sub : nrm;
-    return ((u >> 24) & 0x80u) | (ax > 0x7F800000u ? 0x7Fu : mag);
+    return ((as_uint(sgn) >> 24) & 0x80u) | (ax > 0x7F800000u ? 0x7Fu : mag);
 }
 
 /* mf_f32_to_i8 without branches: NaN 0, clamp to [-127, 127], round half to even by adding
- * 1.5 * 2^23 (ulp 1). */
-inline uint mf_i8_code(float f)
+ * 1.5 * 2^23 (ulp 1). _finite: |d| < 127.5 and not NaN (no clamp needed). */
+inline uint mf_i8_code_finite(float d) { return (as_uint(d + 12582912.0f) - 0x4B400000u) & 0xFFu; }
+
+inline uint mf_i8_code(float d)
 {
-    const float c = fmin(fmax(f, -127.0f), 127.0f);
-    const uint r = as_uint(c + 12582912.0f) - 0x4B400000u;
-    return mf_is_nan(f) ? 0u : (r & 0xFFu);
+    const float c = fmin(fmax(d, -127.0f), 127.0f);
+    return mf_is_nan(d) ? 0u : mf_i8_code_finite(c);
 }
 
-/* Codes of 8 values of h with scale s (y = 1 / s), packed little-endian into two words. */
-inline uint2 mf_codes8(const float h[8], float s, float y, int fast, int fp8)
+/* Bytes c[0..7] as two little-endian words. */
+inline uint2 mf_pack8(const uint c[8])
 {
-    uint w[2] = {0u, 0u};
-    for (int k = 0; k < MF_PER_LANE; k++) {
-        const float v = h[k];
-        float d = fast ? mf_div_by_scale(v, s, y) : v / s;
-        d = mf_is_finite(v) ? d : v; /* NaN: the NaN code; +-Inf: +-448 / +-127 */
-        const uint code = fp8 ? mf_e4m3_code(d) : mf_i8_code(d);
-        w[k / 4] |= code << (8 * (k % 4));
+    return (uint2)(c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24),
+                   c[4] | (c[5] << 8) | (c[6] << 16) | (c[7] << 24));
+}
+
+/*
+ * Codes of 8 values of h with scale s (y = 1 / s). `plain`: every value
+ * finite and s in mf_div_by_scale's range, the common case, with one
+ * division-free quotient per value (|h / s| <= 448 (1 + 2^-23), or 127
+ * (1 + 2^-23): the _finite conversions apply). Otherwise each value takes the
+ * reference's path: NaN the NaN code, +-Inf +-448 / +-127, finite h / s.
+ */
+inline uint2 mf_codes8(const float h[8], float s, float y, int plain, int fp8)
+{
+    uint c[MF_PER_LANE];
+    if (plain && fp8) {
+#pragma unroll
+        for (int k = 0; k < MF_PER_LANE; k++)
+            c[k] = mf_e4m3_code_finite(mf_div_by_scale(h[k], s, y), h[k]);
+    } else if (plain) {
+#pragma unroll
+        for (int k = 0; k < MF_PER_LANE; k++)
+            c[k] = mf_i8_code_finite(mf_div_by_scale(h[k], s, y));
+    } else {
+        const int fast = mf_div_by_scale_ok(s);
+#pragma unroll
+        for (int k = 0; k < MF_PER_LANE; k++) {
+            const float v = h[k];
+            float d = fast ? mf_div_by_scale(v, s, y) : v / s;
+            d = mf_is_finite(v) ? d : v;
+            c[k] = fp8 ? mf_e4m3_code(d, v) : mf_i8_code(d);
+        }
     }
-    return (uint2)(w[0], w[1]);
+    return mf_pack8(c);
 }
 
 /* Store the first n of 8 codes at q[i]: one 8-byte store when vec (i % 8 == 0). */
@@ -321,18 +408,20 @@ inline void mf_store_codes8(__global uchar *q, long i, uint2 w, int vec, int n)
  * Largest m over the `lanes` lanes of each segment (lanes a power of two
  * dividing the work-group, lanes * seg the segment's first lane) through
  * red[0..wg): one barrier, then each lane reads its segment's values (up to
- * 32; more by a halving tree). red alternates between two halves from one
- * call to the next, so a call's writes never race the previous call's reads.
+ * 32; more by a halving tree; max_lanes: a bound the caller knows). red is
+ * 16-byte aligned, and alternates between two halves from one call to the
+ * next, so a call's writes never race the previous call's reads.
  */
-inline uint mf_segment_max(__local uint *red, uint m, int lane, int lanes, int seg)
+inline uint mf_segment_max(__local uint *red, uint m, int lane, int max_lanes, int lanes,
+                           int seg)
 {
     red[lane] = m;
     barrier(CLK_LOCAL_MEM_FENCE);
     __local const uint *mine = red + seg * lanes;
-    if (lanes <= 32) {
+    if (max_lanes <= 32 || lanes <= 32) {
         if (lanes >= 4) {
             for (int j = 0; j < lanes; j += 4) {
-                const uint4 v = vload4(0, mine + j);
+                const uint4 v = ((__local const uint4 *)mine)[j / 4]; /* 16-byte aligned */
                 m = max(m, max(max(v.x, v.y), max(v.z, v.w)));
             }
         } else {
@@ -351,6 +440,20 @@ inline uint mf_segment_max(__local uint *red, uint m, int lane, int lanes, int s
 }
 
 /*
+ * Variants of the quantizing kernel. The body is one function; each kernel
+ * calls it with a constant `spec`, so the compiler drops what that variant
+ * cannot meet (registers on a GPU are counted for the whole kernel, rare
+ * paths included):
+ *   MF_SPEC_ANY   every option;
+ *   MF_SPEC_SILU  silu of bf16 x, no clamp, factors or bf16 rounding;
+ *   MF_SPEC_H     quant of bf16 h (no activation);
+ * both with vec_x, vec_q, lanes <= 32 and G <= 8 x lanes (ops_rows.c picks).
+ */
+#define MF_SPEC_ANY 0
+#define MF_SPEC_SILU 1
+#define MF_SPEC_H 2
+
+/*
  * Quantize rows. Lanes form segments of `lanes` (a power of two dividing the
  * work-group, chosen by the host: G / 8 rounded up, at most the work-group),
  * one quantization group per segment and wg / lanes groups per item. A lane
@@ -360,22 +463,30 @@ inline uint mf_segment_max(__local uint *red, uint m, int lane, int lanes, int s
  * vec_x / vec_q: 16-byte loads of x, 8-byte stores of codes (host-checked
  * alignment, G % 8 == 0).
  */
-__kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
-                            __global const float *rs, long rso, long rss0, long rss1, int has_rs,
-                            __global const uchar *es, long eso, long ess0, int esdt, int has_es,
-                            __global const long *offs, int has_counts, long experts, long rows,
-                            long hidden, long group, long groups, int activate, int act, int order,
-                            float limit, int round_bf16,
-                            __global uchar *q, long qo, long qs0, long qs1, int qdt,
-                            __global uchar *sc, long sco, long scs0, long scs1, int scdt,
-                            int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
-                            __local uint *red)
+inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
+                               __global const float *rs, long rso, long rss0, long rss1,
+                               int has_rs, __global const uchar *es, long eso, long ess0,
+                               int esdt, int has_es, __global const long *offs, int has_counts,
+                               long experts, long rows, long hidden, long group, long groups,
+                               int activate, int act, int order, float limit, int round_bf16,
+                               __global uchar *q, long qo, long qs0, long qs1, int qdt,
+                               __global uchar *sc, long sco, long scs0, long scs1, int scdt,
+                               int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
+                               __local uint *red, __local float *tab, const int spec)
 {
-    __local float tab[64];
+    if (spec != MF_SPEC_ANY) {
+        xdt = MF_BF16;
+        activate = spec == MF_SPEC_SILU;
+        act = MF_ACT_SILU;
+        limit = 0.0f;
+        round_bf16 = has_rs = has_es = 0;
+        vec_x = vec_q = 1;
+    }
     mf_exp_table_to_local(tab);
     const int lane = (int)get_local_id(0), wg = (int)get_local_size(0);
     const int seg = lane / lanes, sl = lane % lanes, per_item = wg / lanes;
-    const long chunks = (group + (long)MF_PER_LANE * lanes - 1) / ((long)MF_PER_LANE * lanes);
+    const long chunks = spec != MF_SPEC_ANY ? 1
+                        : (group + (long)MF_PER_LANE * lanes - 1) / ((long)MF_PER_LANE * lanes);
     const int fp8 = qdt == MF_F8;
     const long total = has_counts ? offs[experts] : rows;
     const long items_per_row = (groups + per_item - 1) / per_item;
@@ -394,17 +505,17 @@ __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1
         const int active = g < groups;
         float h[MF_PER_LANE];
         uint m = 0u;
+        int nonfinite = 0; /* in this lane's values: they take the reference's path */
         if (active)
             for (long k = 0; k < chunks; k++) {
                 const long c = (sl + k * lanes) * MF_PER_LANE; /* channel in the group */
                 const int n = (int)clamp(group - c, 0L, (long)MF_PER_LANE);
                 if (n > 0) {
                     mf_h8(&r, tab, g * group + c, n, h);
-                    for (int j = 0; j < MF_PER_LANE; j++)
-                        m = max(m, mf_abs_bits_if_finite(h[j]));
+                    m = max(m, mf_amax_bits8(h, &nonfinite));
                 }
             }
-        m = mf_segment_max(red + part * wg, m, lane, lanes, seg);
+        m = mf_segment_max(red + part * wg, m, lane, spec != MF_SPEC_ANY ? 32 : lanes, lanes, seg);
         part ^= 1;
         if (!active)
             continue;
@@ -417,7 +528,7 @@ __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1
             s = as_float(ue << 23);
         }
         const float y = 1.0f / s;
-        const int fast = mf_div_by_scale_ok(s);
+        const int plain = !nonfinite && mf_div_by_scale_ok(s);
         for (long k = 0; k < chunks; k++) {
             const long c = (sl + k * lanes) * MF_PER_LANE;
             const int n = (int)clamp(group - c, 0L, (long)MF_PER_LANE);
@@ -425,7 +536,7 @@ __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1
                 continue;
             if (chunks > 1)
                 mf_h8(&r, tab, g * group + c, n, h);
-            mf_store_codes8(q, qrow + g * group + c, mf_codes8(h, s, y, fast, fp8), vec_q, n);
+            mf_store_codes8(q, qrow + g * group + c, mf_codes8(h, s, y, plain, fp8), vec_q, n);
         }
         if (sl == 0) {
             mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, s, ue);
@@ -435,6 +546,31 @@ __kernel void mf_rows_quant(__global const uchar *x, long xo, long xs0, long xs1
         }
     }
 }
+
+/* The kernels: the same arguments, the body with each constant spec. */
+#define MF_ROWS_QUANT_KERNEL(name, spec) \
+    __kernel void name(__global const uchar *x, long xo, long xs0, long xs1, int xdt, \
+                       __global const float *rs, long rso, long rss0, long rss1, int has_rs, \
+                       __global const uchar *es, long eso, long ess0, int esdt, int has_es, \
+                       __global const long *offs, int has_counts, long experts, long rows, \
+                       long hidden, long group, long groups, int activate, int act, int order, \
+                       float limit, int round_bf16, __global uchar *q, long qo, long qs0, \
+                       long qs1, int qdt, __global uchar *sc, long sco, long scs0, long scs1, \
+                       int scdt, int layout, int ue8m0, float eps, int lanes, int vec_x, \
+                       int vec_q) \
+    { \
+        __local float tab[64]; \
+        __local uint4 red[2 * MF_MAX_WG / 4]; \
+        mf_rows_quant_body(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso, ess0, \
+                           esdt, has_es, offs, has_counts, experts, rows, hidden, group, groups, \
+                           activate, act, order, limit, round_bf16, q, qo, qs0, qs1, qdt, sc, \
+                           sco, scs0, scs1, scdt, layout, ue8m0, eps, lanes, vec_x, vec_q, \
+                           (__local uint *)red, tab, spec); \
+    }
+
+MF_ROWS_QUANT_KERNEL(mf_rows_quant, MF_SPEC_ANY)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_silu, MF_SPEC_SILU)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_h, MF_SPEC_H)
 
 /* ----------------------------------------------------------------- act_mul */
 
