@@ -42,6 +42,14 @@ inline float mf_exp_fast_local(float x, __local const float *tab)
     return mf_exp_scale_fast(mf_exp_mantissa(mf_exp_poly(x, kb), t.x, t.y), kb);
 }
 
+/* mf_exp_f32, every x: the same branches, the table in local memory. */
+inline float mf_exp_local(float x, __local const float *tab)
+{
+    if (!(mf_fabsf(x) < MF_EXP_FAST_LIMIT))
+        return mf_exp_edge(x);
+    return mf_exp_fast_local(x, tab);
+}
+
 /* mf_silu_formula for |g| < MF_EXP_FAST_LIMIT (then d >= 1 and finite: no NaN). */
 inline float mf_silu_local(float g, __local const float *tab)
 {
@@ -49,7 +57,8 @@ inline float mf_silu_local(float g, __local const float *tab)
     return g / d;
 }
 
-/* Copy the exp table to local memory; every work-item calls this before its first h. */
+/* Copy the exp table to local memory; every work-item of the group calls this (a barrier)
+ * before its first exp. */
 inline void mf_exp_table_to_local(__local float *tab)
 {
     for (int i = (int)get_local_id(0); i < 64; i += (int)get_local_size(0))

@@ -1,7 +1,8 @@
 /*
  * topk_softmax, one work-item per row of logits. Probabilities are recomputed
  * when needed instead of stored (no scratch of E floats per row): each value
- * is the same deterministic expression every time.
+ * is the same deterministic expression every time. exp is the library's
+ * (mf_exp_local, rows.cl: mf_exp_f32 with its table in local memory).
  * Ranking: numbers before NaN, then p descending, then lower id first; it is a
  * strict total order, so the j-th pick is the best candidate ranking after
  * pick j-1, and nothing needs marking as taken.
@@ -13,14 +14,14 @@ typedef struct mf_softmax_row {
     float mx, sum, share;
 } mf_softmax_row;
 
-inline float mf_prob(const mf_softmax_row *r, long i)
+inline float mf_prob(const mf_softmax_row *r, __local const float *tab, long i)
 {
     float v = mf_load(r->l, r->dt, r->base + i);
     if (mf_is_nan(v) || r->mode == 0)
         return 0.0f;
     if (r->mode == 1)
         return v == r->mx ? r->share : 0.0f;
-    return mf_exp_f32(v - r->mx) / r->sum;
+    return mf_exp_local(v - r->mx, tab) / r->sum;
 }
 
 /* Does (pa, a) rank ahead of (pb, b)? */
@@ -38,6 +39,8 @@ __kernel void mf_topk_softmax(__global const uchar *logits, long lo, long ls0, i
                               __global float *w, long wo, long ws0, long tokens, long experts,
                               long topk, int renormalize)
 {
+    __local float tab[64];
+    mf_exp_table_to_local(tab); /* before any work-item leaves: it has a barrier */
     const long m = (long)get_global_id(0);
     if (m >= tokens)
         return;
@@ -69,7 +72,7 @@ __kernel void mf_topk_softmax(__global const uchar *logits, long lo, long ls0, i
         float sum = 0.0f;
         for (long i = 0; i < experts; i++) {
             float v = mf_load(logits, ldt, r.base + i);
-            float p = mf_is_nan(v) ? 0.0f : mf_exp_f32(v - r.mx);
+            float p = mf_is_nan(v) ? 0.0f : mf_exp_local(v - r.mx, tab);
             sum = sum + p;
         }
         r.sum = sum;
@@ -86,7 +89,7 @@ __kernel void mf_topk_softmax(__global const uchar *logits, long lo, long ls0, i
         float best_p = 0.0f;
         for (long i = 0; i < experts; i++) {
             int in = mf_is_nan(mf_load(logits, ldt, r.base + i));
-            float p = mf_prob(&r, i);
+            float p = mf_prob(&r, tab, i);
             if (prev >= 0 && !mf_ahead(prev_nan, prev_p, prev, in, p, i))
                 continue; /* ranks at or ahead of the previous pick: taken already */
             if (best < 0 || mf_ahead(in, p, i, best_nan, best_p, best)) {
