@@ -132,9 +132,9 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_operand(&k, &a->out, 2, false);
     mf_karg_operand(&k, &a->scales, 2, true);
     mf_karg_int(&k, (int32_t)layout);
-    const size_t local = 64;
-    const size_t n = mf_round_up((size_t)(a->experts * (t_end - t_begin)), local);
-    return mf_ocl_launch(ctx, s, &k, op, 1, &n, &local);
+    mf_karg_int(&k, a->hidden % PER_LANE == 0 && chunks_aligned(&a->out, 2));
+    const size_t tail_global = item_groups(s, a->experts * (t_end - t_begin)) * s->wg;
+    return mf_ocl_launch(ctx, s, &k, op, 1, &tail_global, &s->wg);
 }
 
 moefuse_status mf_ocl_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a)

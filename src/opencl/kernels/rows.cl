@@ -636,27 +636,34 @@ __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long x
 /*
  * Rows [t_begin, t_end) of every expert that are not computed: with zero_tail
  * the rows t >= n[e] (q and scales), and the padding rows T..Ta-1 of the
- * column-major and packed layouts (scales only). One work-item per row.
+ * column-major and packed layouts (scales only). A work-group per row, its
+ * lanes zeroing 8 bytes of codes each (vec_q: 8-byte aligned rows, H % 8 == 0)
+ * or one, rows walked grid-stride.
  */
 __kernel void mf_rows_tail(__global const long *offs, int has_counts, int zero_tail, long experts,
                            long rows, long t_begin, long t_end, long hidden, long groups,
                            __global uchar *q, long qo, long qs0, long qs1,
-                           __global uchar *sc, long sco, long scs0, long scs1, int scdt, int layout)
+                           __global uchar *sc, long sco, long scs0, long scs1, int scdt, int layout,
+                           int vec_q)
 {
     const long span = t_end - t_begin;
-    const long gid = (long)get_global_id(0);
-    if (gid >= experts * span)
-        return;
-    const long e = gid / span, t = t_begin + gid % span;
-    if (t < rows) {
-        const long n = has_counts ? offs[e + 1] - offs[e] : rows;
-        if (!zero_tail || t < n)
-            return;
-        const long qrow = qo + e * qs0 + t * qs1;
-        for (long c = 0; c < hidden; c++)
-            q[qrow + c] = 0;
-    }
+    const long lane = (long)get_local_id(0), wg = (long)get_local_size(0);
     const long slots = layout == MF_PACKED ? (groups + 3) / 4 * 4 : groups;
-    for (long g = 0; g < slots; g++)
-        mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, 0.0f, 0u);
+    for (long row = (long)get_group_id(0); row < experts * span; row += (long)get_num_groups(0)) {
+        const long e = row / span, t = t_begin + row % span;
+        if (t < rows) {
+            const long n = has_counts ? offs[e + 1] - offs[e] : rows;
+            if (!zero_tail || t < n)
+                continue;
+            const long qrow = qo + e * qs0 + t * qs1;
+            if (vec_q)
+                for (long c = lane * 8; c < hidden; c += wg * 8)
+                    *(__global uint2 *)(q + qrow + c) = (uint2)(0u, 0u);
+            else
+                for (long c = lane; c < hidden; c += wg)
+                    q[qrow + c] = 0;
+        }
+        for (long g = lane; g < slots; g += wg)
+            mf_put_scale(sc, sco, scs0, scs1, scdt, layout, e, t, g, 0.0f, 0u);
+    }
 }
