@@ -19,8 +19,8 @@
 enum mf_ocl_kernel {
     MF_K_COUNT_PREFIX,
     MF_K_ROWS_QUANT,
-    MF_K_ROWS_QUANT_SILU, /* silu of bf16 x, no options (kernels/rows.cl, MF_SPEC_SILU) */
-    MF_K_ROWS_QUANT_H,    /* quant of bf16 h (MF_SPEC_H) */
+    MF_K_ROWS_QUANT_SILU, /* silu, no options (kernels/rows.cl, MF_SPEC_SILU) */
+    MF_K_ROWS_QUANT_H,    /* quant, no activation (MF_SPEC_H) */
     MF_K_ROWS_ACT_MUL,
     MF_K_ROWS_TAIL,
     MF_K_DEQUANT,

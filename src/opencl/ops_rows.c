@@ -46,7 +46,7 @@ static size_t item_groups(const ocl_state *s, int64_t items)
  * where the call has none of the options it leaves out, else the general one. */
 static enum mf_ocl_kernel quant_kernel(const mf_rows_args *a, size_t lanes, bool vec)
 {
-    const bool simple = vec && a->x.dtype == MOEFUSE_BF16 && lanes <= 32 &&
+    const bool simple = vec && lanes <= 32 &&
                         (int64_t)lanes * PER_LANE >= a->group && a->row_scale.data == NULL &&
                         a->expert_scale.data == NULL;
     if (simple && !a->activate)

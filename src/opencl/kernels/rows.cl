@@ -211,6 +211,38 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
     }
 }
 
+/*
+ * The grid-stride walk of a work-group over items (i, p): p = 0 .. parts - 1
+ * of row i, item number i * parts + p. The stride splits once into whole
+ * rows and parts, so a step costs no 64-bit division (a long software
+ * routine on GPUs, once per item and lane).
+ */
+typedef struct mf_walk {
+    long i, p, parts, di, dp;
+} mf_walk;
+
+inline mf_walk mf_walk_start(long parts)
+{
+    const long first = (long)get_group_id(0), stride = (long)get_num_groups(0);
+    mf_walk w;
+    w.parts = parts;
+    w.i = first / parts;
+    w.p = first - w.i * parts;
+    w.di = stride / parts;
+    w.dp = stride - w.di * parts;
+    return w;
+}
+
+inline void mf_walk_next(mf_walk *w)
+{
+    w->i += w->di;
+    w->p += w->dp;
+    if (w->p >= w->parts) {
+        w->p -= w->parts;
+        w->i++;
+    }
+}
+
 /* Clamped counts -> offs[0..E]. One work-item: E is small next to the rows. */
 __kernel void mf_count_prefix(__global const int *counts, long co, long cs0, long experts,
                               long rows, __global long *offs)
@@ -454,9 +486,10 @@ inline uint mf_segment_max(__local uint *red, uint m, int lane, int max_lanes, i
  * cannot meet (registers on a GPU are counted for the whole kernel, rare
  * paths included):
  *   MF_SPEC_ANY   every option;
- *   MF_SPEC_SILU  silu of bf16 x, no clamp, factors or bf16 rounding;
- *   MF_SPEC_H     quant of bf16 h (no activation);
+ *   MF_SPEC_SILU  silu, no clamp, factors or bf16 rounding;
+ *   MF_SPEC_H     quant (no activation);
  * both with vec_x, vec_q, lanes <= 32 and G <= 8 x lanes (ops_rows.c picks).
+ * The input dtype stays a (uniform) branch: it costs no registers.
  */
 #define MF_SPEC_ANY 0
 #define MF_SPEC_SILU 1
@@ -484,7 +517,6 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                                __local uint *red, __local float *tab, const int spec)
 {
     if (spec != MF_SPEC_ANY) {
-        xdt = MF_BF16;
         activate = spec == MF_SPEC_SILU;
         act = MF_ACT_SILU;
         limit = 0.0f;
@@ -502,9 +534,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
     const long slots = layout == MF_PACKED ? (groups + 3) / 4 * 4 : groups;
     long e = 0;
     int part = 0; /* which half of red: mf_segment_max */
-    for (long it = (long)get_group_id(0); it < total * items_per_row;
-         it += (long)get_num_groups(0)) {
-        const long i = it / items_per_row, g = (it - i * items_per_row) * per_item + seg;
+    for (mf_walk w = mf_walk_start(items_per_row); w.i < total; mf_walk_next(&w)) {
+        const long i = w.i, g = w.p * per_item + seg;
         e = has_counts ? mf_find_expert_from(offs, e, experts, i) : 0;
         const long t = has_counts ? i - offs[e] : i;
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso,
@@ -616,10 +647,9 @@ __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long x
     const long lane = (long)get_local_id(0), wg = (long)get_local_size(0);
     const long width = MF_PER_LANE * wg;
     const long items_per_row = (hidden + width - 1) / width;
-    for (long it = (long)get_group_id(0); it < rows * items_per_row;
-         it += (long)get_num_groups(0)) {
-        const long t = it / items_per_row;
-        const long c = (it - t * items_per_row) * width + lane * MF_PER_LANE;
+    for (mf_walk w = mf_walk_start(items_per_row); w.i < rows; mf_walk_next(&w)) {
+        const long t = w.i;
+        const long c = w.p * width + lane * MF_PER_LANE;
         const int n = (int)clamp(hidden - c, 0L, (long)MF_PER_LANE);
         if (n <= 0)
             continue;
@@ -649,8 +679,8 @@ __kernel void mf_rows_tail(__global const long *offs, int has_counts, int zero_t
     const long span = t_end - t_begin;
     const long lane = (long)get_local_id(0), wg = (long)get_local_size(0);
     const long slots = layout == MF_PACKED ? (groups + 3) / 4 * 4 : groups;
-    for (long row = (long)get_group_id(0); row < experts * span; row += (long)get_num_groups(0)) {
-        const long e = row / span, t = t_begin + row % span;
+    for (mf_walk w = mf_walk_start(span); w.i < experts; mf_walk_next(&w)) {
+        const long e = w.i, t = t_begin + w.p;
         if (t < rows) {
             const long n = has_counts ? offs[e + 1] - offs[e] : rows;
             if (!zero_tail || t < n)
