@@ -1,0 +1,161 @@
+/*
+ * The row kernels for AVX2 + FMA (8 lanes): the lane operations rows_simd.h
+ * is written over, then rows_simd.h itself. Only this file's functions use
+ * AVX2 (target pragma), so the library runs on any x86-64; rows_isa.c picks
+ * them when the processor has AVX2 and FMA.
+ */
+#include "cpu/rows_isa.h"
+
+#if defined(MF_CPU_HAVE_X86_SIMD)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+#include <immintrin.h>
+
+#include "numerics/mf_exp.h"
+
+#define SIMD_W 8
+#define SIMD_FN static
+#define SIMD_ISA MF_CPU_ISA_AVX2
+#define SIMD_ISA_NAME "avx2"
+#define SIMD_NAME(f) avx2_##f
+#define SIMD_TABLE mf_cpu_rows_avx2
+
+typedef __m256 vf;
+typedef __m256i vi;
+typedef __m256 vm; /* all-ones lanes */
+
+#define L static inline __attribute__((always_inline))
+
+L vf vf_set(float a) { return _mm256_set1_ps(a); }
+L vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
+L void vf_storeu(float *p, vf a) { _mm256_storeu_ps(p, a); }
+L vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+L vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+L vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+L vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+L vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+L vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); } /* -(a b) + c */
+L vf vf_neg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+L vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+L vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); } /* no NaN reaches it */
+L vf vf_round_even(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+L vi vf_to_vi(vf a) { return _mm256_cvtps_epi32(a); } /* integral values only */
+L vf vi_to_vf(vi a) { return _mm256_cvtepi32_ps(a); }
+L vi vf_bits(vf a) { return _mm256_castps_si256(a); }
+L vf vi_as_vf(vi a) { return _mm256_castsi256_ps(a); }
+
+L vi vi_set(int32_t a) { return _mm256_set1_epi32(a); }
+L vi vi_load_u16(const uint16_t *p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
+L vi vi_and(vi a, vi b) { return _mm256_and_si256(a, b); }
+L vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
+L vi vi_add(vi a, vi b) { return _mm256_add_epi32(a, b); }
+L vi vi_sub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+L vi vi_max(vi a, vi b) { return _mm256_max_epi32(a, b); } /* signed */
+#define vi_sll(a, n) _mm256_slli_epi32((a), (n))
+#define vi_srl(a, n) _mm256_srli_epi32((a), (n))
+
+L vm vm_gt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+L vm vm_lt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+L vm vm_not_lt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_NLT_UQ); } /* NaN: true */
+L vm vm_unordered(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_UNORD_Q); }
+L vm vi_gt(vi a, vi b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)); } /* signed */
+L vm vi_eq(vi a, vi b) { return _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)); }
+L unsigned vm_bits(vm m) { return (unsigned)_mm256_movemask_ps(m); }
+L vf vf_blend(vm m, vf t, vf f) { return _mm256_blendv_ps(f, t, m); }
+L vi vi_blend(vm m, vi t, vi f) { return _mm256_blendv_epi8(f, t, _mm256_castps_si256(m)); }
+L vf vf_zero_unless(vm m, vf a) { return _mm256_and_ps(m, a); }
+
+L int32_t vi_hmax(vi a)
+{
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xB1));
+    return _mm_cvtsi128_si32(m);
+}
+
+L float vf_hmax(vf a)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* 8 codes (0..255) as bytes */
+L void store_u8(uint8_t *p, vi c)
+{
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+}
+
+/* 32 codes (0..255) as bytes: packs interleave the 128-bit halves, one permute restores order */
+L void store_u8x4(uint8_t *p, vi a, vi b, vi c, vi d)
+{
+    const __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+    _mm256_storeu_si256((__m256i *)p,
+                        _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+/* 8 codes (-127..127) as bytes */
+L void store_i8(int8_t *p, vi c)
+{
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(w, w));
+}
+
+/* the high halves of 8 f32 (bf16 values) */
+L void store_hi16(uint16_t *p, vf a)
+{
+    const vi h = _mm256_srli_epi32(_mm256_castps_si256(a), 16);
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+/* mf_exp.h's 32 (hi, lo) pairs, in four vectors of eight each; read with in-register
+ * permutes (a gather costs twice as much on the processors measured). */
+typedef struct {
+    vf hi[4], lo[4];
+} simd_exp_table;
+
+L void simd_exp_table_init(simd_exp_table *t)
+{
+    for (int v = 0; v < 4; v++) {
+        const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        t->hi[v] = _mm256_i32gather_ps(MF_EXP_TABLE + 16 * v, even, 4);
+        t->lo[v] = _mm256_i32gather_ps(MF_EXP_TABLE + 16 * v + 1, even, 4);
+    }
+}
+
+/* entries of j = kb & 31 per lane: bits 0-2 pick within a vector, bits 3 and 4 the vector */
+L void simd_exp_lookup(const simd_exp_table *t, vi kb, vf *hi, vf *lo)
+{
+    const vf b3 = _mm256_castsi256_ps(_mm256_slli_epi32(kb, 28));
+    const vf b4 = _mm256_castsi256_ps(_mm256_slli_epi32(kb, 27));
+#define PICK(tab)                                                                                \
+    _mm256_blendv_ps(_mm256_blendv_ps(_mm256_permutevar8x32_ps(tab[0], kb),                      \
+                                      _mm256_permutevar8x32_ps(tab[1], kb), b3),                 \
+                     _mm256_blendv_ps(_mm256_permutevar8x32_ps(tab[2], kb),                      \
+                                      _mm256_permutevar8x32_ps(tab[3], kb), b3),                 \
+                     b4)
+    *hi = PICK(t->hi);
+    *lo = PICK(t->lo);
+#undef PICK
+}
+
+#undef L
+
+#include "cpu/rows_simd.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif /* MF_CPU_HAVE_X86_SIMD */

@@ -1,0 +1,104 @@
+/*
+ * The row kernels of the CPU backend at three instruction-set levels: the
+ * scalar reference (rows.c, the readable text of docs/NUMERICS.md) and
+ * vector versions for AVX2+FMA and AVX-512 (rows_simd.h compiled twice) that
+ * give the same bytes for every input. One table per level; the level is
+ * chosen once from what the processor supports, or forced with
+ * MOEFUSE_CPU_ISA=scalar|avx2|avx512 (or mf_cpu_isa_force, for tests).
+ */
+#ifndef MOEFUSE_CPU_ROWS_ISA_H
+#define MOEFUSE_CPU_ROWS_ISA_H
+
+#include "cpu/numerics.h"
+#include "moefuse.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The vector levels are built where GCC or Clang target x86-64 (function-level target
+ * attributes: no flags needed for the whole library). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MF_CPU_HAVE_X86_SIMD 1
+#endif
+
+typedef enum mf_cpu_isa {
+    MF_CPU_ISA_SCALAR = 0,
+    MF_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 lanes */
+    MF_CPU_ISA_AVX512 = 2, /* AVX-512 F, 16 lanes */
+    MF_CPU_ISA_COUNT
+} mf_cpu_isa;
+
+/* What a row op does to each row, fixed for the whole call. */
+typedef struct mf_row_plan {
+    int64_t hidden, group, groups; /* H, G, Gn */
+    moefuse_dtype in_dtype;        /* x: f32, f16 or bf16 */
+    moefuse_dtype out_dtype;       /* codes (f8 / i8) or act_mul's output dtype */
+    bool activate;                 /* h = act(g) * u (x rows of 2H), else h = x */
+    bool gate_first;
+    int activation; /* moefuse_activation */
+    float limit;    /* clamp when > 0 */
+    bool has_row_scale, has_expert_scale, round_bf16;
+    bool ue8m0; /* scales rounded up to powers of two */
+    float eps;
+} mf_row_plan;
+
+typedef struct mf_cpu_row_kernels {
+    mf_cpu_isa isa;
+    const char *name;
+    /*
+     * One row: x holds 2H (activate) or H values of in_dtype; rs and es are the row's and
+     * the expert's factors (used when the plan has them). quant_row writes the H codes to q
+     * and each group's scale s[g] and, with ue8m0, its exponent byte ue[g]; act_mul_row
+     * writes h rounded to out_dtype. scratch holds 3H floats.
+     */
+    void (*quant_row)(const mf_row_plan *p, const void *x, float rs, float es, void *q, float *s,
+                      uint8_t *ue, float *scratch);
+    void (*act_mul_row)(const mf_row_plan *p, const void *x, float rs, float es, void *out,
+                        float *scratch);
+    /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
+    void (*exp_array)(const float *x, float *y, int64_t n);
+} mf_cpu_row_kernels;
+
+/* The kernels of the level in use (chosen on first use). */
+const mf_cpu_row_kernels *mf_cpu_row_kernels_active(void);
+/* The kernels of a level, or NULL when this build or this processor lacks it. */
+const mf_cpu_row_kernels *mf_cpu_row_kernels_of(mf_cpu_isa isa);
+/* Use level isa from now on (tests); false, and nothing changes, when it is unavailable. */
+bool mf_cpu_isa_force(mf_cpu_isa isa);
+const char *mf_cpu_isa_name(mf_cpu_isa isa);
+
+/* The scalar reference (rows.c). */
+extern const mf_cpu_row_kernels mf_cpu_rows_scalar;
+/* h of one channel, by the reference's own compiled code: the vector kernels hand it every
+ * lane they do not compute themselves (NaN, |g| >= 86.5, the gelu forms), so those lanes
+ * carry the reference's bits, NaN choices included. */
+float mf_cpu_h_channel(const mf_row_plan *p, float g, float u, float rs, float es);
+
+/* Scale of a group from the largest finite |h| (steps 2-4 of the quantization); *ue gets
+ * the exponent byte when the plan rounds scales to powers of two, else 0. */
+static inline float mf_group_scale(const mf_row_plan *p, float amax, uint8_t *ue)
+{
+    amax = amax > p->eps ? amax : p->eps;
+    float s = p->out_dtype == MOEFUSE_F8_E4M3 ? amax / 448.0f : amax / 127.0f;
+    *ue = 0;
+    if (p->ue8m0) {
+        const uint32_t ex = mf_ue8m0_exponent(s);
+        *ue = (uint8_t)ex;
+        s = mf_ue8m0_value(ex);
+    }
+    return s;
+}
+
+/* Code of one element (step 5): finite values are divided by the scale, once. */
+static inline uint8_t mf_e4m3_code(float v, float s)
+{
+    return isfinite(v) ? mf_f32_to_e4m3(v / s) : mf_f32_to_e4m3(v);
+}
+
+static inline int8_t mf_i8_code(float v, float s)
+{
+    return isfinite(v) ? mf_f32_to_i8(v / s) : mf_f32_to_i8(v);
+}
+
+#endif /* MOEFUSE_CPU_ROWS_ISA_H */
