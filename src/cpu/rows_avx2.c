@@ -109,13 +109,16 @@ L void store_i8(int8_t *p, vi c)
     _mm_storel_epi64((__m128i *)p, _mm_packs_epi16(w, w));
 }
 
-/* the high halves of 8 f32 (bf16 values) */
-L void store_hi16(uint16_t *p, vf a)
+/* 8 values 0..65535 as 16-bit words */
+L void store_u16(uint16_t *p, vi a)
 {
-    const vi h = _mm256_srli_epi32(_mm256_castps_si256(a), 16);
     _mm_storeu_si128((__m128i *)p,
-                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+                     _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
 }
+
+/* 8 bytes, zero- or sign-extended */
+L vi vi_load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+L vi vi_load_i8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
 /* mf_exp.h's 32 (hi, lo) pairs, in four vectors of eight each; read with in-register
  * permutes (a gather costs twice as much on the processors measured). */

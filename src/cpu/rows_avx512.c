@@ -87,11 +87,12 @@ L void store_u8x4(uint8_t *p, vi a, vi b, vi c, vi d)
     store_u8(p + 48, d);
 }
 
-/* the high halves of 16 f32 (bf16 values) */
-L void store_hi16(uint16_t *p, vf a)
-{
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(vf_bits(a), 16)));
-}
+/* 16 values 0..65535 as 16-bit words */
+L void store_u16(uint16_t *p, vi a) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(a)); }
+
+/* 16 bytes, zero- or sign-extended */
+L vi vi_load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+L vi vi_load_i8(const int8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 
 /* mf_exp.h's 32 (hi, lo) pairs as two registers per half */
 typedef struct {

@@ -56,6 +56,9 @@ typedef struct mf_cpu_row_kernels {
                       uint8_t *ue, float *scratch);
     void (*act_mul_row)(const mf_row_plan *p, const void *x, float rs, float es, void *out,
                         float *scratch);
+    /* dequant of n codes (f8 e4m3 or i8) of one group with scale s: out = f32(q) * s */
+    void (*dequant_span)(const void *q, bool fp8, float s, int64_t n, moefuse_dtype out_dtype,
+                         void *out);
     /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
     void (*exp_array)(const float *x, float *y, int64_t n);
 } mf_cpu_row_kernels;

@@ -97,6 +97,17 @@ static void act_mul_row_scalar(const mf_row_plan *p, const void *x, float rs, fl
     mf_store_row(out, h, p->out_dtype, H);
 }
 
+static void dequant_span_scalar(const void *q, bool fp8, float s, int64_t n,
+                                moefuse_dtype out_dtype, void *out)
+{
+    const int64_t osz = (int64_t)mf_cpu_elem_size(out_dtype);
+    for (int64_t c = 0; c < n; c++) {
+        const uint8_t b = ((const uint8_t *)q)[c];
+        const float v = fp8 ? mf_e4m3_to_f32(b) : (float)(int8_t)b;
+        mf_store_elem((char *)out + c * osz, out_dtype, v * s);
+    }
+}
+
 static void exp_array_scalar(const float *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -104,5 +115,6 @@ static void exp_array_scalar(const float *x, float *y, int64_t n)
 }
 
 const mf_cpu_row_kernels mf_cpu_rows_scalar = {
-    MF_CPU_ISA_SCALAR, "scalar", quant_row_scalar, act_mul_row_scalar, exp_array_scalar,
+    MF_CPU_ISA_SCALAR,   "scalar",         quant_row_scalar,
+    act_mul_row_scalar, dequant_span_scalar, exp_array_scalar,
 };

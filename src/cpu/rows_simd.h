@@ -66,6 +66,41 @@ SIMD_INLINE vf round_bf16(vf f)
     return vi_as_vf(vi_blend(vi_gt(ax, vi_set(0x7F800000)), qnan, r));
 }
 
+/* mf_f32_to_f16 of W lanes (16-bit codes in 32-bit lanes). */
+SIMD_INLINE vi f16_codes(vf f)
+{
+    const vi u = vf_bits(f);
+    const vi sign = vi_and(vi_srl(u, 16), vi_set(0x8000));
+    const vi ax = vi_and(u, vi_set(0x7FFFFFFF));
+    /* normal half: (ax - 0x38000000 + 0xFFF + bit 13) >> 13, bit 13 of ax being that of
+     * ax - 0x38000000; a carry into the exponent gives Inf as IEEE rounding does */
+    const vi v = vi_srl(vi_add(vi_sub(ax, vi_set(0x37FFF001)), vi_and(vi_srl(ax, 13), vi_set(1))), 13);
+    /* below 2^-14: |f| + 0.5 rounds |f| to a multiple of 2^-24 (that binade's spacing) */
+    const vi sub = vi_sub(vf_bits(vf_add(vi_as_vf(ax), vf_set(0.5f))), vi_set(0x3F000000));
+    vi r = vi_blend(vi_gt(ax, vi_set(0x387FFFFF)), v, sub);
+    r = vi_blend(vi_gt(ax, vi_set(0x477FFFFF)), vi_set(0x7C00), r); /* >= 2^16, Inf */
+    r = vi_blend(vi_gt(ax, vi_set(0x7F800000)), vi_set(0x7E00), r); /* NaN */
+    return vi_or(r, sign);
+}
+
+/* mf_e4m3_to_f32 of W codes (zero-extended bytes). */
+SIMD_INLINE vf e4m3_values(vi b)
+{
+    const vi sign = vi_sll(vi_and(b, vi_set(0x80)), 24);
+    const vi mag = vi_and(b, vi_set(0x7F));
+    const vi normal = vi_add(vi_sll(mag, 20), vi_set(120 << 23));
+    const vi sub = vf_bits(vf_mul(vi_to_vf(vi_and(b, vi_set(7))), vf_set(0.001953125f)));
+    vi r = vi_blend(vi_gt(mag, vi_set(7)), normal, sub);
+    r = vi_blend(vi_eq(mag, vi_set(0x7F)), vi_set(0x7FC00000), r);
+    return vi_as_vf(vi_or(r, sign));
+}
+
+/* W values rounded to dt (bf16 or f16), stored. */
+SIMD_INLINE void store_half(uint16_t *o, vf v, moefuse_dtype dt)
+{
+    store_u16(o, dt == MOEFUSE_BF16 ? vi_srl(vf_bits(round_bf16(v)), 16) : f16_codes(v));
+}
+
 /* mf_exp_f32 for lanes with |x| < MF_EXP_FAST_LIMIT: mf_exp_kbits, mf_exp_poly,
  * mf_exp_mantissa and mf_exp_scale_fast, operation for operation. */
 SIMD_INLINE vf exp_fast(vf x, const simd_exp_table *t)
@@ -378,13 +413,34 @@ static void SIMD_NAME(act_mul_row)(const mf_row_plan *p, const void *x, float rs
             continue;
         }
         h_span(p, &o, gp, up, c0, n, scratch, &t);
-        uint16_t *o = (uint16_t *)out + c0;
+        uint16_t *dst = (uint16_t *)out + c0;
         int64_t c = 0;
-        if (p->out_dtype == MOEFUSE_BF16)
-            for (; c + SIMD_W <= n; c += SIMD_W)
-                store_hi16(o + c, round_bf16(vf_loadu(scratch + c)));
-        mf_store_row(o + c, scratch + c, p->out_dtype, n - c); /* f16, and the tail */
+        for (; c + SIMD_W <= n; c += SIMD_W)
+            store_half(dst + c, vf_loadu(scratch + c), p->out_dtype);
+        mf_store_row(dst + c, scratch + c, p->out_dtype, n - c);
     }
+}
+
+static void SIMD_NAME(dequant_span)(const void *q, bool fp8, float s, int64_t n,
+                                    moefuse_dtype out_dtype, void *out)
+{
+    if (isnan(s)) { /* a NaN code times a NaN scale: the reference's code decides */
+        mf_cpu_rows_scalar.dequant_span(q, fp8, s, n, out_dtype, out);
+        return;
+    }
+    const vf sv = vf_set(s);
+    int64_t c = 0;
+    for (; c + SIMD_W <= n; c += SIMD_W) {
+        const vf v = fp8 ? e4m3_values(vi_load_u8((const uint8_t *)q + c))
+                         : vi_to_vf(vi_load_i8((const int8_t *)q + c));
+        const vf r = vf_mul(v, sv);
+        if (out_dtype == MOEFUSE_F32)
+            vf_storeu((float *)out + c, r);
+        else
+            store_half((uint16_t *)out + c, r, out_dtype);
+    }
+    mf_cpu_rows_scalar.dequant_span((const uint8_t *)q + c, fp8, s, n - c, out_dtype,
+                                    (char *)out + c * (int64_t)mf_cpu_elem_size(out_dtype));
 }
 
 static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
@@ -405,5 +461,6 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
 }
 
 const mf_cpu_row_kernels SIMD_TABLE = {
-    SIMD_ISA, SIMD_ISA_NAME, SIMD_NAME(quant_row), SIMD_NAME(act_mul_row), SIMD_NAME(exp_array),
+    SIMD_ISA,           SIMD_ISA_NAME,        SIMD_NAME(quant_row),
+    SIMD_NAME(act_mul_row), SIMD_NAME(dequant_span), SIMD_NAME(exp_array),
 };
