@@ -1,0 +1,519 @@
+/*
+ * The CPU backend's row kernels at every instruction-set level this machine
+ * has (src/cpu/rows_isa.h: scalar reference, AVX2, AVX-512) give the scalar
+ * level's bytes: every output buffer, canaries, row padding and rows an op
+ * leaves alone included, for act_quant (2-D and masked), quant, act_mul and
+ * dequant on fresh random data and on edge inputs (NaN with payloads, +-Inf,
+ * all-zero groups, amax of exactly 448, 464 and 480, quotients on e4m3
+ * rounding ties, scales next to powers of two, denormals, huge values, g
+ * beyond +-88, odd H, 0 and 1 tokens, masked counts out of range).
+ *
+ * `test_cpu_isa --exp-all` (not part of `meson test`: minutes) compares the
+ * vector exp of each level with mf_exp_f32 on all 2^32 f32 inputs.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/numerics.h"
+#include "cpu/rows_isa.h"
+#include "harness.h"
+#include "numerics/mf_exp.h"
+
+enum op { OP_ACT_QUANT, OP_MASKED, OP_QUANT, OP_ACT_MUL, OP_DEQUANT };
+
+typedef struct {
+    enum op op;
+    tbuf *x, *counts, *rs, *es, *q, *scales, *out;
+    moefuse_act_quant_options o;
+    char what[200];
+} op_call;
+
+static moefuse_status call_op(const op_call *c)
+{
+    switch (c->op) {
+    case OP_ACT_QUANT:
+        return moefuse_act_quant(g_ctx, T(c->x), T(c->rs), T(c->q), T(c->scales), &c->o);
+    case OP_MASKED:
+        return moefuse_act_quant_masked(g_ctx, T(c->x), T(c->counts), T(c->rs), T(c->es), T(c->q),
+                                        T(c->scales), &c->o);
+    case OP_QUANT: return moefuse_quant(g_ctx, T(c->x), T(c->q), T(c->scales), &c->o.quant);
+    case OP_ACT_MUL: return moefuse_act_mul(g_ctx, T(c->x), T(c->rs), T(c->out), &c->o.act);
+    default: return moefuse_dequant(g_ctx, T(c->q), T(c->scales), T(c->out), &c->o.quant);
+    }
+}
+
+/*
+ * Runs the call at every level, each time from the same output bytes (poison and
+ * canaries), and requires every byte of every output buffer to equal the scalar
+ * level's. CALL checks canaries, row padding and inputs after each run.
+ */
+static void compare_levels(op_call *c)
+{
+    tbuf *outs[3];
+    int n = 0;
+    if (c->op == OP_DEQUANT || c->op == OP_ACT_MUL)
+        outs[n++] = c->out;
+    else {
+        outs[n++] = c->q;
+        outs[n++] = c->scales;
+    }
+    unsigned char *pristine[3], *ref[3];
+    for (int i = 0; i < n; i++) {
+        pristine[i] = malloc(outs[i]->total);
+        ref[i] = malloc(outs[i]->total);
+        memcpy(pristine[i], outs[i]->full, outs[i]->total);
+    }
+    for (int lvl = MF_CPU_ISA_SCALAR; lvl < MF_CPU_ISA_COUNT; lvl++) {
+        if (!mf_cpu_isa_force((mf_cpu_isa)lvl))
+            continue;
+        for (int i = 0; i < n; i++) {
+            memcpy(outs[i]->full, pristine[i], outs[i]->total);
+            tb_upload(outs[i]);
+        }
+        moefuse_status st = CALL(call_op(c));
+        HCHECK(st == MOEFUSE_OK, "%s at %s: %s (%s)", c->what, mf_cpu_isa_name((mf_cpu_isa)lvl),
+               moefuse_status_name(st), moefuse_last_error(g_ctx));
+        for (int i = 0; i < n; i++) {
+            if (lvl == MF_CPU_ISA_SCALAR) {
+                memcpy(ref[i], outs[i]->full, outs[i]->total);
+                continue;
+            }
+            size_t b = 0;
+            while (b < outs[i]->total && outs[i]->full[b] == ref[i][b])
+                b++;
+            if (b < outs[i]->total)
+                HCHECK(0, "%s: %s differs from scalar in '%s' at byte %zu of %zu (0x%02x, scalar 0x%02x)",
+                       c->what, mf_cpu_isa_name((mf_cpu_isa)lvl), outs[i]->name, b,
+                       outs[i]->total, outs[i]->full[b], ref[i][b]);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        free(pristine[i]);
+        free(ref[i]);
+    }
+}
+
+/* ------------------------------------------------------------------ values */
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Inputs the fast paths must hand over, or must get exactly right. */
+static float edge_value(void)
+{
+    static const uint32_t nan_bits[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF912345u,
+                                        0x7FBFFFFFu, 0xFFFFFFFFu};
+    static const float edges[] = {
+        INFINITY, -INFINITY, 0.0f, -0.0f, 86.5f, -86.5f, 0x1.59fffep+6f, -0x1.59fffep+6f,
+        88.0f, -88.0f, 88.8f, -88.8f, 89.5f, -89.5f, 104.0f, -104.0f, 105.0f, -105.0f,
+        16.6355f, -16.6355f, 17.0f, 1e30f, -1e30f, 3.4e38f, -3.4e38f, 1e-40f, -1e-40f,
+        0x1p-149f, -0x1p-149f, 0x1p-126f, 1e-30f, 448.0f, -448.0f, 464.0f, 480.0f, -480.0f,
+        0x1p-30f, 65504.0f, 65520.0f, 1.0e-7f,
+    };
+    const int64_t k = h_randint(0, (int64_t)(sizeof edges / sizeof edges[0]) + 5);
+    if (k < 6)
+        return bits_f32(nan_bits[k]);
+    return edges[k - 6];
+}
+
+/* Writes v into element i of a contiguous tensor of dtype dt (raw codes for the halves, so
+ * that NaN payloads survive where the format can hold them). */
+static void put(tbuf *tb, int64_t i, float v)
+{
+    unsigned char *p = tb->full + tb->pad;
+    switch (tb->t.dtype) {
+    case MOEFUSE_F32: memcpy(p + 4 * i, &v, 4); break;
+    case MOEFUSE_BF16: {
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        const uint16_t b = (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)(u >> 16 | 0x0040u)
+                                                           : mf_f32_to_bf16(v);
+        memcpy(p + 2 * i, &b, 2);
+        break;
+    }
+    default: {
+        const uint16_t h = mf_f32_to_f16(v);
+        memcpy(p + 2 * i, &h, 2);
+        break;
+    }
+    }
+}
+
+/* Element i of the tensor's storage order for a [rows, width] view with row stride. */
+static int64_t at(const tbuf *tb, int64_t row, int64_t col)
+{
+    return row * tb->t.stride[tb->t.rank - 2] + col;
+}
+
+/*
+ * Fills rows of width w: uniform in [-range, range], edge values with probability
+ * 1/edge_every (0: none), an all-zero group now and then.
+ */
+static void fill_rows(tbuf *tb, int64_t rows, int64_t w, float range, int edge_every)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < w; c++) {
+            float v = (float)h_unif(-range, range);
+            if (edge_every && h_randint(1, edge_every) == 1)
+                v = edge_value();
+            put(tb, at(tb, r, c), v);
+        }
+}
+
+/* e4m3 code values, for quotients on rounding ties */
+static float e4m3_value(int code) { return mf_e4m3_to_f32((uint8_t)code); }
+
+/*
+ * quant input rows of G-wide groups built around the scale: each group is one of
+ *  - amax exactly 448, 464 or 480 (s = 1, 464/448, 480/448), the others on code ties of s = 1;
+ *  - amax = 448 * 2^k (1 + d) with d in {-2^-23, 0, 2^-23} (UE8M0 next to a power of two);
+ *  - all zero; denormals only; amax at 2^-30; NaN and Inf among finite values; huge values;
+ *  - uniform.
+ */
+static void fill_quant_rows(tbuf *tb, int64_t rows, int64_t H, int64_t G)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g0 = 0; g0 < H; g0 += G) {
+            const int kind = (int)h_randint(0, 8);
+            const float top[3] = {448.0f, 464.0f, 480.0f};
+            const int k = (int)h_randint(-20, 20);
+            const float pw = 448.0f * ldexpf(1.0f, k) * (1.0f + (float)h_randint(-1, 1) * 0x1p-23f);
+            for (int64_t c = 0; c < G; c++) {
+                float v;
+                const int code = (int)h_randint(0, 0x7D);
+                const float tie = 0.5f * (e4m3_value(code) + e4m3_value(code + 1));
+                switch (kind) {
+                case 0: v = c == 0 ? top[h_randint(0, 2)] : (h_randint(0, 1) ? tie : -tie); break;
+                case 1: v = c == 0 ? pw : pw * (float)h_unif(-1, 1); break;
+                case 2: v = 0.0f; break;
+                case 3: v = bits_f32((uint32_t)h_randint(0, 0x7FFFFF)) * (h_randint(0, 1) ? 1 : -1); break;
+                case 4: v = 0x1p-30f * (float)h_unif(-1, 1); break;
+                case 5: v = h_randint(0, 7) == 0 ? edge_value() : (float)h_unif(-10, 10); break;
+                case 6: v = (float)h_unif(-3.4e38, 3.4e38); break;
+                default: v = (float)h_unif(-6, 6); break;
+                }
+                put(tb, at(tb, r, g0 + c), v);
+            }
+        }
+}
+
+/* ------------------------------------------------------------------- cases */
+
+typedef struct {
+    int layout, ue8m0;
+} lay;
+static const lay LAYS[] = {
+    {MOEFUSE_SCALE_ROW_MAJOR, 0},    {MOEFUSE_SCALE_COLUMN_MAJOR, 0},
+    {MOEFUSE_SCALE_ROW_MAJOR, 1},    {MOEFUSE_SCALE_COLUMN_MAJOR, 1},
+    {MOEFUSE_SCALE_PACKED_UE8M0, 1},
+};
+static const moefuse_dtype XDTS[] = {MOEFUSE_BF16, MOEFUSE_F32, MOEFUSE_F16};
+
+/* A group size for H: one that divides it (H itself for odd H). */
+static int64_t pick_group(int64_t H)
+{
+    const int64_t Gs[] = {32, 64, 128};
+    const int64_t G = Gs[h_randint(0, 2)];
+    return H % G == 0 && h_randint(0, 3) > 0 ? G : H;
+}
+
+static moefuse_act_quant_options random_options(int64_t G, lay L, int fp8)
+{
+    moefuse_act_quant_options o = {0};
+    o.act.activation = h_randint(0, 3) == 0 ? (moefuse_activation)h_randint(1, 2) : MOEFUSE_ACT_SILU;
+    o.act.order = (moefuse_gate_order)h_randint(0, 1);
+    o.act.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 8) : 0.0f;
+    o.act.intermediate = (moefuse_rounding)h_randint(0, 1);
+    o.quant.group_size = G;
+    o.quant.scale_layout = fp8 ? L.layout : MOEFUSE_SCALE_ROW_MAJOR;
+    o.quant.ue8m0 = fp8 ? L.ue8m0 : 0;
+    return o;
+}
+
+/* x rows: uniform, wide, tiny or edge-heavy */
+static void fill_x(tbuf *x, int64_t rows, int64_t w)
+{
+    const float ranges[] = {4.0f, 30.0f, 100.0f, 1e-3f};
+    fill_rows(x, rows, w, ranges[h_randint(0, 3)], (int)h_randint(0, 2) * 8);
+}
+
+static void fill_row_scale(tbuf *rs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        put(rs, i, h_randint(0, 9) == 0 ? edge_value() : (float)h_unif(0.05, 3));
+}
+
+static void case_act_quant(int64_t Tn, int64_t H)
+{
+    op_call c = {.op = OP_ACT_QUANT};
+    const int64_t G = pick_group(H);
+    const int fp8 = h_randint(0, 3) > 0;
+    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
+    const moefuse_dtype xdt = XDTS[h_randint(0, 2)];
+    c.x = tb_new2("x", xdt, Tn, 2 * H, h_randint(0, 3), 1);
+    fill_x(c.x, Tn, 2 * H);
+    tb_upload(c.x);
+    if (h_randint(0, 1)) {
+        c.rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
+        fill_row_scale(c.rs, Tn);
+        tb_upload(c.rs);
+    }
+    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, h_randint(0, 1) * 3, 0);
+    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
+    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, h_randint(0, 1));
+    c.o = random_options(G, L, fp8);
+    snprintf(c.what, sizeof c.what, "act_quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d act=%d lim=%g rnd=%d rs=%d",
+             (long long)Tn, (long long)H, (long long)G, xdt, fp8 ? "f8" : "i8", L.layout, L.ue8m0,
+             c.o.act.activation, c.o.act.limit, c.o.act.intermediate, c.rs != NULL);
+    compare_levels(&c);
+    tb_free_all();
+}
+
+static void case_masked(int64_t E, int64_t Tmax, int64_t H)
+{
+    op_call c = {.op = OP_MASKED};
+    const int64_t G = pick_group(H);
+    const lay L = LAYS[h_randint(0, 4)];
+    const moefuse_dtype xdt = XDTS[h_randint(0, 2)];
+    c.x = tb_new3("x", xdt, E, Tmax, 2 * H, h_randint(0, 2), 1);
+    fill_x(c.x, E * Tmax, 2 * H);
+    tb_upload(c.x);
+    c.counts = tb_new1("counts", MOEFUSE_I32, E, 1);
+    for (int64_t e = 0; e < E; e++) {
+        const int32_t pick[] = {-1, 0, 1, (int32_t)Tmax, (int32_t)Tmax + 3, INT32_MIN, INT32_MAX,
+                                (int32_t)h_randint(0, Tmax)};
+        const int32_t n = pick[h_randint(0, 7)];
+        memcpy(c.counts->full + c.counts->pad + 4 * e, &n, 4);
+    }
+    tb_upload(c.counts);
+    if (h_randint(0, 1)) {
+        c.rs = tb_new2("row_scale", MOEFUSE_F32, E, Tmax, 0, 1);
+        fill_row_scale(c.rs, E * Tmax);
+        tb_upload(c.rs);
+    }
+    if (h_randint(0, 1)) {
+        c.es = tb_new1("expert_scale", h_randint(0, 1) ? MOEFUSE_F32 : MOEFUSE_BF16, E, 1);
+        fill_row_scale(c.es, E);
+        tb_upload(c.es);
+    }
+    c.q = tb_new3("q", MOEFUSE_F8_E4M3, E, Tmax, H, 0, 0);
+    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
+    c.scales = h_new_scales("scales", L.layout, u8, E, Tmax, H / G, 0);
+    c.o = random_options(G, L, 1);
+    c.o.zero_tail = (int32_t)h_randint(0, 1);
+    snprintf(c.what, sizeof c.what, "act_quant_masked E=%lld Tmax=%lld H=%lld G=%lld x=%d layout=%d ue8m0=%d act=%d lim=%g rnd=%d rs=%d es=%d zero_tail=%d",
+             (long long)E, (long long)Tmax, (long long)H, (long long)G, xdt, L.layout, L.ue8m0,
+             c.o.act.activation, c.o.act.limit, c.o.act.intermediate, c.rs != NULL, c.es != NULL,
+             c.o.zero_tail);
+    compare_levels(&c);
+    tb_free_all();
+}
+
+static void case_quant(int64_t Tn, int64_t H)
+{
+    op_call c = {.op = OP_QUANT};
+    const int64_t G = pick_group(H);
+    const int fp8 = h_randint(0, 3) > 0;
+    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
+    const moefuse_dtype xdt = h_randint(0, 1) ? MOEFUSE_F32 : XDTS[h_randint(0, 2)];
+    c.x = tb_new2("x", xdt, Tn, H, h_randint(0, 2), 1);
+    if (h_randint(0, 1))
+        fill_quant_rows(c.x, Tn, H, G);
+    else
+        fill_x(c.x, Tn, H);
+    tb_upload(c.x);
+    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 0);
+    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
+    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, 0);
+    c.o = random_options(G, L, fp8);
+    snprintf(c.what, sizeof c.what, "quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d",
+             (long long)Tn, (long long)H, (long long)G, xdt, fp8 ? "f8" : "i8", L.layout, L.ue8m0);
+    compare_levels(&c);
+    tb_free_all();
+}
+
+static void case_act_mul(int64_t Tn, int64_t H)
+{
+    op_call c = {.op = OP_ACT_MUL};
+    const moefuse_dtype xdt = XDTS[h_randint(0, 2)];
+    c.x = tb_new2("x", xdt, Tn, 2 * H, h_randint(0, 2), 1);
+    fill_x(c.x, Tn, 2 * H);
+    tb_upload(c.x);
+    if (h_randint(0, 1)) {
+        c.rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
+        fill_row_scale(c.rs, Tn);
+        tb_upload(c.rs);
+    }
+    c.out = tb_new2("out", xdt, Tn, H, h_randint(0, 2), 0);
+    c.o = random_options(32, LAYS[0], 1);
+    snprintf(c.what, sizeof c.what, "act_mul T=%lld H=%lld x=%d act=%d lim=%g rnd=%d rs=%d",
+             (long long)Tn, (long long)H, xdt, c.o.act.activation, c.o.act.limit,
+             c.o.act.intermediate, c.rs != NULL);
+    compare_levels(&c);
+    tb_free_all();
+}
+
+static void case_dequant(int64_t Tn, int64_t H)
+{
+    op_call c = {.op = OP_DEQUANT};
+    const int64_t G = pick_group(H);
+    const int fp8 = h_randint(0, 3) > 0;
+    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
+    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 1);
+    for (int64_t i = 0; i < Tn * H; i++) /* every code, NaN codes included */
+        c.q->full[c.q->pad + i] = (unsigned char)h_randint(0, 255);
+    tb_upload(c.q);
+    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
+    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, 0);
+    c.scales->is_input = 1;
+    for (size_t b = c.scales->pad; b + c.scales->pad < c.scales->total; b++) { /* every byte */
+        if (c.scales->t.dtype == MOEFUSE_F32 && (b - c.scales->pad) % 4 == 3)
+            c.scales->full[b] = (unsigned char)(h_randint(0, 9) == 0 ? h_randint(0, 255)
+                                                                       : h_randint(0x38, 0x40));
+        else
+            c.scales->full[b] = (unsigned char)h_randint(0, 255);
+    }
+    tb_upload(c.scales);
+    c.out = tb_new2("out", XDTS[h_randint(0, 2)], Tn, H, h_randint(0, 2), 0);
+    c.o = random_options(G, L, fp8);
+    snprintf(c.what, sizeof c.what, "dequant T=%lld H=%lld G=%lld q=%s layout=%d ue8m0=%d out=%d",
+             (long long)Tn, (long long)H, (long long)G, fp8 ? "f8" : "i8", L.layout, L.ue8m0,
+             c.out->t.dtype);
+    compare_levels(&c);
+    tb_free_all();
+}
+
+/* H values: odd and tiny ones (per-row groups), vector multiples, a model width */
+static int64_t pick_hidden(void)
+{
+    const int64_t Hs[] = {1, 3, 7, 17, 33, 100, 128, 192, 256, 384, 1024, 2048};
+    return Hs[h_randint(0, 11)];
+}
+
+static int64_t pick_tokens(void)
+{
+    const int64_t Ts[] = {0, 1, 2, 3, 9, 24};
+    return Ts[h_randint(0, 5)];
+}
+
+START_TEST(t_levels_available)
+{
+    /* the scalar level always exists and the active level is one of those this machine has */
+    HCHECK(mf_cpu_row_kernels_of(MF_CPU_ISA_SCALAR) != NULL, "no scalar level");
+    const mf_cpu_row_kernels *k = mf_cpu_row_kernels_active();
+    HCHECK(mf_cpu_row_kernels_of(k->isa) == k, "active level %s is not available", k->name);
+    for (int lvl = 0; lvl < MF_CPU_ISA_COUNT; lvl++)
+        fprintf(stderr, "test_cpu_isa: level %s %s\n", mf_cpu_isa_name((mf_cpu_isa)lvl),
+                mf_cpu_row_kernels_of((mf_cpu_isa)lvl) ? "available" : "not available here");
+}
+END_TEST
+
+START_TEST(t_act_quant)
+{
+    for (int i = 0; i < 400; i++)
+        case_act_quant(pick_tokens(), pick_hidden());
+}
+END_TEST
+
+START_TEST(t_masked)
+{
+    for (int i = 0; i < 300; i++)
+        case_masked(h_randint(1, 5), h_randint(1, 13), pick_hidden());
+}
+END_TEST
+
+START_TEST(t_quant)
+{
+    for (int i = 0; i < 500; i++)
+        case_quant(pick_tokens(), pick_hidden());
+}
+END_TEST
+
+START_TEST(t_act_mul)
+{
+    for (int i = 0; i < 400; i++)
+        case_act_mul(pick_tokens(), pick_hidden());
+}
+END_TEST
+
+START_TEST(t_dequant)
+{
+    for (int i = 0; i < 400; i++)
+        case_dequant(pick_tokens(), pick_hidden());
+}
+END_TEST
+
+/* A model-sized row or two, so that long rows and many groups are covered. */
+START_TEST(t_wide_rows)
+{
+    case_act_quant(2, 7168);
+    case_quant(3, 7168);
+    case_act_mul(2, 7168);
+    case_masked(2, 3, 7168);
+    case_dequant(2, 7168);
+}
+END_TEST
+
+/* ------------------------------------------------------- exhaustive exp */
+
+static int exp_all(void)
+{
+    int failed = 0;
+    for (int lvl = MF_CPU_ISA_SCALAR + 1; lvl < MF_CPU_ISA_COUNT; lvl++) {
+        const mf_cpu_row_kernels *k = mf_cpu_row_kernels_of((mf_cpu_isa)lvl);
+        if (k == NULL) {
+            printf("exp, %s: not available on this machine\n", mf_cpu_isa_name((mf_cpu_isa)lvl));
+            continue;
+        }
+        unsigned long long bad = 0;
+        const int64_t chunk = 1 << 16;
+#pragma omp parallel reduction(+ : bad)
+        {
+            float *x = malloc((size_t)chunk * sizeof *x), *y = malloc((size_t)chunk * sizeof *y);
+#pragma omp for schedule(dynamic, 16)
+            for (int64_t hi = 0; hi < (1 << 16); hi++) {
+                for (int64_t i = 0; i < chunk; i++)
+                    x[i] = bits_f32((uint32_t)(hi << 16 | i));
+                k->exp_array(x, y, chunk);
+                for (int64_t i = 0; i < chunk; i++) {
+                    const float r = mf_exp_f32(x[i]);
+                    if (memcmp(&r, &y[i], sizeof r) != 0) {
+                        if (bad < 5)
+                            printf("exp, %s: x = %a (0x%08llx): vector %a, mf_exp_f32 %a\n",
+                                   k->name, x[i], (unsigned long long)(hi << 16 | i), y[i], r);
+                        bad++;
+                    }
+                }
+            }
+            free(x);
+            free(y);
+        }
+        printf("exp, %s: %llu of 2^32 inputs differ from mf_exp_f32\n", k->name, bad);
+        failed |= bad != 0;
+    }
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--exp-all") == 0)
+        return exp_all();
+    Suite *s = suite_create("cpu_isa");
+    TCase *tc = tcase_create("cpu_isa");
+    tcase_add_checked_fixture(tc, h_setup, h_teardown);
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, t_levels_available);
+    tcase_add_test(tc, t_act_quant);
+    tcase_add_test(tc, t_masked);
+    tcase_add_test(tc, t_quant);
+    tcase_add_test(tc, t_act_mul);
+    tcase_add_test(tc, t_dequant);
+    tcase_add_test(tc, t_wide_rows);
+    suite_add_tcase(s, tc);
+    return h_run(s);
+}
