@@ -34,27 +34,44 @@ typedef struct topk_params {
     int ldt, renorm;
 } topk_params;
 
-/* Probability of a non-NaN logit v: mode 0 (no number) 0, 1 (+-Inf max) share, 2 softmax. */
-static __device__ __forceinline__ float prob(float v, int mode, float mx, float sum, float share)
+/* 2^(j/32) of mf_exp_f32, in shared memory: lanes read it at any index without serialising
+ * (the __device__ copy of mf_exp.h is in global memory, a long latency per read). */
+__constant__ float mf_c_topk_exp_tab[64] = MF_EXP_TABLE_INIT;
+
+/* mf_exp_f32(x), its fast path from the shared-memory table (the same bits: device_check.cu). */
+static __device__ __forceinline__ float exp_shared(float x, uint32_t tabs)
+{
+    return fabsf(x) < MF_EXP_FAST_LIMIT ? mf_exp_tab_fast(x, tabs) : mf_exp_f32(x);
+}
+
+/* Probability of a non-NaN logit v with e = exp(v - mx) (mode 2): mode 0 (no number) 0,
+ * 1 (+-Inf max) share, 2 softmax. */
+static __device__ __forceinline__ float prob(float v, float e, int mode, float mx, float sum,
+                                             float share)
 {
     if (mode == 0)
         return 0.0f;
     if (mode == 1)
         return v == mx ? share : 0.0f;
-    return mf_exp_f32(v - mx) / sum;
+    return e / sum;
 }
 
-static __device__ __forceinline__ uint64_t rank_key(float v, int64_t i, int mode, float mx,
-                                                    float sum, float share)
+static __device__ __forceinline__ uint64_t rank_key(float v, float e, int64_t i, int mode,
+                                                    float mx, float sum, float share)
 {
     const int nan = mf_is_nan(v);
-    const float p = nan ? 0.0f : prob(v, mode, mx, sum, share);
+    const float p = nan ? 0.0f : prob(v, e, mode, mx, sum, share);
     return ((uint64_t)(nan ? 0u : 1u) << 62) | ((uint64_t)mf_f32_bits(p) << 31) |
            (uint64_t)(0x7FFFFFFFu - (uint32_t)i);
 }
 
 __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
 {
+    __shared__ float tab[64];
+    if (threadIdx.x < 64)
+        tab[threadIdx.x] = mf_c_topk_exp_tab[threadIdx.x];
+    __syncthreads();
+    const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
     const int lane = threadIdx.x & 31;
     const int cached = p.E <= 32 * TK_CACHE;
     for (int64_t m = (int64_t)blockIdx.x * TK_WARPS + (threadIdx.x >> 5); m < p.M;
@@ -92,6 +109,10 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
         any = __any_sync(TK_FULL, any);
         int mode = 2;
         float sum = 0.0f, share = 0.0f;
+        float ev[TK_CACHE]; /* exp(l - mx) of the cached logits (mode 2), computed once */
+#pragma unroll
+        for (int c = 0; c < TK_CACHE; c++)
+            ev[c] = 0.0f;
         if (!any) {
             mode = 0;
         } else if (!mf_is_finite(mx)) {
@@ -123,7 +144,12 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
                     } else {
                         v = load_elem(row, i, p.ldt);
                     }
-                    x = mf_is_nan(v) ? 0.0f : mf_exp_f32(v - mx);
+                    x = mf_is_nan(v) ? 0.0f : exp_shared(v - mx, tabs);
+                }
+                if (cached) {
+#pragma unroll
+                    for (int c = 0; c < TK_CACHE; c++)
+                        ev[c] = (int64_t)c * 32 == base ? x : ev[c];
                 }
                 const int64_t left = p.E - base;
                 const int lim = left < 32 ? (int)left : 32;
@@ -139,7 +165,7 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
 #pragma unroll
         for (int c = 0; c < TK_CACHE; c++) {
             const int64_t i = (int64_t)c * 32 + lane;
-            key[c] = cached && i < p.E ? rank_key(lv[c], i, mode, mx, sum, share) : 0ull;
+            key[c] = cached && i < p.E ? rank_key(lv[c], ev[c], i, mode, mx, sum, share) : 0ull;
         }
         /* k picks, each the best key below the previous pick's */
         uint64_t prev = ~0ull;
@@ -154,7 +180,9 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
                     best = key[c] < prev && key[c] > best ? key[c] : best;
             } else {
                 for (int64_t i = lane; i < p.E; i += 32) {
-                    const uint64_t k = rank_key(load_elem(row, i, p.ldt), i, mode, mx, sum, share);
+                    const float v = load_elem(row, i, p.ldt);
+                    const float e = mode == 2 && !mf_is_nan(v) ? exp_shared(v - mx, tabs) : 0.0f;
+                    const uint64_t k = rank_key(v, e, i, mode, mx, sum, share);
                     best = k < prev && k > best ? k : best;
                 }
             }
