@@ -1,6 +1,7 @@
 /* The CPU backend's vtable, state and host memory. */
 #include "cpu/cpu_internal.h"
 #include "core/fault.h"
+#include "cpu/rows_isa.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +42,9 @@ static moefuse_status cpu_init(moefuse_context *ctx, void **state)
     struct utsname u;
     const char *machine = uname(&u) == 0 ? u.machine : "unknown";
     const int n = mf_cpu_max_threads();
-    snprintf(s->device, sizeof s->device, "CPU (%.64s, %d OpenMP thread%s)", machine, n,
-             n == 1 ? "" : "s");
+    /* the row kernels' instruction-set level, as chosen (or forced by MOEFUSE_CPU_ISA) */
+    snprintf(s->device, sizeof s->device, "CPU (%.64s, %d OpenMP thread%s, %s row kernels)",
+             machine, n, n == 1 ? "" : "s", mf_cpu_row_kernels_active()->name);
     *state = s;
     return MOEFUSE_OK;
 }

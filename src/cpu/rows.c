@@ -110,7 +110,7 @@ MF_OMP(parallel num_threads(nt))
         char *mine = (char *)bufs + (size_t)mf_cpu_thread_id() * per_thread;
         float *scratch = (float *)mine, *s = scratch + 3 * H;
         uint8_t *ue = (uint8_t *)(s + plan.groups);
-MF_OMP(for schedule(static))
+MF_OMP(for schedule(dynamic, 16))
         for (int64_t i = 0; i < total; i++) {
             /* expert of flattened row i: last e with offs[e] <= i */
             int64_t lo = 0, hi = E - 1;

@@ -16,6 +16,7 @@
 #endif
 
 #include <immintrin.h>
+#include <string.h>
 
 #include "numerics/mf_exp.h"
 
@@ -120,35 +121,38 @@ L void store_u16(uint16_t *p, vi a)
 L vi vi_load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 L vi vi_load_i8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
-/* mf_exp.h's 32 (hi, lo) pairs, in four vectors of eight each; read with in-register
- * permutes (a gather costs twice as much on the processors measured). */
+/*
+ * mf_exp.h's 32 (hi, lo) pairs, read on the integer side: lane indices come out by
+ * vmovq / vpextrq, each lane's pair is one 64-bit load, and two 32-byte loads plus two
+ * vshufps split the pairs into hi and lo. On Zen 3 this costs less than the in-register
+ * alternative (eight vpermps and six vblendvps share the shuffle pipes with the rest of
+ * the kernel) or two vgatherdps.
+ */
 typedef struct {
-    vf hi[4], lo[4];
+    uint64_t pair[32]; /* hi in the low half, lo in the high half */
 } simd_exp_table;
 
-L void simd_exp_table_init(simd_exp_table *t)
-{
-    for (int v = 0; v < 4; v++) {
-        const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-        t->hi[v] = _mm256_i32gather_ps(MF_EXP_TABLE + 16 * v, even, 4);
-        t->lo[v] = _mm256_i32gather_ps(MF_EXP_TABLE + 16 * v + 1, even, 4);
-    }
-}
+L void simd_exp_table_init(simd_exp_table *t) { memcpy(t->pair, MF_EXP_TABLE, sizeof t->pair); }
 
-/* entries of j = kb & 31 per lane: bits 0-2 pick within a vector, bits 3 and 4 the vector */
 L void simd_exp_lookup(const simd_exp_table *t, vi kb, vf *hi, vf *lo)
 {
-    const vf b3 = _mm256_castsi256_ps(_mm256_slli_epi32(kb, 28));
-    const vf b4 = _mm256_castsi256_ps(_mm256_slli_epi32(kb, 27));
-#define PICK(tab)                                                                                \
-    _mm256_blendv_ps(_mm256_blendv_ps(_mm256_permutevar8x32_ps(tab[0], kb),                      \
-                                      _mm256_permutevar8x32_ps(tab[1], kb), b3),                 \
-                     _mm256_blendv_ps(_mm256_permutevar8x32_ps(tab[2], kb),                      \
-                                      _mm256_permutevar8x32_ps(tab[3], kb), b3),                 \
-                     b4)
-    *hi = PICK(t->hi);
-    *lo = PICK(t->lo);
-#undef PICK
+    const __m256i j = _mm256_and_si256(kb, _mm256_set1_epi32(31));
+    const __m128i j03 = _mm256_castsi256_si128(j), j47 = _mm256_extracti128_si256(j, 1);
+    const uint64_t a = (uint64_t)_mm_cvtsi128_si64(j03), b = (uint64_t)_mm_extract_epi64(j03, 1);
+    const uint64_t c = (uint64_t)_mm_cvtsi128_si64(j47), d = (uint64_t)_mm_extract_epi64(j47, 1);
+    /* slots so that vshufps of [p0 p1 | p4 p5] and [p2 p3 | p6 p7] gives lanes 0..7 in order */
+    uint64_t p[8] __attribute__((aligned(32)));
+    p[0] = t->pair[(uint32_t)a];
+    p[1] = t->pair[a >> 32];
+    p[2] = t->pair[(uint32_t)c];
+    p[3] = t->pair[c >> 32];
+    p[4] = t->pair[(uint32_t)b];
+    p[5] = t->pair[b >> 32];
+    p[6] = t->pair[(uint32_t)d];
+    p[7] = t->pair[d >> 32];
+    const __m256 x = _mm256_load_ps((const float *)p), y = _mm256_load_ps((const float *)(p + 4));
+    *hi = _mm256_shuffle_ps(x, y, 0x88);
+    *lo = _mm256_shuffle_ps(x, y, 0xDD);
 }
 
 #undef L
