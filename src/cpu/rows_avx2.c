@@ -42,6 +42,7 @@ L vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 L vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 L vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 L vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); } /* -(a b) + c */
+L vf vf_fnms(vf a, vf b, vf c) { return _mm256_fnmsub_ps(a, b, c); } /* -(a b) - c */
 L vf vf_neg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
 L vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 L vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); } /* no NaN reaches it */

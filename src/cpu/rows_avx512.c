@@ -42,6 +42,7 @@ L vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 L vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 L vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 L vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } /* -(a b) + c */
+L vf vf_fnms(vf a, vf b, vf c) { return _mm512_fnmsub_ps(a, b, c); } /* -(a b) - c */
 L vi vf_bits(vf a) { return _mm512_castps_si512(a); }
 L vf vi_as_vf(vi a) { return _mm512_castsi512_ps(a); }
 L vf vf_neg(vf a) { return vi_as_vf(_mm512_xor_si512(vf_bits(a), _mm512_set1_epi32((int32_t)0x80000000u))); }

@@ -101,15 +101,18 @@ SIMD_INLINE void store_half(uint16_t *o, vf v, moefuse_dtype dt)
     store_u16(o, dt == MOEFUSE_BF16 ? vi_srl(vf_bits(round_bf16(v)), 16) : f16_codes(v));
 }
 
-/* mf_exp_f32 for lanes with |x| < MF_EXP_FAST_LIMIT: mf_exp_kbits, mf_exp_poly,
- * mf_exp_mantissa and mf_exp_scale_fast, operation for operation. */
-SIMD_INLINE vf exp_fast(vf x, const simd_exp_table *t)
+/*
+ * mf_exp_f32(-g) for lanes with |g| < MF_EXP_FAST_LIMIT: mf_exp_kbits, mf_exp_poly,
+ * mf_exp_mantissa and mf_exp_scale_fast, operation for operation on x = -g, with the
+ * negation folded into the first two fused operations (fmaf(x, c, m) is -(g c) + m and
+ * fmaf(-k, c, x) is -(k c) - g: the same exact values, rounded once).
+ */
+SIMD_INLINE vf exp_neg_fast(vf g, const simd_exp_table *t)
 {
-    const vf kf = vf_fma(x, vf_set(MF_EXP_INV32), vf_set(MF_EXP_MAGIC));
+    const vf kf = vf_fnma(g, vf_set(MF_EXP_INV32), vf_set(MF_EXP_MAGIC));
     const vi kb = vf_bits(kf);
     const vf k = vf_sub(kf, vf_set(MF_EXP_MAGIC));
-    /* fmaf(-k, c, x) is -(k c) + x: the same exact product, one rounding */
-    const vf r0 = vf_fnma(k, vf_set(MF_EXP_L32H), x);
+    const vf r0 = vf_fnms(k, vf_set(MF_EXP_L32H), g);
     const vf r = vf_fnma(k, vf_set(MF_EXP_L32L), r0);
     const vf p = vf_fma(r, vf_set(MF_EXP_C3), vf_set(MF_EXP_C2));
     const vf r2 = vf_mul(r, r);
@@ -120,7 +123,7 @@ SIMD_INLINE vf exp_fast(vf x, const simd_exp_table *t)
     return vi_as_vf(vi_add(vf_bits(m), vi_sll(vi_srl(kb, 5), 23)));
 }
 
-/* Lanes where exp_fast is not mf_exp_f32 (NaN included). */
+/* Lanes where exp_neg_fast(-x) is not mf_exp_f32(x) (NaN included). */
 SIMD_INLINE vm exp_edge(vf x) { return vm_not_lt(vf_abs(x), vf_set(MF_EXP_FAST_LIMIT)); }
 
 /* mf_f32_to_e4m3 of W lanes. */
@@ -205,7 +208,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
             if (o && o->clamp)
                 g = vf_blend(vm_gt(g, lim), lim, g);
             gtop = vi_max(gtop, vf_bits(vf_abs(g)));
-            vf_storeu(h + c, vf_add(vf_set(1.0f), exp_fast(vf_neg(g), t)));
+            vf_storeu(h + c, vf_add(vf_set(1.0f), exp_neg_fast(g, t)));
         }
         for (int64_t l = 0; l < c; l += SIMD_W) {
             vf g = load_in(gp, c0 + l, dt), u = load_in(up, c0 + l, dt);
@@ -404,17 +407,25 @@ static void SIMD_NAME(quant_row)(const mf_row_plan *p, const void *x, float rs, 
     const h_opts o = make_opts(p, rs, es);
     const int64_t G = p->group;
     const bool fp8 = p->out_dtype == MOEFUSE_F8_E4M3;
+    /* Group g + 1's h is computed between group g's scale and its codes (two buffers), so
+     * that the scale's latency (reduction, division) hides behind independent work. */
+    float *buf[2] = {scratch, scratch + G};
+    prefetch_ahead(p, gp, up, 0, G);
+    uint32_t top = h_span(p, &o, gp, up, 0, G, buf[0], &t);
     for (int64_t g = 0; g < p->groups; g++) {
-        prefetch_ahead(p, gp, up, g * G, G);
-        const uint32_t top = h_span(p, &o, gp, up, g * G, G, scratch, &t);
+        const float *h = buf[g & 1];
         const bool finite = top < 0x7F800000u;
-        s[g] = mf_group_scale(p, finite ? mf_bits_f32(top) : amax_finite(scratch, G), &ue[g]);
+        s[g] = mf_group_scale(p, finite ? mf_bits_f32(top) : amax_finite(h, G), &ue[g]);
+        if (g + 1 < p->groups) {
+            prefetch_ahead(p, gp, up, (g + 1) * G, G);
+            top = h_span(p, &o, gp, up, (g + 1) * G, G, buf[(g + 1) & 1], &t);
+        }
         if (!fp8)
-            i8_span(scratch, G, s[g], (int8_t *)q + g * G);
+            i8_span(h, G, s[g], (int8_t *)q + g * G);
         else if (finite)
-            e4m3_span_finite(scratch, G, s[g], (uint8_t *)q + g * G);
+            e4m3_span_finite(h, G, s[g], (uint8_t *)q + g * G);
         else
-            e4m3_span(scratch, G, s[g], (uint8_t *)q + g * G);
+            e4m3_span(h, G, s[g], (uint8_t *)q + g * G);
     }
 }
 
@@ -479,7 +490,7 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
     int64_t i = 0;
     for (; i + SIMD_W <= n; i += SIMD_W) {
         const vf v = vf_loadu(x + i);
-        vf_storeu(y + i, exp_fast(v, &t));
+        vf_storeu(y + i, exp_neg_fast(vf_neg(v), &t));
         for (unsigned edge = vm_bits(exp_edge(v)); edge != 0; edge &= edge - 1) {
             const int64_t l = i + __builtin_ctz(edge);
             y[l] = mf_exp_f32(x[l]);
