@@ -7,10 +7,11 @@
  * written as fmaf (C: -ffp-contract=off, CUDA: --fmad=false, OpenCL:
  * FP_CONTRACT OFF).
  *
- * MF_FN        qualifies every function (static inline / __host__ __device__).
- * MF_TABLE     qualifies a constant table (C: static const, CUDA: per side,
- *              OpenCL: __constant).
- * mf_u32       an unsigned 32-bit integer.
+ * MF_FN        qualifies every function (static inline / __host__ __device__ /
+ *              inline).
+ * mf_u32/i32   32-bit integers; mf_f32_bits/mf_bits_f32 the bit casts.
+ * Constant tables are declared per language where they are used (mf_exp.h):
+ * static const in C, a __device__ and a host copy in CUDA, __constant in OpenCL.
  */
 #ifndef MOEFUSE_NUMERICS_PORTABLE_H
 #define MOEFUSE_NUMERICS_PORTABLE_H
