@@ -1,7 +1,7 @@
 /*
  * Row operations of the CUDA backend: act_quant (2-D and 3-D masked), quant
- * and act_mul, bit for bit the CPU reference (src/cpu/rows.c) but for the
- * last bit of exp (docs/NUMERICS.md, "Agreement between backends").
+ * and act_mul, bit for bit the CPU reference (src/cpu/rows.c): the same
+ * activation text (src/numerics), fast paths proved equal to it.
  *
  * Work unit ("item"): one warp, one row, 1024 consecutive channels (staged
  * kernels) or 512 (direct kernels) in slots of 256; in a slot, lane l owns
@@ -15,7 +15,8 @@
  * expert by a search that starts from the warp's last expert.
  *
  * Kernels: the staged ones (x 16-byte aligned) copy each warp's next item to
- * shared memory with cp.async while computing the current one (walk_staged);
+ * shared memory while computing the current one (walk_staged): two bulk
+ * copies (TMA) on an mbarrier for 2-byte x on sm_90, cp.async otherwise;
  * the direct ones (any alignment: narrower loads) load from memory
  * (walk_items). Each comes as "plain silu" (silu without clamp, factors or
  * rounding, or quant with no activation: every option a constant; bf16 also
