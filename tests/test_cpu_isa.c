@@ -20,6 +20,81 @@
 #include "harness.h"
 #include "numerics/mf_exp.h"
 
+/* ------------------------------------------- the vector text at 16 lanes */
+
+/*
+ * src/cpu/rows_simd.h compiled here over plain-C 16-lane operations with AVX-512's
+ * semantics (bit masks, per-lane IEEE operations), so that the text the AVX-512 level
+ * runs is exercised at its width on any machine; the AVX-512 intrinsics themselves run
+ * only where the processor has them (t_act_quant and the others then cover them).
+ */
+#define SIMD_W 16
+#define SIMD_FN static
+#define SIMD_ISA MF_CPU_ISA_AVX512
+#define SIMD_ISA_NAME "16 lanes in C"
+#define SIMD_NAME(f) w16_##f
+#define SIMD_TABLE w16_rows
+#define LANES for (int l = 0; l < 16; l++)
+
+typedef struct { float v[16]; } vf;
+typedef struct { uint32_t v[16]; } vi;
+typedef uint32_t vm;
+
+static vf vf_set(float a) { vf r; LANES r.v[l] = a; return r; }
+static vf vf_loadu(const float *p) { vf r; memcpy(r.v, p, sizeof r.v); return r; }
+static void vf_storeu(float *p, vf a) { memcpy(p, a.v, sizeof a.v); }
+static vf vf_add(vf a, vf b) { LANES a.v[l] = a.v[l] + b.v[l]; return a; }
+static vf vf_sub(vf a, vf b) { LANES a.v[l] = a.v[l] - b.v[l]; return a; }
+static vf vf_mul(vf a, vf b) { LANES a.v[l] = a.v[l] * b.v[l]; return a; }
+static vf vf_div(vf a, vf b) { LANES a.v[l] = a.v[l] / b.v[l]; return a; }
+static vf vf_fma(vf a, vf b, vf c) { LANES a.v[l] = fmaf(a.v[l], b.v[l], c.v[l]); return a; }
+static vf vf_fnma(vf a, vf b, vf c) { LANES a.v[l] = fmaf(-a.v[l], b.v[l], c.v[l]); return a; }
+static vf vf_fnms(vf a, vf b, vf c) { LANES a.v[l] = fmaf(-a.v[l], b.v[l], -c.v[l]); return a; }
+static vi vf_bits(vf a) { vi r; memcpy(r.v, a.v, sizeof r.v); return r; }
+static vf vi_as_vf(vi a) { vf r; memcpy(r.v, a.v, sizeof r.v); return r; }
+static vi vi_set(int32_t a) { vi r; LANES r.v[l] = (uint32_t)a; return r; }
+static vi vi_and(vi a, vi b) { LANES a.v[l] &= b.v[l]; return a; }
+static vi vi_or(vi a, vi b) { LANES a.v[l] |= b.v[l]; return a; }
+static vi vi_add(vi a, vi b) { LANES a.v[l] += b.v[l]; return a; }
+static vi vi_sub(vi a, vi b) { LANES a.v[l] -= b.v[l]; return a; }
+static vi vi_max(vi a, vi b) { LANES a.v[l] = (int32_t)a.v[l] > (int32_t)b.v[l] ? a.v[l] : b.v[l]; return a; }
+static vi vi_sll(vi a, int n) { LANES a.v[l] <<= n; return a; }
+static vi vi_srl(vi a, int n) { LANES a.v[l] >>= n; return a; }
+static vf vf_neg(vf a) { vi b = vf_bits(a); LANES b.v[l] ^= 0x80000000u; return vi_as_vf(b); }
+static vf vf_abs(vf a) { return vi_as_vf(vi_and(vf_bits(a), vi_set(0x7FFFFFFF))); }
+static vf vf_max(vf a, vf b) { LANES a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l]; return a; }
+static vf vf_round_even(vf a) { LANES a.v[l] = rintf(a.v[l]); return a; }
+/* cvtps2dq: integral values exactly, anything else the integer indefinite */
+static vi vf_to_vi(vf a) { vi r; LANES r.v[l] = fabsf(a.v[l]) < 0x1p31f ? (uint32_t)(int32_t)a.v[l] : 0x80000000u; return r; }
+static vf vi_to_vf(vi a) { vf r; LANES r.v[l] = (float)(int32_t)a.v[l]; return r; }
+static vi vi_load_u16(const uint16_t *p) { vi r; LANES r.v[l] = p[l]; return r; }
+static vi vi_load_u8(const uint8_t *p) { vi r; LANES r.v[l] = p[l]; return r; }
+static vi vi_load_i8(const int8_t *p) { vi r; LANES r.v[l] = (uint32_t)(int32_t)p[l]; return r; }
+#define MASK(cond) vm m = 0; LANES m |= (vm)(cond) << l; return m
+static vm vm_gt(vf a, vf b) { MASK(a.v[l] > b.v[l]); }
+static vm vm_lt(vf a, vf b) { MASK(a.v[l] < b.v[l]); }
+static vm vm_not_lt(vf a, vf b) { MASK(!(a.v[l] < b.v[l])); }
+static vm vm_unordered(vf a, vf b) { MASK(isnan(a.v[l]) || isnan(b.v[l])); }
+static vm vi_gt(vi a, vi b) { MASK((int32_t)a.v[l] > (int32_t)b.v[l]); }
+static vm vi_eq(vi a, vi b) { MASK(a.v[l] == b.v[l]); }
+#undef MASK
+static unsigned vm_bits(vm m) { return m; }
+static vf vf_blend(vm m, vf t, vf f) { LANES if (m >> l & 1) f.v[l] = t.v[l]; return f; }
+static vi vi_blend(vm m, vi t, vi f) { LANES if (m >> l & 1) f.v[l] = t.v[l]; return f; }
+static vf vf_zero_unless(vm m, vf a) { return vf_blend(~m, vf_set(0.0f), a); }
+static float vf_hmax(vf a) { float m = a.v[0]; LANES m = a.v[l] > m ? a.v[l] : m; return m; }
+static int32_t vi_hmax(vi a) { int32_t m = (int32_t)a.v[0]; LANES m = (int32_t)a.v[l] > m ? (int32_t)a.v[l] : m; return m; }
+static void store_u8(uint8_t *p, vi c) { LANES p[l] = (uint8_t)c.v[l]; }
+static void store_i8(int8_t *p, vi c) { LANES p[l] = (int8_t)(uint8_t)c.v[l]; }
+static void store_u8x4(uint8_t *p, vi a, vi b, vi c, vi d) { store_u8(p, a); store_u8(p + 16, b); store_u8(p + 32, c); store_u8(p + 48, d); }
+static void store_u16(uint16_t *p, vi a) { LANES p[l] = (uint16_t)a.v[l]; }
+typedef struct { float hi[32], lo[32]; } simd_exp_table;
+static void simd_exp_table_init(simd_exp_table *t) { for (int j = 0; j < 32; j++) { t->hi[j] = MF_EXP_TABLE[2 * j]; t->lo[j] = MF_EXP_TABLE[2 * j + 1]; } }
+static void simd_exp_lookup(const simd_exp_table *t, vi kb, vf *hi, vf *lo) { LANES { hi->v[l] = t->hi[kb.v[l] & 31]; lo->v[l] = t->lo[kb.v[l] & 31]; } }
+#undef LANES
+
+#include "cpu/rows_simd.h"
+
 enum op { OP_ACT_QUANT, OP_MASKED, OP_QUANT, OP_ACT_MUL, OP_DEQUANT };
 
 typedef struct {
@@ -388,11 +463,12 @@ static void case_dequant(int64_t Tn, int64_t H)
     tb_free_all();
 }
 
-/* H values: odd and tiny ones (per-row groups), vector multiples, a model width */
+/* H values: odd and tiny ones (per-row groups), tails of every length class for 8 and 16
+ * lanes, vector multiples */
 static int64_t pick_hidden(void)
 {
-    const int64_t Hs[] = {1, 3, 7, 17, 33, 100, 128, 192, 256, 384, 1024, 2048};
-    return Hs[h_randint(0, 11)];
+    const int64_t Hs[] = {1, 3, 7, 13, 17, 24, 33, 100, 128, 192, 200, 256, 384, 1000, 1024, 2048};
+    return Hs[h_randint(0, 15)];
 }
 
 static int64_t pick_tokens(void)
@@ -459,6 +535,86 @@ START_TEST(t_wide_rows)
 }
 END_TEST
 
+/*
+ * The 16-lane text against the scalar level, kernel by kernel, on random plans: every
+ * option, group size and H (odd ones included), random bit patterns among the inputs.
+ */
+START_TEST(t_sixteen_lanes)
+{
+    const mf_cpu_row_kernels *ref = mf_cpu_row_kernels_of(MF_CPU_ISA_SCALAR), *k = &w16_rows;
+    for (int it = 0; it < 1500; it++) {
+        mf_row_plan p = {0};
+        const int mode = (int)h_randint(0, 2); /* act_quant, quant, act_mul */
+        p.hidden = pick_hidden();
+        p.group = pick_group(p.hidden);
+        p.groups = p.hidden / p.group;
+        p.in_dtype = XDTS[h_randint(0, 2)];
+        p.activate = mode != 1;
+        p.gate_first = h_randint(0, 1);
+        p.activation = h_randint(0, 3) == 0 ? (int)h_randint(1, 2) : MOEFUSE_ACT_SILU;
+        p.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 8) : 0.0f;
+        p.has_row_scale = h_randint(0, 1);
+        p.has_expert_scale = h_randint(0, 1);
+        p.round_bf16 = h_randint(0, 1);
+        p.ue8m0 = h_randint(0, 1);
+        p.eps = 1e-10f;
+        p.out_dtype = mode == 2 ? XDTS[h_randint(0, 2)]
+                                : (h_randint(0, 3) ? MOEFUSE_F8_E4M3 : MOEFUSE_I8);
+        const int64_t H = p.hidden, w = p.activate ? 2 * H : H;
+        const size_t esz = p.in_dtype == MOEFUSE_F32 ? 4 : 2;
+        tbuf *x = tb_new2("x", p.in_dtype, 1, w, 0, 1); /* its host bytes are the row */
+        if (mode == 1 && h_randint(0, 1))
+            fill_quant_rows(x, 1, H, p.group);
+        else
+            fill_x(x, 1, w);
+        for (int64_t i = 0; i < w; i++)
+            if (h_randint(0, 40) == 0)
+                for (size_t b = 0; b < esz; b++)
+                    x->full[x->pad + i * esz + b] = (unsigned char)h_randint(0, 255);
+        const float rs = h_randint(0, 9) ? (float)h_unif(0.05, 3) : edge_value();
+        const float es = h_randint(0, 9) ? (float)h_unif(0.05, 3) : edge_value();
+        const size_t ob = (size_t)H * 4 + 64, sb = (size_t)p.groups * 4;
+        unsigned char *oa = malloc(ob), *ok = malloc(ob), *ua = malloc(p.groups), *uk = malloc(p.groups);
+        float *sa = malloc(sb), *sk = malloc(sb), *scratch = malloc((size_t)H * 12);
+        memset(oa, 0x5A, ob);
+        memset(ok, 0x5A, ob);
+        const void *xr = x->full + x->pad;
+        if (mode == 2) {
+            ref->act_mul_row(&p, xr, rs, es, oa, scratch);
+            k->act_mul_row(&p, xr, rs, es, ok, scratch);
+        } else {
+            ref->quant_row(&p, xr, rs, es, oa, sa, ua, scratch);
+            k->quant_row(&p, xr, rs, es, ok, sk, uk, scratch);
+        }
+        HCHECK(memcmp(oa, ok, ob) == 0 &&
+                   (mode == 2 || (memcmp(sa, sk, sb) == 0 && memcmp(ua, uk, (size_t)p.groups) == 0)),
+               "16 lanes differ from scalar: mode %d H=%lld G=%lld x=%d out=%d act=%d lim=%g rs=%d(%g) es=%d(%g) rnd=%d ue8m0=%d",
+               mode, (long long)H, (long long)p.group, p.in_dtype, p.out_dtype, p.activation, p.limit,
+               p.has_row_scale, rs, p.has_expert_scale, es, p.round_bf16, p.ue8m0);
+        /* dequant of the same bytes, as codes, with a random scale */
+        const float s = h_randint(0, 9) ? (float)h_unif(1e-3, 10) : edge_value();
+        const moefuse_dtype odt = XDTS[h_randint(0, 2)];
+        const int fp8 = (int)h_randint(0, 1);
+        memset(oa, 0x5A, ob);
+        memset(ok, 0x5A, ob);
+        ref->dequant_span(xr, fp8, s, H, odt, oa);
+        k->dequant_span(xr, fp8, s, H, odt, ok);
+        HCHECK(memcmp(oa, ok, ob) == 0, "16 lanes differ from scalar: dequant H=%lld fp8=%d s=%g out=%d",
+               (long long)H, fp8, s, odt);
+        free(oa), free(ok), free(ua), free(uk), free(sa), free(sk), free(scratch);
+        tb_free_all();
+    }
+    /* exp on every 4099th f32 and on the edges */
+    float *xs = malloc(sizeof(float) << 20), *ya = malloc(sizeof(float) << 20), *yk = malloc(sizeof(float) << 20);
+    for (int64_t i = 0; i < (1 << 20); i++)
+        xs[i] = i < 64 ? edge_value() : bits_f32((uint32_t)(i * 4099u));
+    ref->exp_array(xs, ya, 1 << 20);
+    k->exp_array(xs, yk, 1 << 20);
+    HCHECK(memcmp(ya, yk, sizeof(float) << 20) == 0, "16 lanes differ from scalar: exp");
+    free(xs), free(ya), free(yk);
+}
+END_TEST
+
 /* ------------------------------------------------------- exhaustive exp */
 
 static int exp_all(void)
@@ -514,6 +670,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, t_act_mul);
     tcase_add_test(tc, t_dequant);
     tcase_add_test(tc, t_wide_rows);
+    tcase_add_test(tc, t_sixteen_lanes);
     suite_add_tcase(s, tc);
     return h_run(s);
 }
