@@ -123,14 +123,14 @@ L vi vi_load_u8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(
 L vi vi_load_i8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
 /*
- * mf_exp.h's 32 (hi, lo) pairs, read on the integer side: lane indices come out by
- * vmovq / vpextrq, each lane's pair is one 64-bit load, and two 32-byte loads plus two
- * vshufps split the pairs into hi and lo. On Zen 3 this costs less than the in-register
- * alternative (eight vpermps and six vblendvps share the shuffle pipes with the rest of
- * the kernel) or two vgatherdps.
+ * mf_exp.h's 32 (hi, lo) pairs, read as 64-bit loads: lane indices come out by vmovq /
+ * vpextrq, each lane's pair is one vmovsd or vmovhpd, and two vshufps split the pairs
+ * into hi and lo. On Zen 3 this costs less than the in-register alternative (eight
+ * vpermps and six vblendvps share the shuffle pipes with the rest of the kernel) or
+ * vgatherdps. The pairs are held as doubles only to be moved: never computed with.
  */
 typedef struct {
-    uint64_t pair[32]; /* hi in the low half, lo in the high half */
+    double pair[32]; /* the bits of (hi, lo): hi in the low half */
 } simd_exp_table;
 
 L void simd_exp_table_init(simd_exp_table *t) { memcpy(t->pair, MF_EXP_TABLE, sizeof t->pair); }
@@ -141,17 +141,14 @@ L void simd_exp_lookup(const simd_exp_table *t, vi kb, vf *hi, vf *lo)
     const __m128i j03 = _mm256_castsi256_si128(j), j47 = _mm256_extracti128_si256(j, 1);
     const uint64_t a = (uint64_t)_mm_cvtsi128_si64(j03), b = (uint64_t)_mm_extract_epi64(j03, 1);
     const uint64_t c = (uint64_t)_mm_cvtsi128_si64(j47), d = (uint64_t)_mm_extract_epi64(j47, 1);
-    /* slots so that vshufps of [p0 p1 | p4 p5] and [p2 p3 | p6 p7] gives lanes 0..7 in order */
-    uint64_t p[8] __attribute__((aligned(32)));
-    p[0] = t->pair[(uint32_t)a];
-    p[1] = t->pair[a >> 32];
-    p[2] = t->pair[(uint32_t)c];
-    p[3] = t->pair[c >> 32];
-    p[4] = t->pair[(uint32_t)b];
-    p[5] = t->pair[b >> 32];
-    p[6] = t->pair[(uint32_t)d];
-    p[7] = t->pair[d >> 32];
-    const __m256 x = _mm256_load_ps((const float *)p), y = _mm256_load_ps((const float *)(p + 4));
+    const double *pr = t->pair;
+    /* x = [p0 p1 | p4 p5], y = [p2 p3 | p6 p7]: vshufps then gives lanes 0..7 in order */
+    const __m128d p01 = _mm_loadh_pd(_mm_load_sd(pr + (uint32_t)a), pr + (a >> 32));
+    const __m128d p23 = _mm_loadh_pd(_mm_load_sd(pr + (uint32_t)b), pr + (b >> 32));
+    const __m128d p45 = _mm_loadh_pd(_mm_load_sd(pr + (uint32_t)c), pr + (c >> 32));
+    const __m128d p67 = _mm_loadh_pd(_mm_load_sd(pr + (uint32_t)d), pr + (d >> 32));
+    const __m256 x = _mm256_castpd_ps(_mm256_insertf128_pd(_mm256_castpd128_pd256(p01), p45, 1));
+    const __m256 y = _mm256_castpd_ps(_mm256_insertf128_pd(_mm256_castpd128_pd256(p23), p67, 1));
     *hi = _mm256_shuffle_ps(x, y, 0x88);
     *lo = _mm256_shuffle_ps(x, y, 0xDD);
 }
