@@ -16,10 +16,11 @@
  *    numerics.h without branches, or RNE and a clamp for i8.
  * Channels past the last full vector take the reference's scalar code.
  *
- * The including file provides, for W lanes:
+ * The including file provides, for SIMD_W lanes:
  *   vf (f32), vi (i32), vm (lane mask) and the operations used below;
  *   simd_exp_table, simd_exp_table_init, simd_exp_lookup (mf_exp.h's table);
- *   SIMD_FN (function qualifiers), SIMD_ISA, SIMD_NAME, SIMD_TABLE.
+ *   SIMD_FN (function qualifiers), SIMD_ISA and SIMD_ISA_NAME (the level),
+ *   SIMD_NAME (prefix of the kernels) and SIMD_TABLE (the kernel table's name).
  */
 #ifndef SIMD_TABLE
 #error "rows_simd.h is included by rows_avx2.c and rows_avx512.c only"
@@ -366,7 +367,7 @@ SIMD_INLINE vi e4m3_codes_finite(vf f)
     return vi_or(vi_blend(vi_gt(ax, vi_set(0x3C7FFFFF)), v, sub), sign);
 }
 
-static void e4m3_span_finite(const float *h, int64_t n, float s, uint8_t *q)
+SIMD_INLINE void e4m3_span_finite(const float *h, int64_t n, float s, uint8_t *q)
 {
     const vf sv = vf_set(s);
     int64_t c = 0;
@@ -393,6 +394,35 @@ static void i8_span(const float *h, int64_t n, float s, int8_t *q)
         q[c] = mf_i8_code(h[c], s);
 }
 
+/* A row's groups, for one input dtype and set of options (inlined per combination). */
+SIMD_INLINE void quant_row_dt(const mf_row_plan *p, const h_opts *o, const void *gp,
+                              const void *up, void *q, float *s, uint8_t *ue, float *scratch,
+                              const simd_exp_table *t, moefuse_dtype dt)
+{
+    const int64_t G = p->group;
+    const bool fp8 = p->out_dtype == MOEFUSE_F8_E4M3;
+    /* Group g + 1's h is computed between group g's scale and its codes (two buffers), so
+     * that the scale's latency (reduction, division) hides behind independent work. */
+    float *buf[2] = {scratch, scratch + G};
+    prefetch_ahead(p, gp, up, 0, G);
+    uint32_t top = h_span_dt(p, o, gp, up, 0, G, buf[0], t, dt);
+    for (int64_t g = 0; g < p->groups; g++) {
+        const float *h = buf[g & 1];
+        const bool finite = top < 0x7F800000u;
+        s[g] = mf_group_scale(p, finite ? mf_bits_f32(top) : amax_finite(h, G), &ue[g]);
+        if (g + 1 < p->groups) {
+            prefetch_ahead(p, gp, up, (g + 1) * G, G);
+            top = h_span_dt(p, o, gp, up, (g + 1) * G, G, buf[(g + 1) & 1], t, dt);
+        }
+        if (!fp8)
+            i8_span(h, G, s[g], (int8_t *)q + g * G);
+        else if (finite)
+            e4m3_span_finite(h, G, s[g], (uint8_t *)q + g * G);
+        else
+            e4m3_span(h, G, s[g], (uint8_t *)q + g * G);
+    }
+}
+
 static void SIMD_NAME(quant_row)(const mf_row_plan *p, const void *x, float rs, float es, void *q,
                                  float *s, uint8_t *ue, float *scratch)
 {
@@ -405,27 +435,26 @@ static void SIMD_NAME(quant_row)(const mf_row_plan *p, const void *x, float rs, 
     const void *gp, *up;
     row_halves(p, x, &gp, &up);
     const h_opts o = make_opts(p, rs, es);
-    const int64_t G = p->group;
-    const bool fp8 = p->out_dtype == MOEFUSE_F8_E4M3;
-    /* Group g + 1's h is computed between group g's scale and its codes (two buffers), so
-     * that the scale's latency (reduction, division) hides behind independent work. */
-    float *buf[2] = {scratch, scratch + G};
-    prefetch_ahead(p, gp, up, 0, G);
-    uint32_t top = h_span(p, &o, gp, up, 0, G, buf[0], &t);
-    for (int64_t g = 0; g < p->groups; g++) {
-        const float *h = buf[g & 1];
-        const bool finite = top < 0x7F800000u;
-        s[g] = mf_group_scale(p, finite ? mf_bits_f32(top) : amax_finite(h, G), &ue[g]);
-        if (g + 1 < p->groups) {
-            prefetch_ahead(p, gp, up, (g + 1) * G, G);
-            top = h_span(p, &o, gp, up, (g + 1) * G, G, buf[(g + 1) & 1], &t);
-        }
-        if (!fp8)
-            i8_span(h, G, s[g], (int8_t *)q + g * G);
-        else if (finite)
-            e4m3_span_finite(h, G, s[g], (uint8_t *)q + g * G);
+    const bool plain = !o.clamp && !o.round_bf16 && !o.has_rs && !o.has_es;
+    switch (p->in_dtype) {
+    case MOEFUSE_BF16:
+        if (plain)
+            quant_row_dt(p, NULL, gp, up, q, s, ue, scratch, &t, MOEFUSE_BF16);
         else
-            e4m3_span(h, G, s[g], (uint8_t *)q + g * G);
+            quant_row_dt(p, &o, gp, up, q, s, ue, scratch, &t, MOEFUSE_BF16);
+        break;
+    case MOEFUSE_F32:
+        if (plain)
+            quant_row_dt(p, NULL, gp, up, q, s, ue, scratch, &t, MOEFUSE_F32);
+        else
+            quant_row_dt(p, &o, gp, up, q, s, ue, scratch, &t, MOEFUSE_F32);
+        break;
+    default:
+        if (plain)
+            quant_row_dt(p, NULL, gp, up, q, s, ue, scratch, &t, MOEFUSE_F16);
+        else
+            quant_row_dt(p, &o, gp, up, q, s, ue, scratch, &t, MOEFUSE_F16);
+        break;
     }
 }
 
