@@ -181,6 +181,31 @@ static double act_input(int special)
     return h_unif(-6, 6);
 }
 
+/*
+ * special = 2, bf16 x of at least 65536 gates: every bf16 bit pattern once as a gate (in an
+ * order that mixes magnitudes within a group), u as with special = 1. The CUDA table kernels
+ * read act(g) from a table over part of the range and compute the rest: both must give the
+ * CPU's bits.
+ */
+static void fill_every_bf16_gate(tbuf *x, int64_t H, int order)
+{
+    const moefuse_tensor *t = &x->t;
+    const int three = t->rank == 3;
+    const int64_t n0 = three ? t->shape[0] : 1, n1 = t->shape[three ? 1 : 0];
+    int64_t k = 0;
+    for (int64_t a = 0; a < n0; a++)
+        for (int64_t b = 0; b < n1; b++)
+            for (int64_t c = 0; c < H; c++, k++) {
+                const int64_t gc = order ? H + c : c, uc = order ? c : H + c;
+                uint16_t *g = three ? tb_el(x, a, b, gc) : tb_el(x, b, gc, 0);
+                *g = (uint16_t)((uint32_t)k * 0x9E37u); /* odd factor: a permutation mod 2^16 */
+                if (three)
+                    tb_set(x, a, b, uc, act_input(1));
+                else
+                    tb_set(x, b, uc, 0, act_input(1));
+            }
+}
+
 static void fill_act(tbuf *x, int special)
 {
     const moefuse_tensor *t = &x->t;
@@ -400,6 +425,8 @@ static void run_quant_case(qcfg c)
         for (int64_t t = 0; t < Tn; t++)
             for (int64_t i = 0; i < H; i++)
                 tb_set(x.d, t, i, 0, act_input(c.special) * ldexp(1.0, (int)h_randint(-12, 12)));
+    } else if (c.special == 2) {
+        fill_every_bf16_gate(x.d, H, c.order);
     } else {
         fill_act(x.d, c.special);
     }
@@ -496,7 +523,10 @@ typedef struct {
 static void run_act_mul_case(mcfg c)
 {
     pair x = pair2("x", c.dt, c.T, 2 * c.H, c.rp, 1);
-    fill_act(x.d, c.special);
+    if (c.special == 2)
+        fill_every_bf16_gate(x.d, c.H, c.order);
+    else
+        fill_act(x.d, c.special);
     tb_upload(x.d);
     pair rs = {NULL, NULL};
     if (c.use_rs) {
@@ -985,6 +1015,39 @@ START_TEST(t_act_mul)
 }
 END_TEST
 
+/*
+ * Every bf16 gate (65536 per call) through act_mul, act_quant and the masked call, each
+ * activation and order, without options (CUDA: the table kernels, G = 32, 64 and 128) and
+ * with them (the computed path).
+ */
+START_TEST(t_every_bf16_gate)
+{
+    for (int a = 0; a < 3; a++)
+        for (int order = 0; order < 2; order++) {
+            mcfg m = {MOEFUSE_BF16, 64, 1024, a, order, MOEFUSE_ROUND_NONE, 0, 0, 2, 0.0f};
+            run_act_mul_case(m);
+            qcfg c = qbase(0, 64, 1024, (int64_t[]){128, 64, 32}[a]);
+            c.xdt = MOEFUSE_BF16;
+            c.act = a;
+            c.order = order;
+            c.special = 2;
+            c.L = LAYS[(a + 3 * order) % 5];
+            run_quant_case(c);
+        }
+    mcfg m = {MOEFUSE_BF16, 64, 1024, MOEFUSE_ACT_SILU, 0, MOEFUSE_ROUND_BF16, 1, 0, 2, 3.0f};
+    run_act_mul_case(m);
+    qcfg c = qbase(4, 16, 1024, 128);
+    for (int e = 0; e < 4; e++) c.counts[e] = 16;
+    c.xdt = MOEFUSE_BF16;
+    c.special = 2;
+    run_quant_case(c);
+    c.use_rs = 1;
+    c.limit = 2.5f;
+    run_quant_case(c);
+    finish("every bf16 gate");
+}
+END_TEST
+
 START_TEST(t_topk)
 {
     for (int d = 0; d < 3; d++)
@@ -1088,6 +1151,7 @@ int main(void)
     tcase_add_test(tc, t_quant_dequant);
     tcase_add_test(tc, t_dequant_handmade);
     tcase_add_test(tc, t_act_mul);
+    tcase_add_test(tc, t_every_bf16_gate);
     tcase_add_test(tc, t_topk);
     tcase_add_test(tc, t_moe_edges);
     tcase_add_test(tc, t_moe_random);

@@ -64,6 +64,8 @@ static void release_state(cuda_state *s)
     }
     if (s->own_stream)
         cudaStreamSynchronize(s->own_stream);
+    if (s->act_tables)
+        cudaFree(s->act_tables);
     if (s->scratch_free)
         cudaEventDestroy(s->scratch_free);
     if (s->own_stream)
@@ -142,6 +144,15 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
         s->scratch_free = NULL;
         cuda_release(s);
         return mf_cuda_fail(ctx, e, NULL, "cudaEventCreateWithFlags");
+    }
+    /* the table kernels of rows.cu: off unless asked for, until verified on a GPU */
+    const char *tables = getenv("MOEFUSE_CUDA_ACT_TABLE");
+    if (tables && strcmp(tables, "1") == 0) {
+        st = mf_cuda_build_act_tables(ctx, s);
+        if (st != MOEFUSE_OK) {
+            cuda_release(s);
+            return st;
+        }
     }
     *state = s;
     return MOEFUSE_OK;

@@ -39,6 +39,7 @@ typedef struct cuda_state {
      * share no mutable state, and a context is used by one thread at a time */
     uint32_t mma_smem_raised, wgmma_smem_raised;
     uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
+    float *act_tables;         /* act(g) of the bf16 gates, per activation (act_table.cuh) */
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */
     size_t scratch_bytes;
@@ -101,6 +102,9 @@ static inline unsigned mf_cuda_grid(const cuda_state *s, int64_t work, int64_t p
         need = cap;
     return (unsigned)(need > 0 ? need : 1);
 }
+
+/* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
+moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);
 
 /* Operations: rows.cu / quant.cu / topk.cu (row ops), moe_*.cu (GEMMs). */
 moefuse_status mf_cuda_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);

@@ -27,6 +27,7 @@
  * zeroed rather than computed (zero_tail, and the padding rows of the
  * column-major and packed layouts) are a second kernel.
  */
+#include "cuda/act_table.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/numerics.cuh"
 #include "cuda/vec.cuh"
@@ -44,6 +45,16 @@
 #define MF_BLOCKS_PER_SM 3
 #endif
 #define MF_BLOCKS_ANY 2
+/*
+ * The table kernels run one block per SM (its activation table, 32 KiB, is
+ * shared by all its warps): MF_TAB_WARPS warps, each with a ring of
+ * MF_STAGES items of 4 KiB (bf16 gate and up), 160 KiB with the table's 32
+ * under the 227 KiB of an H100 with room for the row offsets of 4096 experts.
+ */
+#ifndef MF_TAB_WARPS
+#define MF_TAB_WARPS 20
+#endif
+#define MF_TAB_THREADS (MF_TAB_WARPS * 32)
 #define MF_ITEM 512           /* channels of one warp item of the direct kernels */
 #define MF_SMEM_EXPERTS 4096  /* row offsets of up to this many experts in shared memory */
 #define MF_SMEM_BYTES (46 * 1024) /* dynamic shared memory without opt-in, some left static */
@@ -71,6 +82,7 @@ typedef struct rows_params {
     int xdt, qdt, esdt, act, activate, round_bf16, has_rs, has_es;
     int fp8, ue8m0, layout, sc_f32;
     int vec_x, vec_q;       /* 16-byte x loads / 8-byte (quant) or 16-byte (act_mul) stores */
+    const float *atab;      /* the activation's table (act_table.cuh) for the table kernels */
 } rows_params;
 
 /* ------------------------------------------------------------- h values */
@@ -550,18 +562,15 @@ static __device__ __forceinline__ float max_keep_nan(float a, float b)
 }
 
 /*
- * One slot of a quantizing item: 8 channels per lane from c0 (n = 8 or 0 past the row).
+ * One slot of a quantizing item: h of 8 channels per lane from c0 (n = 8 or 0 past the row).
  * lpg: lanes per group (uniform; a constant in the hot kernels). The group's scale comes back
  * in *s_out / *ue_out (every lane of the group has it); store_item_scales writes it.
  */
-static __device__ __forceinline__ void quant_slot(const rows_params &p, int act, int plain,
-                                                  int lpg, const float *tab, const char *xrow,
-                                                  char *qrow, float rs, float es, int64_t c0,
-                                                  int n, float h[8], float u[8], float *s_out,
-                                                  uint32_t *ue_out)
+static __device__ __forceinline__ void quant_slot(const rows_params &p, int lpg,
+                                                  const char *xrow, char *qrow, float rs,
+                                                  float es, int64_t c0, int n, const float h[8],
+                                                  float *s_out, uint32_t *ue_out)
 {
-    if (p.activate)
-        act8(p, act, plain, tab, h, u, rs, es);
     /*
      * amax over the lane's finite values, then over its group's lanes. The fast
      * test: a maximum that keeps NaN is finite exactly when every h is; only
@@ -673,17 +682,68 @@ static __device__ __forceinline__ void quant_item(const rows_params &p, int xdt,
     float sc[2];
     uint32_t ue[2];
 #pragma unroll
-    for (int k = 0; k < 2; k++)
-        quant_slot(p, act, plain, p.lpg, tab, xrow, qrow, rs, es, c0[k], n[k], h[k], u[k],
-                   &sc[k], &ue[k]);
+    for (int k = 0; k < 2; k++) {
+        if (p.activate)
+            act8(p, act, plain, tab, h[k], u[k], rs, es);
+        quant_slot(p, p.lpg, xrow, qrow, rs, es, c0[k], n[k], h[k], &sc[k], &ue[k]);
+    }
     store_item_scales<2>(p, p.lpg, scale_base(p, e, t), (ch * MF_ITEM) >> p.glog, sc, ue, lane);
+}
+
+/*
+ * act(g) * u of 8 channels computed for gates the table does not cover (zero, tiny, huge,
+ * Inf, NaN: rare), with no options. Out of line, so the hot loop keeps none of its registers;
+ * a NaN result is redone with the CPU's bits later, as on the computed path.
+ */
+static __device__ __noinline__ vals8 act8_missed(int act, vals8 g, vals8 u)
+{
+    vals8 h;
+    for (int i = 0; i < 8; i++)
+        h.v[i] = mf_activate_f32(act, g.v[i]) * u.v[i];
+    return h;
+}
+
+/*
+ * h of slot k of a staged item: 8 channels, or zeros past the row (n = 0). In the table
+ * kernels (atab: bf16 x, no options) act(g) comes from the table, else from act8.
+ */
+static __device__ __forceinline__ void staged_h(const rows_params &p, int xdt, int act, int plain,
+                                                const float *tab, const float *atab,
+                                                const char *stage, int k, int n, int lane,
+                                                float rs, float es, float h[8])
+{
+    if (!p.activate || n == 0) {
+        stage_read8(stage, xdt, p.activate, k, 0, n, lane, h);
+        return;
+    }
+    float u[8];
+    stage_read8(stage, xdt, 1, k, 1, n, lane, u);
+    if (atab) { /* a constant: NULL except in the table kernels */
+        const uint4 w = ((const uint4 *)stage)[k * 32 + lane]; /* the gate half, bf16 */
+        const uint32_t gw[4] = {w.x, w.y, w.z, w.w};
+        if (mf_act8_table(atab, gw, u, h))
+            return;
+        vals8 gv, uv;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            gv.v[i] = mf_bits_f32(i & 1 ? gw[i >> 1] & 0xFFFF0000u : gw[i >> 1] << 16);
+            uv.v[i] = u[i];
+        }
+        const vals8 hv = act8_missed(act, gv, uv);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            h[i] = hv.v[i];
+        return;
+    }
+    stage_read8(stage, xdt, 1, k, 0, n, lane, h);
+    act8(p, act, plain, tab, h, u, rs, es);
 }
 
 /* The same from a staged item (MF_ST_SLOTS slots of 256 channels), slot by slot. */
 static __device__ __forceinline__ void quant_item_st(const rows_params &p, int xdt, int act,
                                                      int plain, int lpgc, const float *tab,
-                                                     const char *stage, int64_t e, int64_t t,
-                                                     int64_t ch, int lane)
+                                                     const float *atab, const char *stage,
+                                                     int64_t e, int64_t t, int64_t ch, int lane)
 {
     const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
     char *qrow = p.q + e * p.qs0 + t * p.qs1;
@@ -696,25 +756,22 @@ static __device__ __forceinline__ void quant_item_st(const rows_params &p, int x
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
         const int n = c0 < p.H ? 8 : 0;
-        float h[8], u[8];
-        stage_read8(stage, xdt, p.activate, k, 0, n, lane, h);
-        if (p.activate)
-            stage_read8(stage, xdt, p.activate, k, 1, n, lane, u);
-        quant_slot(p, act, plain, lpg, tab, xrow, qrow, rs, es, c0, n, h, u, &sc[k], &ue[k]);
+        float h[8];
+        staged_h(p, xdt, act, plain, tab, atab, stage, k, n, lane, rs, es, h);
+        quant_slot(p, lpg, xrow, qrow, rs, es, c0, n, h, &sc[k], &ue[k]);
     }
     store_item_scales<MF_ST_SLOTS>(p, lpg, scale_base(p, e, t), (ch * MF_ST_ITEM) >> p.glog, sc,
                                    ue, lane);
 }
 
-/* One slot of act_mul: h of n (<= 8) channels from c0, rounded to out's (x's) dtype. */
-static __device__ __forceinline__ void mul_slot(const rows_params &p, int xdt, int act,
-                                                int plain, const float *tab, const char *xrow,
-                                                char *orow, float rs, float es, int64_t c0,
-                                                int n, float g[8], float u[8])
+/* One slot of act_mul: h of n (<= 8) channels from c0 (in g), rounded to out's (x's) dtype;
+ * a NaN is redone with the CPU's bits. */
+static __device__ __forceinline__ void mul_store(const rows_params &p, int xdt, const char *xrow,
+                                                 char *orow, float rs, float es, int64_t c0,
+                                                 int n, float g[8])
 {
     if (n == 0)
         return;
-    act8(p, act, plain, tab, g, u, rs, es);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (mf_is_nan(g[i]) && i < n)
@@ -743,13 +800,17 @@ static __device__ __forceinline__ void mul_item(const rows_params &p, int xdt, i
         load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
     }
 #pragma unroll
-    for (int k = 0; k < 2; k++)
-        mul_slot(p, xdt, act, plain, tab, xrow, orow, rs, es, c0[k], n[k], g[k], u[k]);
+    for (int k = 0; k < 2; k++) {
+        if (n[k] == 0)
+            continue;
+        act8(p, act, plain, tab, g[k], u[k], rs, es);
+        mul_store(p, xdt, xrow, orow, rs, es, c0[k], n[k], g[k]);
+    }
 }
 
 /* The same from a staged item (H is a multiple of 8 there: n is 8 or 0). */
 static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt, int act,
-                                                   int plain, const float *tab,
+                                                   int plain, const float *tab, const float *atab,
                                                    const char *stage, int64_t e, int64_t t,
                                                    int64_t ch, int lane)
 {
@@ -757,15 +818,13 @@ static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt
     char *orow = p.q + (e * p.qs0 + t * p.qs1) * p.qes;
     float rs, es;
     row_factors(p, e, t, &rs, &es);
-    const int64_t sbase = scale_base(p, e, t);
 #pragma unroll
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
         const int n = c0 < p.H ? 8 : 0;
-        float g[8], u[8];
-        stage_read8(stage, xdt, 1, k, 0, n, lane, g);
-        stage_read8(stage, xdt, 1, k, 1, n, lane, u);
-        mul_slot(p, xdt, act, plain, tab, xrow, orow, rs, es, c0, n, g, u);
+        float h[8];
+        staged_h(p, xdt, act, plain, tab, atab, stage, k, n, lane, rs, es, h);
+        mul_store(p, xdt, xrow, orow, rs, es, c0, n, h);
     }
 }
 
@@ -952,15 +1011,23 @@ static __device__ __forceinline__ void fetch_item(const rows_params &p, int xdt,
 
 /*
  * The same walk with the items' x staged in shared memory MF_STAGES - 1
- * items ahead (rows with 16-byte aligned vectors only). Dynamic shared
- * memory: the row offsets (masked, E small), then each warp's ring.
+ * items ahead (rows with 16-byte aligned vectors only), by blocks of NW
+ * warps. Dynamic shared memory: the row offsets (masked, E small), then each
+ * warp's ring. atab: shared memory for the activation's table (the table
+ * kernels), copied from p.atab when the call activates, else NULL.
  */
+template <int NW>
 static __device__ __forceinline__ void walk_staged(const rows_params &p, int mode, int xdt,
-                                                   int act, int plain, int lpgc)
+                                                   int act, int plain, int lpgc, float *atab)
 {
     extern __shared__ int64_t mf_smem[];
     __shared__ float tab[64];
-    __shared__ uint64_t bars[MF_WARPS][MF_STAGES];
+    __shared__ uint64_t bars[NW][MF_STAGES];
+    if (atab && p.activate) { /* (without activation the table is never read) */
+        const uint4 *src = (const uint4 *)p.atab;
+        for (int i = threadIdx.x; i < (int)(MF_TAB_BYTES / 16); i += NW * 32)
+            ((uint4 *)atab)[i] = __ldg(src + i);
+    }
     const int bulk = MF_BULK && xdt != MF_DT_F32;
     if (bulk && (threadIdx.x & 31) == 0) {
 #pragma unroll
@@ -968,15 +1035,15 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             mbar_init(&bars[threadIdx.x >> 5][i]);
         mbar_init_fence();
     }
-    load_exp_table(tab); /* its barrier also publishes the mbarriers */
+    load_exp_table(tab); /* its barrier also publishes the mbarriers and the table */
     const int64_t *offs;
     const int64_t rows = setup_rows(p, mf_smem, &offs);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t noffs = (p.counts && !p.offs_g) ? (p.E + 2) / 2 * 2 : 0; /* 16-byte aligned */
     const int64_t sb = stage_bytes(xdt == MF_DT_F32 ? 4 : 2, p.activate);
     char *ring = (char *)(mf_smem + noffs) + (int64_t)warp * MF_STAGES * sb;
-    const int64_t W = (int64_t)gridDim.x * MF_WARPS;
-    const int64_t it = (int64_t)blockIdx.x * MF_WARPS + warp;
+    const int64_t W = (int64_t)gridDim.x * NW;
+    const int64_t it = (int64_t)blockIdx.x * NW + warp;
     const int64_t Wq = W / p.chunks, Wr = W % p.chunks;
     item_it fetch_i = {it / p.chunks, it % p.chunks}, proc_i = fetch_i;
     /* (e, t) of each staged item, found once at its fetch (register "arrays": every index is
@@ -1037,9 +1104,10 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             t = i == sidx ? ring_t[i] : t;
         }
         if (mode == MODE_QUANT)
-            quant_item_st(p, xdt, act, plain, lpgc, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
+            quant_item_st(p, xdt, act, plain, lpgc, tab, atab, ring + sidx * sb, e, t, proc_i.ch,
+                          lane);
         else
-            mul_item_st(p, xdt, act, plain, tab, ring + sidx * sb, e, t, proc_i.ch, lane);
+            mul_item_st(p, xdt, act, plain, tab, atab, ring + sidx * sb, e, t, proc_i.ch, lane);
         it_next(p, &proc_i, Wq, Wr);
     }
 }
@@ -1047,8 +1115,10 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
 /*
  * Each op has a kernel for plain silu (the hot path: silu without clamp,
  * factors or intermediate rounding, and quant, which has no activation;
- * every option is a constant there, and no register goes to the
- * double-precision gelu code) and one for everything else.
+ * every option is a constant there, and no register goes to the gelu code)
+ * and one for everything else. bf16 x without options (any activation, or
+ * quant) takes the table kernels: one block of MF_TAB_WARPS warps per SM,
+ * so that one copy of the activation's table serves them all.
  */
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu(rows_params p)
 {
@@ -1070,38 +1140,52 @@ __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any(ro
     walk_items(p, MODE_MUL, p.xdt, p.act, 0);
 }
 
-/* The staged (cp.async) versions of the four, for 16-byte aligned x. */
+/* The staged versions of the four, for 16-byte aligned x. */
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st(rows_params p)
 {
-    walk_staged(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1, 0);
-}
-
-/* The hot path of all: bf16 x, plain silu (or quant), staged; the dtype and the lanes per
- * group (G / 8) constants too. */
-template <int LPG>
-__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st_bf16(rows_params p)
-{
-    walk_staged(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1, LPG);
+    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1, 0, NULL);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_any_st(rows_params p)
 {
-    walk_staged(p, MODE_QUANT, p.xdt, p.act, 0, 0);
+    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, p.act, 0, 0, NULL);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st(rows_params p)
 {
-    walk_staged(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1, 0);
-}
-
-__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st_bf16(rows_params p)
-{
-    walk_staged(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1, 0);
+    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1, 0, NULL);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any_st(rows_params p)
 {
-    walk_staged(p, MODE_MUL, p.xdt, p.act, 0, 0);
+    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, p.act, 0, 0, NULL);
+}
+
+/* bf16 x, plain silu (or quant), staged; the dtype and the lanes per group (G / 8) constants
+ * too: the hot path while the table kernels are off. */
+template <int LPG>
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st_bf16(rows_params p)
+{
+    walk_staged<MF_WARPS>(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1, LPG, NULL);
+}
+
+__global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st_bf16(rows_params p)
+{
+    walk_staged<MF_WARPS>(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1, 0, NULL);
+}
+
+/* The table kernels: bf16 x staged, act(g) from the table, the lanes per group a constant. */
+template <int LPG>
+__global__ void __launch_bounds__(MF_TAB_THREADS, 1) mf_k_quant_tab(rows_params p)
+{
+    __shared__ __align__(16) float atab[MF_TAB_ENTRIES];
+    walk_staged<MF_TAB_WARPS>(p, MODE_QUANT, MF_DT_BF16, p.act, 1, LPG, atab);
+}
+
+__global__ void __launch_bounds__(MF_TAB_THREADS, 1) mf_k_act_mul_tab(rows_params p)
+{
+    __shared__ __align__(16) float atab[MF_TAB_ENTRIES];
+    walk_staged<MF_TAB_WARPS>(p, MODE_MUL, MF_DT_BF16, p.act, 1, 0, atab);
 }
 
 /*
@@ -1214,6 +1298,20 @@ __global__ void __launch_bounds__(MF_THREADS) mf_k_rows_tail(rows_params p, int6
 
 /* ------------------------------------------------------------------ host */
 
+moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s)
+{
+    const size_t bytes = (size_t)MF_TAB_ACTS * MF_TAB_BYTES;
+    cudaError_t e = cudaMalloc((void **)&s->act_tables, bytes);
+    if (e != cudaSuccess) {
+        s->act_tables = NULL;
+        return mf_cuda_fail(ctx, e, NULL, "cudaMalloc(activation tables)");
+    }
+    mf_k_build_act_tables<<<MF_TAB_ACTS * MF_TAB_ENTRIES / 256, 256, 0, s->own_stream>>>(s->act_tables);
+    MF_TRY(mf_cuda_launched(ctx, "context creation", "mf_k_build_act_tables"));
+    e = cudaStreamSynchronize(s->own_stream);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, NULL, "cudaStreamSynchronize");
+}
+
 /*
  * Can every row of t be accessed `align` bytes at a time? The data start and
  * the row strides (in bytes) must be multiples of align; the expert stride
@@ -1272,13 +1370,29 @@ static void fill_common(rows_params *p, const mf_rows_args *a)
     p->qes = (int64_t)moefuse_dtype_size(a->out.dtype);
 }
 
+/* An activation without clamp, intermediate rounding or factors (or none at all)? */
+static int no_options(const rows_params *p)
+{
+    return !p->activate ||
+           (!(p->limit > 0.0f) && !p->round_bf16 && !p->has_rs && !p->has_es);
+}
+
 /* Can the plain kernels take the call: silu without options, or no activation at all? */
 static int plain_silu(const rows_params *p)
 {
-    if (!p->activate)
-        return 1;
-    return p->act == MF_ACT_SILU && !(p->limit > 0.0f) && !p->round_bf16 && !p->has_rs &&
-           !p->has_es;
+    return no_options(p) && (!p->activate || p->act == MF_ACT_SILU);
+}
+
+/*
+ * Can a table kernel take the call: bf16 x staged (16-byte aligned), no options? It reads
+ * the activation's table (built at context creation, act_table.cuh), set here in p->atab.
+ */
+static int table_kernel(const cuda_state *s, rows_params *p)
+{
+    if (p->xdt != MF_DT_BF16 || !p->vec_x || !no_options(p) || !s->act_tables)
+        return 0;
+    p->atab = p->activate ? s->act_tables + (size_t)p->act * MF_TAB_ENTRIES : NULL;
+    return 1;
 }
 
 /* Row offsets of the masked layout: shared memory (dynamic bytes in *smem) or global scratch. */
@@ -1301,24 +1415,30 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
 }
 
 /*
- * Dynamic shared memory of a staged kernel in *bytes: the row offsets (offs_bytes, rounded to
- * 16) and MF_STAGES items per warp; 0 when even the device's opt-in limit is too small (the
- * unstaged kernel runs instead). Above the default 48 KiB the kernel's limit is raised once
- * per context (bit: its bit in s->rows_smem_raised), not on every call: the attribute call
- * costs host time that a decode-sized call would notice.
+ * Dynamic shared memory of a staged kernel of `warps` warps in *bytes: the row offsets
+ * (offs_bytes, rounded to 16) and MF_STAGES items per warp; 0 when even the device's opt-in
+ * limit is too small (the unstaged kernel runs instead). table: the kernel holds an
+ * activation table in static shared memory. Above the default 48 KiB the kernel's limit is
+ * raised once per context (bit: its bit in s->rows_smem_raised), not on every call: the
+ * attribute call costs host time that a decode-sized call would notice.
  */
 static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const rows_params *p,
-                                  size_t offs_bytes, const void *kernel, uint32_t bit,
-                                  const char *op, size_t *bytes)
+                                  size_t offs_bytes, const void *kernel, uint32_t bit, int warps,
+                                  int table, const char *op, size_t *bytes)
 {
-    /* the kernels' static shared memory (exp table, mbarriers) stays under 1 KiB */
-    const size_t limit = s->smem_optin - 1024;
+    /* the kernels' other static shared memory (exp table, mbarriers) stays under 1 KiB */
+    const size_t stat = 1024 + (table ? MF_TAB_BYTES : 0);
+    if (s->smem_optin <= stat) {
+        *bytes = 0;
+        return MOEFUSE_OK;
+    }
+    const size_t limit = s->smem_optin - stat;
     const size_t need = (offs_bytes + 15) / 16 * 16 +
-                        (size_t)MF_WARPS * MF_STAGES * (size_t)stage_bytes(p->xes, p->activate);
+                        (size_t)warps * MF_STAGES * (size_t)stage_bytes(p->xes, p->activate);
     *bytes = 0;
     if (need > limit)
         return MOEFUSE_OK;
-    if (need + 1024 > 48 * 1024 && !(s->rows_smem_raised & bit)) {
+    if (need + stat > 48 * 1024 && !(s->rows_smem_raised & bit)) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)limit);
         if (e != cudaSuccess)
@@ -1364,40 +1484,47 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
         size_t smem;
         MF_TRY(masked_offsets(ctx, s, &p, op, &smem));
         if (warp_path) {
-            /* quant (no activation) runs in the plain kernel, which never calls act8 for it */
+            /* quant (no activation) runs in the plain kernels, which never call act8 for it */
+            const int tab = table_kernel(s, &p);
             const int silu = plain_silu(&p);
-            const int per_sm = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
             const int bf16 = p.xdt == MF_DT_BF16;
+            void (*tabk)(rows_params) = p.lpg == 16  ? mf_k_quant_tab<16>
+                                        : p.lpg == 8 ? mf_k_quant_tab<8>
+                                                     : mf_k_quant_tab<4>;
             void (*hot)(rows_params) = p.lpg == 16  ? mf_k_quant_silu_st_bf16<16>
                                        : p.lpg == 8 ? mf_k_quant_silu_st_bf16<8>
                                                     : mf_k_quant_silu_st_bf16<4>;
-            const void *k = silu ? (bf16 ? (const void *)hot : (const void *)mf_k_quant_silu_st)
-                                 : (const void *)mf_k_quant_any_st;
+            void (*k)(rows_params) = tab    ? tabk
+                                     : silu ? (bf16 ? hot : mf_k_quant_silu_st)
+                                            : mf_k_quant_any_st;
+            const char *kname = tab ? "mf_k_quant_tab" : silu ? "mf_k_quant_silu_st" : "mf_k_quant_any_st";
+            const int warps = tab ? MF_TAB_WARPS : MF_WARPS;
+            const int per_sm = tab ? 1 : silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
             /* the kernel's bit in s->rows_smem_raised */
-            const uint32_t bit = silu ? (bf16 ? 1u << (p.lpg == 16 ? 0 : p.lpg == 8 ? 1 : 2) : 1u << 3)
-                                      : 1u << 4;
+            const uint32_t lbit = p.lpg == 16 ? 0 : p.lpg == 8 ? 1 : 2;
+            const uint32_t bit = tab ? 1u << (8 + lbit) : !silu ? 1u << 4 : bf16 ? 1u << lbit : 1u << 3;
             size_t bytes = 0;
             if (p.vec_x)
-                MF_TRY(staged_smem(ctx, s, &p, smem, k, bit, op, &bytes));
+                MF_TRY(staged_smem(ctx, s, &p, smem, (const void *)k, bit, warps, tab, op, &bytes));
             /* staged items are 1024 channels, the others 512 */
             p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
-            /* masked: a persistent grid (the valid rows are known on the device only) */
-            const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm
-                                         : mf_cuda_grid(s, T * p.chunks, MF_WARPS, per_sm);
             if (bytes) {
-                if (silu && bf16)
-                    hot<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-                else if (silu)
-                    mf_k_quant_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-                else
-                    mf_k_quant_any_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-                MF_TRY(mf_cuda_launched(ctx, op, silu ? "mf_k_quant_silu_st" : "mf_k_quant_any_st"));
-            } else if (silu) {
-                mf_k_quant_silu<<<grid, MF_THREADS, smem, s->stream>>>(p);
-                MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_silu"));
+                /* masked: a persistent grid (the valid rows are known on the device only) */
+                const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm
+                                             : mf_cuda_grid(s, T * p.chunks, warps, per_sm);
+                k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
+                MF_TRY(mf_cuda_launched(ctx, op, kname));
             } else {
-                mf_k_quant_any<<<grid, MF_THREADS, smem, s->stream>>>(p);
-                MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_any"));
+                const int per_sm_d = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
+                const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm_d
+                                             : mf_cuda_grid(s, T * p.chunks, MF_WARPS, per_sm_d);
+                if (silu) {
+                    mf_k_quant_silu<<<grid, MF_THREADS, smem, s->stream>>>(p);
+                    MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_silu"));
+                } else {
+                    mf_k_quant_any<<<grid, MF_THREADS, smem, s->stream>>>(p);
+                    MF_TRY(mf_cuda_launched(ctx, op, "mf_k_quant_any"));
+                }
             }
         } else {
             const int hcache = smem + (size_t)p.H * sizeof(float) <= MF_SMEM_BYTES;
@@ -1446,28 +1573,28 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
     p.vec_x = rows_aligned(&a->x, 16, 1) && (p.H * p.xes) % 16 == 0;
     p.vec_q = rows_aligned(&a->out, 16, 1);
     const int silu = plain_silu(&p);
-    const int per_sm = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
-    const int bf16 = p.xdt == MF_DT_BF16;
-    const void *k = silu ? (bf16 ? (const void *)mf_k_act_mul_silu_st_bf16
-                                 : (const void *)mf_k_act_mul_silu_st)
-                         : (const void *)mf_k_act_mul_any_st;
     size_t bytes = 0;
     /* staged items move 8 channels per lane (mul_item_st): an f32 row of 8n + 4 channels
      * passes the 16-byte test above but would be written 4 channels past its end */
-    if (p.vec_x && p.H % 8 == 0)
-        MF_TRY(staged_smem(ctx, s, &p, 0, k, silu ? (bf16 ? 1u << 5 : 1u << 6) : 1u << 7, op,
-                           &bytes));
+    const int staged = p.vec_x && p.H % 8 == 0;
+    const int tab = staged && table_kernel(s, &p);
+    const int bf16 = p.xdt == MF_DT_BF16;
+    void (*k)(rows_params) = tab    ? mf_k_act_mul_tab
+                             : silu ? (bf16 ? mf_k_act_mul_silu_st_bf16 : mf_k_act_mul_silu_st)
+                                    : mf_k_act_mul_any_st;
+    const int warps = tab ? MF_TAB_WARPS : MF_WARPS;
+    const uint32_t bit = tab ? 1u << 11 : !silu ? 1u << 7 : bf16 ? 1u << 5 : 1u << 6;
+    if (staged)
+        MF_TRY(staged_smem(ctx, s, &p, 0, (const void *)k, bit, warps, tab, op, &bytes));
     p.chunks = (p.H + (bytes ? MF_ST_ITEM : MF_ITEM) - 1) / (bytes ? MF_ST_ITEM : MF_ITEM);
-    const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, per_sm);
     if (bytes) {
-        if (silu && bf16)
-            mf_k_act_mul_silu_st_bf16<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-        else if (silu)
-            mf_k_act_mul_silu_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-        else
-            mf_k_act_mul_any_st<<<grid, MF_THREADS, bytes, s->stream>>>(p);
-        return mf_cuda_launched(ctx, op, silu ? "mf_k_act_mul_silu_st" : "mf_k_act_mul_any_st");
+        const int per_sm = tab ? 1 : silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
+        const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, warps, per_sm);
+        k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
+        return mf_cuda_launched(ctx, op, tab ? "mf_k_act_mul_tab" : silu ? "mf_k_act_mul_silu_st" : "mf_k_act_mul_any_st");
     }
+    p.atab = NULL;
+    const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, MF_WARPS, silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY);
     if (silu) {
         mf_k_act_mul_silu<<<grid, MF_THREADS, 0, s->stream>>>(p);
         return mf_cuda_launched(ctx, op, "mf_k_act_mul_silu");

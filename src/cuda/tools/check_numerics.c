@@ -18,8 +18,13 @@
  *    against the IEEE quotient h / s, for every float h with |h| <= 448 s for
  *    a set of s, and for random (h, s): the same bits wherever |h / s| >= 2^-24,
  *    the same e4m3/i8 codes and sign below (codes are 0 there).
+ * 4. The activation tables of the table kernels (act_table.cuh): for every
+ *    bf16 gate in either half of a word, the lookup misses exactly outside
+ *    the covered magnitudes, and otherwise reads the entry that holds
+ *    mf_activate_f32 of that gate; mf_act8_table's h is act(g) * u.
  * Exit status 0 when everything holds.
  */
+#include "cuda/act_table.cuh"
 #include "cuda/numerics.cuh"
 
 #include <float.h>
@@ -231,9 +236,46 @@ static void check_division(int quick)
     }
 }
 
+static void check_act_tables(void)
+{
+    static float tab[MF_TAB_ENTRIES];
+    long long bad = 0, covered = 0;
+    for (int act = 0; act < MF_TAB_ACTS; act++) {
+        for (uint32_t j = 0; j < MF_TAB_ENTRIES; j++)
+            tab[j] = mf_tab_entry(act, j);
+        for (uint32_t b = 0; b < 0x10000u; b++) {
+            const uint32_t m = b & 0x7FFFu;
+            const int in = m >= MF_TAB_LO && m < MF_TAB_LO + MF_TAB_SPAN;
+            const float a = mf_activate_f32(act, mf_bf16_to_f32(b));
+            for (int half = 0; half < 2; half++) {
+                /* the other half of the word holds a gate that is covered (1.0) */
+                const uint32_t w = half ? (b << 16) | 0x3F80u : 0x3F800000u | b;
+                const uint32_t gw[4] = {w, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+                const float u[8] = {1.5f, 1.5f, 1, 1, 1, 1, 1, 1};
+                float h[8];
+                const int hit = mf_act8_table(tab, gw, u, h);
+                covered += hit;
+                if (hit != in || (hit && mf_f32_bits(h[half]) != mf_f32_bits(a * 1.5f))) {
+                    if (bad++ < 5)
+                        printf("  act %d gate 0x%04x (half %d): hit %d, expected %d, h %a, act*u %a\n",
+                               act, (unsigned)b, half, hit, in, hit ? (double)h[half] : 0.0,
+                               (double)(a * 1.5f));
+                }
+            }
+        }
+    }
+    printf("activation tables: %lld of %d lookups covered, %lld wrong\n", covered,
+           MF_TAB_ACTS * 2 * 0x10000, bad);
+    if (bad) {
+        failures++;
+        printf("activation tables: FAILED\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    check_act_tables();
     check_conversions(quick);
     check_division(quick);
     check_exp(quick, exp_shared, "mf_exp_f32");
