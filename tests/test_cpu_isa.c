@@ -68,6 +68,7 @@ static vf vf_round_even(vf a) { LANES a.v[l] = rintf(a.v[l]); return a; }
 static vi vf_to_vi(vf a) { vi r; LANES r.v[l] = fabsf(a.v[l]) < 0x1p31f ? (uint32_t)(int32_t)a.v[l] : 0x80000000u; return r; }
 static vf vi_to_vf(vi a) { vf r; LANES r.v[l] = (float)(int32_t)a.v[l]; return r; }
 static vi vi_load_u16(const uint16_t *p) { vi r; LANES r.v[l] = p[l]; return r; }
+static vf vf_gather(const float *b, vi o) { vf r; LANES memcpy(&r.v[l], (const char *)b + o.v[l], 4); return r; }
 static vi vi_load_u8(const uint8_t *p) { vi r; LANES r.v[l] = p[l]; return r; }
 static vi vi_load_i8(const int8_t *p) { vi r; LANES r.v[l] = (uint32_t)(int32_t)p[l]; return r; }
 #define MASK(cond) vm m = 0; LANES m |= (vm)(cond) << l; return m
@@ -560,6 +561,8 @@ START_TEST(t_sixteen_lanes)
         p.eps = 1e-10f;
         p.out_dtype = mode == 2 ? XDTS[h_randint(0, 2)]
                                 : (h_randint(0, 3) ? MOEFUSE_F8_E4M3 : MOEFUSE_I8);
+        if (p.activate && p.in_dtype == MOEFUSE_BF16) /* as rows.c plans it */
+            p.act_table = mf_cpu_act_table(p.activation);
         const int64_t H = p.hidden, w = p.activate ? 2 * H : H;
         const size_t esz = p.in_dtype == MOEFUSE_F32 ? 4 : 2;
         tbuf *x = tb_new2("x", p.in_dtype, 1, w, 0, 1); /* its host bytes are the row */
@@ -612,6 +615,62 @@ START_TEST(t_sixteen_lanes)
     k->exp_array(xs, yk, 1 << 20);
     HCHECK(memcmp(ya, yk, sizeof(float) << 20) == 0, "16 lanes differ from scalar: exp");
     free(xs), free(ya), free(yk);
+}
+END_TEST
+
+/*
+ * Every bf16 gate (65536 in one row of bf16 x) at every vector level and at 16 lanes: the
+ * table path (mf_act_table.h) for the covered gates, the reference for the others, each
+ * activation, without options and with intermediate rounding and a row scale.
+ */
+START_TEST(t_every_bf16_gate)
+{
+    const int64_t H = 65536, G = 128;
+    uint16_t *x = malloc((size_t)H * 4);
+    for (int64_t k = 0; k < H; k++) {
+        x[k] = (uint16_t)((uint32_t)k * 0x9E37u); /* odd factor: every pattern once */
+        x[H + k] = (uint16_t)mf_f32_to_bf16(h_randint(0, 99) ? (float)h_unif(-3, 3) : edge_value());
+    }
+    const mf_cpu_row_kernels *ref = mf_cpu_row_kernels_of(MF_CPU_ISA_SCALAR);
+    const mf_cpu_row_kernels *levels[3] = {&w16_rows, mf_cpu_row_kernels_of(MF_CPU_ISA_AVX2),
+                                           mf_cpu_row_kernels_of(MF_CPU_ISA_AVX512)};
+    const size_t ob = (size_t)H * 4, sb = (size_t)(H / G) * 4;
+    unsigned char *oa = malloc(ob), *ok = malloc(ob), *ua = malloc((size_t)(H / G)),
+                  *uk = malloc((size_t)(H / G));
+    float *sa = malloc(sb), *sk = malloc(sb), *scratch = malloc((size_t)H * 12);
+    int compared = 0;
+    for (int act = 0; act < 3; act++)
+        for (int opt = 0; opt < 2; opt++) {
+            mf_row_plan p = {0};
+            p.hidden = H, p.group = G, p.groups = H / G;
+            p.in_dtype = MOEFUSE_BF16;
+            p.activate = true;
+            p.gate_first = true;
+            p.activation = act;
+            p.round_bf16 = opt, p.has_row_scale = opt;
+            p.eps = 1e-10f;
+            p.act_table = mf_cpu_act_table(act);
+            const float rs = 0.75f;
+            for (int l = 0; l < 3; l++) {
+                const mf_cpu_row_kernels *k = levels[l];
+                if (k == NULL)
+                    continue;
+                p.out_dtype = MOEFUSE_F8_E4M3;
+                ref->quant_row(&p, x, rs, 1.0f, oa, sa, ua, scratch);
+                k->quant_row(&p, x, rs, 1.0f, ok, sk, uk, scratch);
+                HCHECK(memcmp(oa, ok, (size_t)H) == 0 && memcmp(sa, sk, sb) == 0,
+                       "every bf16 gate, act %d opt %d: %s quant_row differs from scalar", act, opt,
+                       k == &w16_rows ? "16 lanes" : k->name);
+                p.out_dtype = MOEFUSE_F32;
+                ref->act_mul_row(&p, x, rs, 1.0f, oa, scratch);
+                k->act_mul_row(&p, x, rs, 1.0f, ok, scratch);
+                HCHECK(memcmp(oa, ok, ob) == 0, "every bf16 gate, act %d opt %d: %s act_mul_row differs",
+                       act, opt, k == &w16_rows ? "16 lanes" : k->name);
+                compared++;
+            }
+        }
+    fprintf(stderr, "every bf16 gate: %d (level, activation, options) triples equal to scalar\n", compared);
+    free(x), free(oa), free(ok), free(ua), free(uk), free(sa), free(sk), free(scratch);
 }
 END_TEST
 
@@ -671,6 +730,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, t_dequant);
     tcase_add_test(tc, t_wide_rows);
     tcase_add_test(tc, t_sixteen_lanes);
+    tcase_add_test(tc, t_every_bf16_gate);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

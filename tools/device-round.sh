@@ -8,6 +8,7 @@
 #   test-cpu        the Check suite on the CPU backend (16 cores)
 #   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
 #   test-cuda       the Check suite on CUDA
+#   test-cuda-table the same with the table kernels on (MOEFUSE_CUDA_ACT_TABLE=1)
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
 #   numerics-cuda   src/cuda/tools: the host proof of numerics.cuh over every float, and
 #                   device_check.cu (the device computes the same bits; hardware shortcuts)
@@ -96,6 +97,7 @@ for stage in "$@"; do
         "$build/tools/moefuse" info 2>&1 | tee -a "$summary"
         ;;
     test-cpu | test-opencl | test-cuda) run_suite "${stage#test-}" ;;
+    test-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 run_suite cuda ;;
     sanitize-cuda)
         for tool in memcheck racecheck; do
             log="$out/sanitize-$tool.log"

@@ -43,6 +43,8 @@ static mf_row_plan make_plan(const mf_rows_args *a, enum row_mode mode)
     p.round_bf16 = a->act.intermediate == MOEFUSE_ROUND_BF16;
     p.ue8m0 = a->quant.ue8m0 || a->quant.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
     p.eps = a->quant.eps;
+    if (p.activate && p.in_dtype == MOEFUSE_BF16)
+        p.act_table = mf_cpu_act_table(p.activation);
     return p;
 }
 

@@ -35,6 +35,26 @@ typedef __m256 vm; /* all-ones lanes */
 
 L vf vf_set(float a) { return _mm256_set1_ps(a); }
 L vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
+/*
+ * The floats at byte offsets off from base: offsets out by vmovq / vpextrq, one vmovss or
+ * vinsertps per lane. On Zen 3 this is faster than vgatherdps (microcoded there).
+ */
+L vf vf_gather(const float *base, vi off)
+{
+    const char *b = (const char *)base;
+    const __m128i o03 = _mm256_castsi256_si128(off), o47 = _mm256_extracti128_si256(off, 1);
+    const uint64_t a = (uint64_t)_mm_cvtsi128_si64(o03), c = (uint64_t)_mm_extract_epi64(o03, 1);
+    const uint64_t d = (uint64_t)_mm_cvtsi128_si64(o47), e = (uint64_t)_mm_extract_epi64(o47, 1);
+    __m128 x = _mm_load_ss((const float *)(b + (uint32_t)a));
+    x = _mm_insert_ps(x, _mm_load_ss((const float *)(b + (a >> 32))), 0x10);
+    x = _mm_insert_ps(x, _mm_load_ss((const float *)(b + (uint32_t)c)), 0x20);
+    x = _mm_insert_ps(x, _mm_load_ss((const float *)(b + (c >> 32))), 0x30);
+    __m128 y = _mm_load_ss((const float *)(b + (uint32_t)d));
+    y = _mm_insert_ps(y, _mm_load_ss((const float *)(b + (d >> 32))), 0x10);
+    y = _mm_insert_ps(y, _mm_load_ss((const float *)(b + (uint32_t)e)), 0x20);
+    y = _mm_insert_ps(y, _mm_load_ss((const float *)(b + (e >> 32))), 0x30);
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(x), y, 1);
+}
 L void vf_storeu(float *p, vf a) { _mm256_storeu_ps(p, a); }
 L vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 L vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }

@@ -35,6 +35,8 @@ typedef __mmask16 vm;
 
 L vf vf_set(float a) { return _mm512_set1_ps(a); }
 L vf vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
+/* the floats at byte offsets off from base (vgatherdps) */
+L vf vf_gather(const float *base, vi off) { return _mm512_i32gather_ps(off, base, 1); }
 L void vf_storeu(float *p, vf a) { _mm512_storeu_ps(p, a); }
 L vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 L vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }

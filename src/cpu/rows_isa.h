@@ -41,6 +41,9 @@ typedef struct mf_row_plan {
     bool has_row_scale, has_expert_scale, round_bf16;
     bool ue8m0; /* scales rounded up to powers of two */
     float eps;
+    /* bf16 x with an activation: act(g) of the gates the table covers (mf_act_table.h),
+     * for the vector kernels; NULL otherwise. The scalar reference computes every gate. */
+    const float *act_table;
 } mf_row_plan;
 
 typedef struct mf_cpu_row_kernels {
@@ -62,6 +65,9 @@ typedef struct mf_cpu_row_kernels {
     /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
     void (*exp_array)(const float *x, float *y, int64_t n);
 } mf_cpu_row_kernels;
+
+/* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c). */
+const float *mf_cpu_act_table(int activation);
 
 /* The kernels of the level in use (chosen on first use). */
 const mf_cpu_row_kernels *mf_cpu_row_kernels_active(void);

@@ -4,7 +4,10 @@
  * compiled there for its instruction set. Every lane performs the
  * reference's operations (rows_ref.c, src/numerics) in the same order, so
  * the bytes are the reference's:
- *  - silu: mf_exp_f32's fast path (|g| < 86.5) step for step, then the IEEE
+ *  - act(g) of a bf16 gate without clamp: read from the plan's table
+ *    (mf_act_table.h: entries are mf_activate_f32 of their gates) by a gather;
+ *    gates it does not cover go to the reference, as below.
+ *  - silu otherwise: mf_exp_f32's fast path (|g| < 86.5) step for step, then the IEEE
  *    division g / (1 + e); the clamp, factors and bf16 roundings as written.
  *    Lanes the fast path does not cover (NaN, |g| >= 86.5) and the gelu forms
  *    are handed to the reference's own mf_cpu_h_channel, as are whole rows
@@ -30,6 +33,7 @@
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
+#include "numerics/mf_act_table.h"
 #include "numerics/mf_exp.h"
 
 #define SIMD_INLINE SIMD_FN inline __attribute__((always_inline))
@@ -187,7 +191,42 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
 {
     vi top = vi_set(0);
     int64_t c = 0;
-    if (!p->activate) {
+    bool scanned = true; /* top covers every channel of [0, c) */
+    if (dt == MOEFUSE_BF16 && p->act_table && !(o && o->clamp)) {
+        const float rs = o ? o->rs : 1.0f, es = o ? o->es : 1.0f;
+        vi miss = vi_set(0);
+        for (; c + SIMD_W <= n; c += SIMD_W) {
+            const vi x = vi_sll(vi_load_u16((const uint16_t *)gp + c0 + c), 16);
+            /* mf_act_table_offset, lane by lane */
+            const vi d = vi_sub(x, vi_set((int32_t)(MF_TAB_LO << 16)));
+            miss = vi_or(miss, d);
+            const vi off = vi_or(vi_and(vi_srl(d, 14), vi_set(0x3FFC)),
+                                 vi_and(vi_srl(d, 17), vi_set(0x4000)));
+            vf a = vf_gather(p->act_table, off);
+            if (o && o->round_bf16)
+                a = round_bf16(a);
+            vf hv = vf_mul(a, load_in(up, c0 + c, dt));
+            if (o && o->has_rs)
+                hv = vf_mul(hv, vf_set(rs));
+            if (o && o->has_es)
+                hv = vf_mul(hv, vf_set(es));
+            if (o && o->round_bf16)
+                hv = round_bf16(hv);
+            top = vi_max(top, vf_bits(vf_abs(hv)));
+            vf_storeu(h + c, hv);
+        }
+        if (vi_hmax(vi_and(miss, vi_set((int32_t)MF_TAB_MISS))) != 0) {
+            /* rare: gates the table does not cover, by the reference; rescan */
+            top = vi_set(0);
+            for (int64_t l = 0; l < c; l++) {
+                const uint16_t b = ((const uint16_t *)gp)[c0 + l];
+                if ((uint32_t)(b & 0x7FFFu) - MF_TAB_LO >= MF_TAB_SPAN)
+                    h[l] = mf_cpu_h_channel(p, mf_bf16_to_f32(b), in_value(up, c0 + l, dt), rs, es);
+            }
+            for (int64_t l = 0; l + SIMD_W <= c; l += SIMD_W)
+                top = vi_max(top, vf_bits(vf_abs(vf_loadu(h + l))));
+        }
+    } else if (!p->activate) {
         for (; c + SIMD_W <= n; c += SIMD_W) {
             const vf v = load_in(gp, c0 + c, dt);
             top = vi_max(top, vf_bits(vf_abs(v)));
@@ -242,6 +281,8 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
             for (int64_t l = 0; l + SIMD_W <= c; l += SIMD_W)
                 top = vi_max(top, vf_bits(vf_abs(vf_loadu(h + l))));
         }
+    } else {
+        scanned = false; /* the gelu forms: every channel below */
     }
     for (; c < n; c++) /* the tail, and every channel of the gelu forms */
         h[c] = mf_cpu_h_channel(p, in_value(gp, c0 + c, dt), in_value(up, c0 + c, dt),
@@ -251,7 +292,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
         const uint32_t b = mf_f32_bits(h[l]) & 0x7FFFFFFFu;
         m = b > m ? b : m;
     }
-    if (p->activate && p->activation != MOEFUSE_ACT_SILU)
+    if (!scanned)
         for (int64_t l = 0; l < n; l++) {
             const uint32_t b = mf_f32_bits(h[l]) & 0x7FFFFFFFu;
             m = b > m ? b : m;

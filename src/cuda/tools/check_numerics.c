@@ -242,7 +242,7 @@ static void check_act_tables(void)
     long long bad = 0, covered = 0;
     for (int act = 0; act < MF_TAB_ACTS; act++) {
         for (uint32_t j = 0; j < MF_TAB_ENTRIES; j++)
-            tab[j] = mf_tab_entry(act, j);
+            tab[j] = mf_act_table_entry(act, j);
         for (uint32_t b = 0; b < 0x10000u; b++) {
             const uint32_t m = b & 0x7FFFu;
             const int in = m >= MF_TAB_LO && m < MF_TAB_LO + MF_TAB_SPAN;
