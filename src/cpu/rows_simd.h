@@ -179,6 +179,21 @@ typedef struct {
     float limit, rs, es;
 } h_opts;
 
+/* h from a = act(g) and u: the intermediate rounding and factors of NUMERICS.md, in order. */
+SIMD_INLINE vf product(const h_opts *o, vf a, vf u, float rs, float es)
+{
+    if (o && o->round_bf16)
+        a = round_bf16(a);
+    vf hv = vf_mul(a, u);
+    if (o && o->has_rs)
+        hv = vf_mul(hv, vf_set(rs));
+    if (o && o->has_es)
+        hv = vf_mul(hv, vf_set(es));
+    if (o && o->round_bf16)
+        hv = round_bf16(hv);
+    return hv;
+}
+
 /*
  * h[0..n) of channels [c0, c0 + n), gp and up the row's gate and up halves (gp the row
  * itself without activation); returns the largest |h| bit pattern (NaN above Inf above
@@ -202,16 +217,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
             miss = vi_or(miss, d);
             const vi off = vi_or(vi_and(vi_srl(d, 14), vi_set(0x3FFC)),
                                  vi_and(vi_srl(d, 17), vi_set(0x4000)));
-            vf a = vf_gather(p->act_table, off);
-            if (o && o->round_bf16)
-                a = round_bf16(a);
-            vf hv = vf_mul(a, load_in(up, c0 + c, dt));
-            if (o && o->has_rs)
-                hv = vf_mul(hv, vf_set(rs));
-            if (o && o->has_es)
-                hv = vf_mul(hv, vf_set(es));
-            if (o && o->round_bf16)
-                hv = round_bf16(hv);
+            const vf hv = product(o, vf_gather(p->act_table, off), load_in(up, c0 + c, dt), rs, es);
             top = vi_max(top, vf_bits(vf_abs(hv)));
             vf_storeu(h + c, hv);
         }
@@ -256,16 +262,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
                 g = vf_blend(vm_gt(g, lim), lim, g);
                 u = vf_blend(vm_gt(u, lim), lim, vf_blend(vm_lt(u, nlim), nlim, u));
             }
-            vf a = vf_div(g, vf_loadu(h + l));
-            if (o && o->round_bf16)
-                a = round_bf16(a);
-            vf hv = vf_mul(a, u);
-            if (o && o->has_rs)
-                hv = vf_mul(hv, vf_set(rs));
-            if (o && o->has_es)
-                hv = vf_mul(hv, vf_set(es));
-            if (o && o->round_bf16)
-                hv = round_bf16(hv);
+            const vf hv = product(o, vf_div(g, vf_loadu(h + l)), u, rs, es);
             top = vi_max(top, vf_bits(vf_abs(hv)));
             vf_storeu(h + l, hv);
         }
