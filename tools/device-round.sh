@@ -14,6 +14,7 @@
 #                   device_check.cu (the device computes the same bits; hardware shortcuts)
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
+#   bench-cuda-table the same with the table kernels on (MOEFUSE_CUDA_ACT_TABLE=1)
 #                   (BENCH_FILE names another list, e.g. tools/bench-rows.txt)
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
 #   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
@@ -69,16 +70,16 @@ ninja -C "$build" >"$out/build.log" 2>&1 || { note "build FAILED"; tail -60 "$ou
 note "build: $(( $(date +%s) - t0 )) s"
 
 run_suite() { # backend
-    local log="$out/test-$1.log" t=$(date +%s)
+    local log="$out/test-$1${SUITE_TAG:-}.log" t=$(date +%s)
     meson test -C "$build" --suite "$1" --print-errorlogs --num-processes 8 >"$log" 2>&1
     local rc=$?
-    note "test-$1: rc=$rc, $(.ci/check-summary.sh "$build"), $(( $(date +%s) - t )) s;" \
+    note "test-$1${SUITE_TAG:-}: rc=$rc, $(.ci/check-summary.sh "$build"), $(( $(date +%s) - t )) s;" \
          "$(grep -E '^(Ok|Fail|Skipped|Timeout):' "$log" | tr -s ' ' | tr '\n' ' ')"
     [ $rc -eq 0 ] || grep -E "FAIL|seed|Assertion" "$log" | head -30
 }
 
 run_bench() { # backend
-    local log="$out/bench-$1.txt" list=${BENCH_FILE:-tools/bench-$1.txt}
+    local log="$out/bench-$1${BENCH_TAG:-}.txt" list=${BENCH_FILE:-tools/bench-$1.txt}
     : >"$log"
     grep -vE '^\s*(#|$)' "$list" | while read -r line; do
         echo "== moefuse bench --backend $1 $line" >>"$log"
@@ -86,7 +87,7 @@ run_bench() { # backend
         timeout 120 "$build/tools/moefuse" bench --backend "$1" $line >>"$log" 2>&1 ||
             echo "(exit $?)" >>"$log"
     done
-    note "bench-$1: $(grep -c '^== ' "$log") runs, table:"
+    note "bench-$1${BENCH_TAG:-}: $(grep -c '^== ' "$log") runs, table:"
     awk '/^== /{cmd=$0} /^(figure|ceiling|ratio):/{print cmd " | " $0}' "$log" | tee -a "$summary" >/dev/null
 }
 
@@ -97,7 +98,7 @@ for stage in "$@"; do
         "$build/tools/moefuse" info 2>&1 | tee -a "$summary"
         ;;
     test-cpu | test-opencl | test-cuda) run_suite "${stage#test-}" ;;
-    test-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 run_suite cuda ;;
+    test-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 SUITE_TAG=-table run_suite cuda ;;
     sanitize-cuda)
         for tool in memcheck racecheck; do
             log="$out/sanitize-$tool.log"
@@ -125,6 +126,7 @@ for stage in "$@"; do
         note "device_check: rc=$?, $(tail -1 "$out/device_check.txt")"
         ;;
     bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
+    bench-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 BENCH_TAG=-table run_bench cuda ;;
     test-python)
         log="$out/test-python.log"
         MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 -m pytest -p no:cacheprovider -q -rs \
