@@ -8,13 +8,13 @@
 #   test-cpu        the Check suite on the CPU backend (16 cores)
 #   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
 #   test-cuda       the Check suite on CUDA
-#   test-cuda-table the same with the table kernels on (MOEFUSE_CUDA_ACT_TABLE=1)
+#   test-cuda-computed the same with the table kernels off (MOEFUSE_CUDA_ACT_TABLE=0)
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
 #   numerics-cuda   src/cuda/tools: the host proof of numerics.cuh over every float, and
 #                   device_check.cu (the device computes the same bits; hardware shortcuts)
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
-#   bench-cuda-table the same with the table kernels on (MOEFUSE_CUDA_ACT_TABLE=1)
+#   bench-cuda-computed the same with the table kernels off (MOEFUSE_CUDA_ACT_TABLE=0)
 #                   (BENCH_FILE names another list, e.g. tools/bench-rows.txt)
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
 #   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
@@ -98,7 +98,7 @@ for stage in "$@"; do
         "$build/tools/moefuse" info 2>&1 | tee -a "$summary"
         ;;
     test-cpu | test-opencl | test-cuda) run_suite "${stage#test-}" ;;
-    test-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 SUITE_TAG=-table run_suite cuda ;;
+    test-cuda-computed) MOEFUSE_CUDA_ACT_TABLE=0 SUITE_TAG=-computed run_suite cuda ;;
     sanitize-cuda)
         for tool in memcheck racecheck; do
             log="$out/sanitize-$tool.log"
@@ -126,7 +126,7 @@ for stage in "$@"; do
         note "device_check: rc=$?, $(tail -1 "$out/device_check.txt")"
         ;;
     bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
-    bench-cuda-table) MOEFUSE_CUDA_ACT_TABLE=1 BENCH_TAG=-table run_bench cuda ;;
+    bench-cuda-computed) MOEFUSE_CUDA_ACT_TABLE=0 BENCH_TAG=-computed run_bench cuda ;;
     test-python)
         log="$out/test-python.log"
         MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 -m pytest -p no:cacheprovider -q -rs \

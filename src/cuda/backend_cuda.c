@@ -145,9 +145,10 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
         cuda_release(s);
         return mf_cuda_fail(ctx, e, NULL, "cudaEventCreateWithFlags");
     }
-    /* the table kernels of rows.cu: off unless asked for, until verified on a GPU */
+    /* the table kernels of rows.cu, unless MOEFUSE_CUDA_ACT_TABLE=0 keeps the computed ones
+     * (the same bits: for comparison and for the tests of the computed path) */
     const char *tables = getenv("MOEFUSE_CUDA_ACT_TABLE");
-    if (tables && strcmp(tables, "1") == 0) {
+    if (!(tables && strcmp(tables, "0") == 0)) {
         st = mf_cuda_build_act_tables(ctx, s);
         if (st != MOEFUSE_OK) {
             cuda_release(s);

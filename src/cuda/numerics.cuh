@@ -270,17 +270,19 @@ static __device__ __forceinline__ float mf_silu_fast(float g, uint32_t tabs)
  * correctly rounded quotient when nothing underflows or overflows. The
  * callers take this path only for s in [2^-60, 2^60] and |h| <= 448 s, where
  * a quotient that could give a nonzero code keeps every term normal; a
- * smaller quotient gives code 0 either way. The sign is copied from h, so -0
- * stays -0 (NUMERICS.md: 0x80). check_numerics.c compares it with h / s.
+ * smaller quotient gives code 0 either way. The residual is formed negated
+ * (q0 s - h, the same magnitude) so that h = -0 gives -0 + -0 = -0 in the
+ * last fmaf, not +0 (NUMERICS.md: code 0x80), with no instruction to copy the
+ * sign; a nonzero h gives a nonzero sum or one that rounds to zero with its
+ * own sign. check_numerics.c compares it with h / s, bit for bit.
  */
 MF_HD int mf_scale_fast_ok(float s) { return s >= 0x1p-60f && s <= 0x1p+60f; }
 
 MF_HD float mf_div_scale(float h, float s, float y)
 {
     const float q0 = h * y;
-    const float res = fmaf(-q0, s, h);
-    const float q = fmaf(res, y, q0);
-    return mf_with_sign_of(q, h);
+    const float nres = fmaf(q0, s, -h);
+    return fmaf(-nres, y, q0);
 }
 
 #endif /* MOEFUSE_CUDA_NUMERICS_CUH */

@@ -1426,8 +1426,9 @@ static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const row
                                   size_t offs_bytes, const void *kernel, uint32_t bit, int warps,
                                   int table, const char *op, size_t *bytes)
 {
-    /* the kernels' other static shared memory (exp table, mbarriers) stays under 1 KiB */
-    const size_t stat = 1024 + (table ? MF_TAB_BYTES : 0);
+    /* the kernels' other static shared memory (exp table, mbarriers, the prefix sum's) stays
+     * under 2 KiB (1600 bytes with MF_TAB_WARPS = 20: cuobjdump -res-usage) */
+    const size_t stat = 2048 + (table ? MF_TAB_BYTES : 0);
     if (s->smem_optin <= stat) {
         *bytes = 0;
         return MOEFUSE_OK;
