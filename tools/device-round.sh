@@ -13,6 +13,7 @@
 #   numerics-cuda   src/cuda/tools: the host proof of numerics.cuh over every float, and
 #                   device_check.cu (the device computes the same bits; hardware shortcuts)
 #   bench-opencl    the `moefuse bench` runs of tools/bench-opencl.txt on OpenCL
+#   bench-opencl-computed the same with act(g) computed (MOEFUSE_OPENCL_ACT_TABLE=0)
 #   bench-cuda      the runs of tools/bench-cuda.txt on CUDA
 #   bench-cuda-computed the same with the table kernels off (MOEFUSE_CUDA_ACT_TABLE=0)
 #                   (BENCH_FILE names another list, e.g. tools/bench-rows.txt)
@@ -127,6 +128,7 @@ for stage in "$@"; do
         ;;
     bench-opencl | bench-cuda) run_bench "${stage#bench-}" ;;
     bench-cuda-computed) MOEFUSE_CUDA_ACT_TABLE=0 BENCH_TAG=-computed run_bench cuda ;;
+    bench-opencl-computed) MOEFUSE_OPENCL_ACT_TABLE=0 BENCH_TAG=-computed run_bench opencl ;;
     test-python)
         log="$out/test-python.log"
         MOEFUSE_LIBRARY="$build/src/libmoefuse.so" python3 -m pytest -p no:cacheprovider -q -rs \

@@ -3,6 +3,7 @@
  * queue, and buffers (tensors are cl_mem handles plus a byte offset).
  */
 #include "opencl/ocl_internal.h"
+#include "numerics/mf_act_table.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ static void ocl_release(void *state)
     }
     if (s->scratch)
         clReleaseMemObject(s->scratch);
+    if (s->act_tables)
+        clReleaseMemObject(s->act_tables);
     for (int k = 0; k < MF_K_COUNT_; k++)
         if (s->kernels[k])
             clReleaseKernel(s->kernels[k]);
@@ -57,12 +60,40 @@ static void describe_build(ocl_state *s)
     size_t n = strlen(s->device_name);
     if (n > 0 && s->device_name[n - 1] == ')')
         snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1),
-                 ", %s GEMM%s%s%s)",
+                 ", %s GEMM%s%s%s%s)",
                  !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
                                                                            : "tiled",
                  s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for small batches" : "",
+                 !s->act_tables ? ", act(g) computed"
+                 : s->table_local ? ", act(g) from a table in local memory"
+                                  : ", act(g) from a table in global memory",
                  s->fp_correct_div ? "" : ", division not correctly rounded",
                  s->from_cache ? ", cached binary" : "");
+}
+
+/*
+ * The activation tables of the table kernels (kernels/rows.cl, MF_SPEC_TAB_*), filled on the
+ * device by the shared text and waited for; MOEFUSE_OPENCL_ACT_TABLE=0 leaves them out (the
+ * computed kernels run, with the same bits).
+ */
+static moefuse_status build_act_tables(moefuse_context *ctx, ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_ACT_TABLE");
+    if (env && strcmp(env, "0") == 0)
+        return MOEFUSE_OK;
+    cl_int e;
+    const size_t bytes = (size_t)MF_TAB_ACTS * MF_TAB_BYTES;
+    s->act_tables = clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes, NULL, &e);
+    if (e != CL_SUCCESS) {
+        s->act_tables = NULL;
+        return mf_ocl_fail(ctx, e, NULL, "clCreateBuffer(activation tables)");
+    }
+    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_BUILD_ACT_TABLES]);
+    mf_karg_mem(&k, s->act_tables);
+    const size_t global = MF_TAB_ACTS * MF_TAB_ENTRIES;
+    MF_TRY(mf_ocl_launch(ctx, s, &k, "context creation", 1, &global, &s->wg));
+    e = clFinish(s->queue);
+    return e == CL_SUCCESS ? MOEFUSE_OK : mf_ocl_fail(ctx, e, NULL, "clFinish(activation tables)");
 }
 
 static moefuse_status ocl_init(moefuse_context *ctx, void **state)
@@ -93,6 +124,11 @@ static moefuse_status ocl_init(moefuse_context *ctx, void **state)
     }
     s->queue = s->own_queue;
     st = mf_ocl_build(ctx, s);
+    if (st != MOEFUSE_OK) {
+        ocl_release(s);
+        return st;
+    }
+    st = build_act_tables(ctx, s);
     if (st != MOEFUSE_OK) {
         ocl_release(s);
         return st;

@@ -21,6 +21,9 @@ enum mf_ocl_kernel {
     MF_K_ROWS_QUANT,
     MF_K_ROWS_QUANT_SILU, /* silu, no options (kernels/rows.cl, MF_SPEC_SILU) */
     MF_K_ROWS_QUANT_H,    /* quant, no activation (MF_SPEC_H) */
+    MF_K_ROWS_QUANT_TAB_LOCAL,  /* bf16, no options: act(g) from a local copy of the table */
+    MF_K_ROWS_QUANT_TAB_GLOBAL, /* the same reading the table in global memory (CPU devices) */
+    MF_K_BUILD_ACT_TABLES,      /* the activation tables, once per context */
     MF_K_ROWS_ACT_MUL,
     MF_K_ROWS_TAIL,
     MF_K_DEQUANT,
@@ -56,6 +59,9 @@ typedef struct ocl_state {
     bool gemv;            /* the 256-wide matrix-vector kernels fit this device */
     bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
     bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */
+    bool table_local;     /* the table kernel with a local copy fits (else it reads global) */
+    cl_mem act_tables;    /* act(g) of the bf16 gates per activation (mf_act_table.h), or NULL
+                           * (MOEFUSE_OPENCL_ACT_TABLE=0: the computed kernels) */
     cl_mem scratch;       /* per-call device scratch (offs of the masked rows), grown on demand */
     size_t scratch_bytes;
     mf_ptrset buffers;    /* handles from buffer_alloc: the only memory this context owns */

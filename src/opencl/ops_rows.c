@@ -5,6 +5,7 @@
  * launches a fixed grid of work-groups over the flattened valid rows.
  */
 #include "opencl/ocl_internal.h"
+#include "numerics/mf_act_table.h"
 
 /* Consecutive channels of one lane: MF_PER_LANE of kernels/rows.cl */
 enum { PER_LANE = 8 };
@@ -43,18 +44,30 @@ static size_t item_groups(const ocl_state *s, int64_t items)
 }
 
 /* The variant of mf_rows_quant a call can take: a specialised one (kernels/rows.cl, MF_SPEC_*)
- * where the call has none of the options it leaves out, else the general one. */
-static enum mf_ocl_kernel quant_kernel(const mf_rows_args *a, size_t lanes, bool vec)
+ * where the call has none of the options it leaves out, else the general one. bf16 x with an
+ * activation and no options takes a table kernel where the context has the tables. */
+static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a, size_t lanes,
+                                       bool vec)
 {
     const bool simple = vec && lanes <= 32 &&
                         (int64_t)lanes * PER_LANE >= a->group && a->row_scale.data == NULL &&
                         a->expert_scale.data == NULL;
     if (simple && !a->activate)
         return MF_K_ROWS_QUANT_H;
-    if (simple && a->act.activation == MOEFUSE_ACT_SILU && !(a->act.limit > 0.0f) &&
-        a->act.intermediate != MOEFUSE_ROUND_BF16)
+    const bool plain = simple && !(a->act.limit > 0.0f) && a->act.intermediate != MOEFUSE_ROUND_BF16;
+    if (plain && s->act_tables && a->x.dtype == MOEFUSE_BF16)
+        return s->table_local ? MF_K_ROWS_QUANT_TAB_LOCAL : MF_K_ROWS_QUANT_TAB_GLOBAL;
+    if (plain && a->act.activation == MOEFUSE_ACT_SILU)
         return MF_K_ROWS_QUANT_SILU;
     return MF_K_ROWS_QUANT;
+}
+
+/* Work-groups of a table kernel with a local copy: each copies 32 KiB, so few per compute
+ * unit (8 of 128 work-items hold 1024 threads and 264 KiB of copies per unit in flight). */
+static size_t table_groups(const ocl_state *s, int64_t items)
+{
+    const size_t cap = (size_t)s->compute_units * 8;
+    return items < (int64_t)cap ? (size_t)(items > 0 ? items : 0) : cap;
 }
 
 static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_rows_args *a,
@@ -86,7 +99,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     const bool vec_q = g8 && chunks_aligned(&a->out, 2);
     const int64_t per_item = (int64_t)(s->wg / lanes);
     const int64_t items = a->experts * a->rows * ((a->groups + per_item - 1) / per_item);
-    mf_kargs k = mf_kargs_begin(s->kernels[quant_kernel(a, lanes, vec_x && vec_q)]);
+    const enum mf_ocl_kernel kernel = quant_kernel(s, a, lanes, vec_x && vec_q);
+    mf_kargs k = mf_kargs_begin(s->kernels[kernel]);
     row_input_args(&k, a);
     mf_karg_operand(&k, &a->expert_scale, 1, true);
     mf_karg_int(&k, a->expert_scale.data != NULL);
@@ -110,7 +124,11 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, (int32_t)lanes);
     mf_karg_int(&k, vec_x);
     mf_karg_int(&k, vec_q);
-    const size_t global = item_groups(s, items) * s->wg;
+    mf_karg_mem(&k, s->act_tables); /* read by the table kernels only */
+    mf_karg_int(&k, (int32_t)a->act.activation * (int32_t)MF_TAB_ENTRIES);
+    const size_t global = (kernel == MF_K_ROWS_QUANT_TAB_LOCAL ? table_groups(s, items)
+                                                                : item_groups(s, items)) *
+                          s->wg;
     MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &global, &s->wg));
 
     /* rows that are zeroed rather than computed: the tail (zero_tail) and the padding */

@@ -11,6 +11,9 @@
 static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_COUNT_PREFIX] = "mf_count_prefix",   [MF_K_ROWS_QUANT] = "mf_rows_quant",
     [MF_K_ROWS_QUANT_SILU] = "mf_rows_quant_silu", [MF_K_ROWS_QUANT_H] = "mf_rows_quant_h",
+    [MF_K_ROWS_QUANT_TAB_LOCAL] = "mf_rows_quant_tab_local",
+    [MF_K_ROWS_QUANT_TAB_GLOBAL] = "mf_rows_quant_tab_global",
+    [MF_K_BUILD_ACT_TABLES] = "mf_build_act_tables",
     [MF_K_ROWS_ACT_MUL] = "mf_rows_act_mul",   [MF_K_ROWS_TAIL] = "mf_rows_tail",
     [MF_K_DEQUANT] = "mf_dequant",             [MF_K_TOPK_SOFTMAX] = "mf_topk_softmax",
     [MF_K_MOE_GATE] = "mf_moe_gate",           [MF_K_MOE_FINAL] = "mf_moe_final",
@@ -51,13 +54,14 @@ static bool gemv_fits(ocl_state *s)
 /* The tiled GEMMs need 16 x 16 work-groups and ~9 KiB of local memory. */
 static bool tiled_fits(ocl_state *s)
 {
+    /* (first: the table kernels' choice reads it too, whatever MOEFUSE_OPENCL_GEMM says) */
+    cl_device_type type = 0;
+    clGetDeviceInfo(s->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    s->cpu_device = (type & CL_DEVICE_TYPE_CPU) != 0;
     const char *env = getenv("MOEFUSE_OPENCL_GEMM");
     if (env && strcmp(env, "simple") == 0)
         return false;
     s->force_tiled = env && strcmp(env, "tiled") == 0;
-    cl_device_type type = 0;
-    clGetDeviceInfo(s->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
-    s->cpu_device = (type & CL_DEVICE_TYPE_CPU) != 0;
     size_t dims[3] = {0, 0, 0};
     cl_ulong local = 0;
     clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
@@ -99,6 +103,24 @@ static moefuse_status choose_options(moefuse_context *ctx, ocl_state *s, char *o
     snprintf(opts, size, "-cl-std=CL1.2%s",
              s->fp_correct_div ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     return MOEFUSE_OK;
+}
+
+/* Can the table kernel with a local copy (32 KiB) run groups of s->wg on this device? Not
+ * on CPU devices, where a copy per work-group costs more than reading the table in place,
+ * unless MOEFUSE_OPENCL_ACT_TABLE=local asks for it (the tests, so that PoCL runs the GPUs'
+ * kernel too). */
+static bool table_local_fits(const ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_ACT_TABLE");
+    const bool force = env && strcmp(env, "local") == 0;
+    cl_ulong local = 0;
+    size_t kmax = 0;
+    if ((s->cpu_device && !force) ||
+        clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) != CL_SUCCESS ||
+        clGetKernelWorkGroupInfo(s->kernels[MF_K_ROWS_QUANT_TAB_LOCAL], s->device,
+                                 CL_KERNEL_WORK_GROUP_SIZE, sizeof kmax, &kmax, NULL) != CL_SUCCESS)
+        return false;
+    return local >= 40 * 1024 && kmax >= s->wg;
 }
 
 /* Compile the embedded source; the build log goes into the message on failure. */
@@ -155,8 +177,8 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     for (int k = 0; k < MF_K_COUNT_; k++) {
         size_t kmax = 0;
         if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
-            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV)
-            continue; /* fixed sizes, checked by tiled_fits and gemv_fits */
+            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV || k == MF_K_ROWS_QUANT_TAB_LOCAL)
+            continue; /* fixed sizes, checked by tiled_fits and gemv_fits; table_local_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
             kmax > 0 && kmax < wg)
@@ -168,5 +190,6 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     s->wg = p2;
     s->tiled = tiled_fits(s);
     s->gemv = gemv_fits(s);
+    s->table_local = table_local_fits(s);
     return MOEFUSE_OK;
 }

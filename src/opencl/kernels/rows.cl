@@ -136,7 +136,8 @@ __attribute__((noinline)) mf_vals8 mf_silu_slow8(mf_vals8 g, mf_vals8 a)
  * huge g); the rare others, and any NaN in h (whose bits must be the x86
  * reference's: mf_mul), are redone one by one.
  */
-inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, float h[8])
+inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, float h[8],
+                  __local const float *ltab, __global const float *gtab, const int tabmode)
 {
     if (!r->activate) {
         mf_load_chunk(r->x, r->xdt, r->base + c, r->vec, n, h);
@@ -152,7 +153,22 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
             u[k] = mf_clamp_up(u[k], r->limit);
         }
     }
-    if (r->act == MF_ACT_SILU) {
+    if (tabmode) {
+        /* bf16 gates (their f32 bits are the 16 bits shifted up): act(g) from the table, one
+         * computed chunk where a gate is not covered (mf_act_table.h) */
+        mf_u32 miss = 0u, off[MF_PER_LANE];
+#pragma unroll
+        for (int k = 0; k < MF_PER_LANE; k++)
+            off[k] = mf_act_table_offset(as_uint(g[k]), &miss) >> 2;
+        if (!(miss & MF_TAB_MISS)) {
+#pragma unroll
+            for (int k = 0; k < MF_PER_LANE; k++)
+                a[k] = tabmode == 1 ? ltab[off[k]] : gtab[off[k]];
+        } else {
+            for (int k = 0; k < MF_PER_LANE; k++)
+                a[k] = mf_activate_f32(r->act, g[k]);
+        }
+    } else if (r->act == MF_ACT_SILU) {
         int slow = 0;
 #pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++) {
@@ -488,12 +504,26 @@ inline uint mf_segment_max(__local uint *red, uint m, int lane, int max_lanes, i
  *   MF_SPEC_ANY   every option;
  *   MF_SPEC_SILU  silu, no clamp, factors or bf16 rounding;
  *   MF_SPEC_H     quant (no activation);
- * both with vec_x, vec_q, lanes <= 32 and G <= 8 x lanes (ops_rows.c picks).
- * The input dtype stays a (uniform) branch: it costs no registers.
+ *   MF_SPEC_TAB_LOCAL, MF_SPEC_TAB_GLOBAL  bf16 x, any activation, no clamp,
+ *                 factors or bf16 rounding: act(g) from the activation's
+ *                 table (mf_act_table.h), copied to local memory by every
+ *                 work-group (GPUs) or read where it is (CPU devices);
+ * all with vec_x, vec_q, lanes <= 32 and G <= 8 x lanes (ops_rows.c picks).
+ * The input dtype stays a (uniform) branch but in the table kernels: it costs no registers.
  */
 #define MF_SPEC_ANY 0
 #define MF_SPEC_SILU 1
 #define MF_SPEC_H 2
+#define MF_SPEC_TAB_LOCAL 3
+#define MF_SPEC_TAB_GLOBAL 4
+
+/* Fills tables[act * MF_TAB_ENTRIES + j] for every activation (once per context). */
+__kernel void mf_build_act_tables(__global float *tables)
+{
+    const uint n = MF_TAB_ACTS * MF_TAB_ENTRIES;
+    for (uint i = (uint)get_global_id(0); i < n; i += (uint)get_global_size(0))
+        tables[i] = mf_act_table_entry((int)(i / MF_TAB_ENTRIES), i % MF_TAB_ENTRIES);
+}
 
 /*
  * Quantize rows. Lanes form segments of `lanes` (a power of two dividing the
@@ -514,15 +544,21 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                                __global uchar *q, long qo, long qs0, long qs1, int qdt,
                                __global uchar *sc, long sco, long scs0, long scs1, int scdt,
                                int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
-                               __local uint *red, __local float *tab, const int spec)
+                               __local uint *red, __local float *tab, __global const float *gtab,
+                               __local float *ltab, const int spec)
 {
+    const int tabmode = spec == MF_SPEC_TAB_LOCAL ? 1 : spec == MF_SPEC_TAB_GLOBAL ? 2 : 0;
     if (spec != MF_SPEC_ANY) {
-        activate = spec == MF_SPEC_SILU;
-        act = MF_ACT_SILU;
+        activate = spec != MF_SPEC_H;
+        act = tabmode ? act : MF_ACT_SILU;
+        xdt = tabmode ? MF_BF16 : xdt;
         limit = 0.0f;
         round_bf16 = has_rs = has_es = 0;
         vec_x = vec_q = 1;
     }
+    if (tabmode == 1) /* published by mf_exp_table_to_local's barrier */
+        for (int i = (int)get_local_id(0); i < (int)(MF_TAB_ENTRIES / 4); i += (int)get_local_size(0))
+            vstore4(vload4(i, gtab), i, ltab);
     mf_exp_table_to_local(tab);
     const int lane = (int)get_local_id(0), wg = (int)get_local_size(0);
     const int seg = lane / lanes, sl = lane % lanes, per_item = wg / lanes;
@@ -551,7 +587,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                 const long c = (sl + k * lanes) * MF_PER_LANE; /* channel in the group */
                 const int n = (int)clamp(group - c, 0L, (long)MF_PER_LANE);
                 if (n > 0) {
-                    mf_h8(&r, tab, g * group + c, n, h);
+                    mf_h8(&r, tab, g * group + c, n, h, ltab, gtab, tabmode);
                     m = max(m, mf_amax_bits8(h, &nonfinite));
                 }
             }
@@ -575,7 +611,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
             if (n <= 0)
                 continue;
             if (chunks > 1)
-                mf_h8(&r, tab, g * group + c, n, h);
+                mf_h8(&r, tab, g * group + c, n, h, ltab, gtab, tabmode);
             mf_store_codes8(q, qrow + g * group + c, mf_codes8(h, s, y, plain, fp8), vec_q, n);
         }
         if (sl == 0) {
@@ -587,8 +623,9 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
     }
 }
 
-/* The kernels: the same arguments, the body with each constant spec. */
-#define MF_ROWS_QUANT_KERNEL(name, spec) \
+/* The kernels: the same arguments (atab + tab_base: the activation's table, read by the table
+ * variants only), the body with each constant spec; local_entries: the local copy's size. */
+#define MF_ROWS_QUANT_KERNEL(name, spec, local_entries) \
     __kernel void name(__global const uchar *x, long xo, long xs0, long xs1, int xdt, \
                        __global const float *rs, long rso, long rss0, long rss1, int has_rs, \
                        __global const uchar *es, long eso, long ess0, int esdt, int has_es, \
@@ -597,20 +634,24 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                        float limit, int round_bf16, __global uchar *q, long qo, long qs0, \
                        long qs1, int qdt, __global uchar *sc, long sco, long scs0, long scs1, \
                        int scdt, int layout, int ue8m0, float eps, int lanes, int vec_x, \
-                       int vec_q) \
+                       int vec_q, __global const float *atab, int tab_base) \
     { \
         __local float tab[64]; \
         __local uint4 red[2 * MF_MAX_WG / 4]; \
+        __local float4 ltab[local_entries / 4]; \
         mf_rows_quant_body(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso, ess0, \
                            esdt, has_es, offs, has_counts, experts, rows, hidden, group, groups, \
                            activate, act, order, limit, round_bf16, q, qo, qs0, qs1, qdt, sc, \
                            sco, scs0, scs1, scdt, layout, ue8m0, eps, lanes, vec_x, vec_q, \
-                           (__local uint *)red, tab, spec); \
+                           (__local uint *)red, tab, atab + tab_base, (__local float *)ltab, \
+                           spec); \
     }
 
-MF_ROWS_QUANT_KERNEL(mf_rows_quant, MF_SPEC_ANY)
-MF_ROWS_QUANT_KERNEL(mf_rows_quant_silu, MF_SPEC_SILU)
-MF_ROWS_QUANT_KERNEL(mf_rows_quant_h, MF_SPEC_H)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant, MF_SPEC_ANY, 4)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_silu, MF_SPEC_SILU, 4)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_h, MF_SPEC_H, 4)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_tab_local, MF_SPEC_TAB_LOCAL, MF_TAB_ENTRIES)
+MF_ROWS_QUANT_KERNEL(mf_rows_quant_tab_global, MF_SPEC_TAB_GLOBAL, 4)
 
 /* ----------------------------------------------------------------- act_mul */
 
@@ -657,7 +698,7 @@ __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long x
                                        MF_F32, 0, hidden, 1, act, order, limit, round_bf16,
                                        vec_x, 0, t);
         float h[MF_PER_LANE];
-        mf_h8(&r, tab, c, n, h);
+        mf_h8(&r, tab, c, n, h, 0, 0, 0);
         mf_store_chunk(out, odt, oo + t * os1 + c, h, vec_out, n);
     }
     (void)os0;
