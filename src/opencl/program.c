@@ -105,7 +105,7 @@ static moefuse_status choose_options(moefuse_context *ctx, ocl_state *s, char *o
     return MOEFUSE_OK;
 }
 
-/* Can the table kernel with a local copy (32 KiB) run groups of s->wg on this device? Not
+/* Can the table kernel with a local copy (32 KiB, 43 KiB of local memory in all) run groups of s->wg on this device? Not
  * on CPU devices, where a copy per work-group costs more than reading the table in place,
  * unless MOEFUSE_OPENCL_ACT_TABLE=local asks for it (the tests, so that PoCL runs the GPUs'
  * kernel too). */
@@ -120,7 +120,7 @@ static bool table_local_fits(const ocl_state *s)
         clGetKernelWorkGroupInfo(s->kernels[MF_K_ROWS_QUANT_TAB_LOCAL], s->device,
                                  CL_KERNEL_WORK_GROUP_SIZE, sizeof kmax, &kmax, NULL) != CL_SUCCESS)
         return false;
-    return local >= 40 * 1024 && kmax >= s->wg;
+    return local >= 48 * 1024 && kmax >= s->wg; /* the table, the row offsets, the rest */
 }
 
 /* Compile the embedded source; the build log goes into the message on failure. */

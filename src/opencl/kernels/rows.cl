@@ -275,20 +275,34 @@ __kernel void mf_count_prefix(__global const int *counts, long co, long cs0, lon
     }
 }
 
-/* Last e >= lo with offs[e] <= i (offs[lo] <= i): the expert of flattened valid row i.
- * A work-group's rows only grow, so its search starts from its last expert. */
-inline long mf_find_expert_from(__global const long *offs, long lo, long experts, long i)
-{
-    long hi = experts - 1;
-    while (lo < hi) {
-        long mid = (lo + hi + 1) / 2;
-        if (offs[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
+/*
+ * Last e >= lo with offs[e] <= i (offs[lo] <= i): the expert of flattened valid row i.
+ * A work-group's rows only grow, so its search starts from its last expert and gallops
+ * (1, 2, 4, ... ahead) before halving: the next item is mostly in the same expert or a
+ * near one, one or two dependent loads instead of log2(E). For offs in either space.
+ */
+#define MF_FIND_EXPERT_FROM(name, space) \
+    inline long name(space const long *offs, long lo, long experts, long i) \
+    { \
+        long step = 1; \
+        while (lo + step < experts && offs[lo + step] <= i) { \
+            lo += step; \
+            step *= 2; \
+        } \
+        long hi = min(lo + step - 1, experts - 1); \
+        while (lo < hi) { \
+            const long mid = (lo + hi + 1) / 2; \
+            if (offs[mid] <= i) \
+                lo = mid; \
+            else \
+                hi = mid - 1; \
+        } \
+        return lo; \
     }
-    return lo;
-}
+MF_FIND_EXPERT_FROM(mf_find_expert_from, __global)
+MF_FIND_EXPERT_FROM(mf_find_expert_from_local, __local)
+
+#define MF_LOCAL_EXPERTS 1024 /* row offsets of up to this many experts in local memory */
 
 /* Set up the h context of row (e, t). */
 inline mf_hrow mf_row_setup(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
@@ -545,7 +559,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                                __global uchar *sc, long sco, long scs0, long scs1, int scdt,
                                int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
                                __local uint *red, __local float *tab, __global const float *gtab,
-                               __local float *ltab, const int spec)
+                               __local float *ltab, __local long *loffs, const int spec)
 {
     const int tabmode = spec == MF_SPEC_TAB_LOCAL ? 1 : spec == MF_SPEC_TAB_GLOBAL ? 2 : 0;
     if (spec != MF_SPEC_ANY) {
@@ -556,9 +570,14 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         round_bf16 = has_rs = has_es = 0;
         vec_x = vec_q = 1;
     }
-    if (tabmode == 1) /* published by mf_exp_table_to_local's barrier */
+    if (tabmode == 1) /* (both copies are published by mf_exp_table_to_local's barrier) */
         for (int i = (int)get_local_id(0); i < (int)(MF_TAB_ENTRIES / 4); i += (int)get_local_size(0))
             vstore4(vload4(i, gtab), i, ltab);
+    /* the row offsets in local memory when they fit: every item searches them */
+    const int loffs_on = has_counts && experts <= MF_LOCAL_EXPERTS;
+    if (loffs_on)
+        for (long j = get_local_id(0); j <= experts; j += get_local_size(0))
+            loffs[j] = offs[j];
     mf_exp_table_to_local(tab);
     const int lane = (int)get_local_id(0), wg = (int)get_local_size(0);
     const int seg = lane / lanes, sl = lane % lanes, per_item = wg / lanes;
@@ -572,8 +591,10 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
     int part = 0; /* which half of red: mf_segment_max */
     for (mf_walk w = mf_walk_start(items_per_row); w.i < total; mf_walk_next(&w)) {
         const long i = w.i, g = w.p * per_item + seg;
-        e = has_counts ? mf_find_expert_from(offs, e, experts, i) : 0;
-        const long t = has_counts ? i - offs[e] : i;
+        e = !has_counts ? 0
+            : loffs_on  ? mf_find_expert_from_local(loffs, e, experts, i)
+                        : mf_find_expert_from(offs, e, experts, i);
+        const long t = !has_counts ? i : loffs_on ? i - loffs[e] : i - offs[e];
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso,
                                        ess0, esdt, has_es, hidden, activate, act, order, limit,
                                        round_bf16, vec_x, e, t);
@@ -639,12 +660,13 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         __local float tab[64]; \
         __local uint4 red[2 * MF_MAX_WG / 4]; \
         __local float4 ltab[local_entries / 4]; \
+        __local long loffs[MF_LOCAL_EXPERTS + 1]; \
         mf_rows_quant_body(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso, ess0, \
                            esdt, has_es, offs, has_counts, experts, rows, hidden, group, groups, \
                            activate, act, order, limit, round_bf16, q, qo, qs0, qs1, qdt, sc, \
                            sco, scs0, scs1, scdt, layout, ue8m0, eps, lanes, vec_x, vec_q, \
                            (__local uint *)red, tab, atab + tab_base, (__local float *)ltab, \
-                           spec); \
+                           loffs, spec); \
     }
 
 MF_ROWS_QUANT_KERNEL(mf_rows_quant, MF_SPEC_ANY, 4)
