@@ -54,6 +54,27 @@ int h_dt_or(moefuse_dtype dt)
     }
 }
 
+double h_gemm_bound(moefuse_dtype dt)
+{
+    return dt == MOEFUSE_F32 ? 1e-5 : dt == MOEFUSE_BF16 ? 8e-3 : 4e-3;
+}
+
+double h_gemm_floor(moefuse_dtype dt)
+{
+    return dt == MOEFUSE_F16 ? 0x1p-25 : dt == MOEFUSE_BF16 ? 0x1p-134 : 0x1p-150;
+}
+
+double h_rel_err_floor(const double *got, const double *ref, size_t n, double floor)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fmax(fabs(got[i] - ref[i]) - floor, 0.0);
+        num += e * e;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 moefuse_tensor *T(tbuf *tb) { return tb ? &tb->t : NULL; }
 
 static size_t esz(moefuse_dtype dt)

@@ -66,6 +66,13 @@ void h_check_all(int untouched);
 void tb_free_all(void);
 
 int h_dt_or(moefuse_dtype dt); /* to oracle dtype */
+/* NUMERICS.md, MoE: the relative 2-norm bound of a GEMM output of dtype dt, and the error each
+ * element may have first (half the spacing of dt's subnormals) */
+double h_gemm_bound(moefuse_dtype dt);
+double h_gemm_floor(moefuse_dtype dt);
+/* ||got - ref|| / ||ref|| over n values (the plain norm when ref is 0), each |got - ref| first
+ * reduced by floor (at least 0) */
+double h_rel_err_floor(const double *got, const double *ref, size_t n, double floor);
 moefuse_tensor *T(tbuf *tb);     /* &tb->t, NULL-safe */
 
 /* fixtures */

@@ -5,12 +5,6 @@
 
 #include "harness.h"
 
-/* relative-error bounds (see oracle.h) */
-static double bound(moefuse_dtype dt)
-{
-    return dt == MOEFUSE_F32 ? 1e-5 : dt == MOEFUSE_BF16 ? 8e-3 : 4e-3;
-}
-
 typedef struct {
     moefuse_dtype xdt, hdt, odt;
     int64_t M, K, I, E, k, Eg;
@@ -32,8 +26,11 @@ static double *get_all(tbuf *tb, int64_t n0, int64_t n1, int64_t n2)
 static void cmp_norm2(const char *what, const cfg *c, tbuf *out, const double *ref, int64_t n0, int64_t n1,
                       int64_t n2, const int64_t *valid, int rows_are_slots, int extra_dt)
 {
-    double bnd = bound(out->t.dtype);
-    if (extra_dt >= 0 && bound((moefuse_dtype)extra_dt) > bnd) bnd = bound((moefuse_dtype)extra_dt);
+    double bnd = h_gemm_bound(out->t.dtype), floor = h_gemm_floor(out->t.dtype);
+    if (extra_dt >= 0) {
+        bnd = fmax(bnd, h_gemm_bound((moefuse_dtype)extra_dt));
+        floor = fmax(floor, h_gemm_floor((moefuse_dtype)extra_dt));
+    }
     double num = 0, den = 0;
     for (int64_t a = 0; a < n0; a++)
         for (int64_t b = 0; b < n1; b++)
@@ -42,7 +39,8 @@ static void cmp_norm2(const char *what, const cfg *c, tbuf *out, const double *r
                 HCHECK(isfinite(got), "%s: non-finite output at [%lld,%lld,%lld]", what, (long long)a, (long long)b, (long long)d);
                 if (rows_are_slots && valid[a * n1 + b] < 0)
                     HCHECK(got == 0.0, "%s: invalid slot (m=%lld, j=%lld) row not zero: %g", what, (long long)a, (long long)b, got);
-                num += (got - r) * (got - r);
+                const double e = fmax(fabs(got - r) - floor, 0.0);
+                num += e * e;
                 den += r * r;
             }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
