@@ -1301,7 +1301,8 @@ __global__ void __launch_bounds__(MF_THREADS) mf_k_rows_tail(rows_params p, int6
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s)
 {
     const size_t bytes = (size_t)MF_TAB_ACTS * MF_TAB_BYTES;
-    cudaError_t e = cudaMalloc((void **)&s->act_tables, bytes);
+    cudaError_t e = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? cudaErrorMemoryAllocation
+                                                        : cudaMalloc((void **)&s->act_tables, bytes);
     if (e != cudaSuccess) {
         s->act_tables = NULL;
         return mf_cuda_fail(ctx, e, NULL, "cudaMalloc(activation tables)");

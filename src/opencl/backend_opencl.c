@@ -83,7 +83,7 @@ static moefuse_status build_act_tables(moefuse_context *ctx, ocl_state *s)
         return MOEFUSE_OK;
     cl_int e;
     const size_t bytes = (size_t)MF_TAB_ACTS * MF_TAB_BYTES;
-    s->act_tables = clCreateBuffer(s->context, CL_MEM_READ_WRITE, bytes, NULL, &e);
+    s->act_tables = mf_ocl_create_buffer(s, bytes, MF_FAULT_DEVICE_ALLOC, &e);
     if (e != CL_SUCCESS) {
         s->act_tables = NULL;
         return mf_ocl_fail(ctx, e, NULL, "clCreateBuffer(activation tables)");
