@@ -105,10 +105,10 @@ static moefuse_status choose_options(moefuse_context *ctx, ocl_state *s, char *o
     return MOEFUSE_OK;
 }
 
-/* Can the table kernel with a local copy (32 KiB, 43 KiB of local memory in all) run groups of s->wg on this device? Not
- * on CPU devices, where a copy per work-group costs more than reading the table in place,
- * unless MOEFUSE_OPENCL_ACT_TABLE=local asks for it (the tests, so that PoCL runs the GPUs'
- * kernel too). */
+/* Can the table kernel with a local copy (32 KiB, about 41 KiB of local memory in all) run
+ * groups of s->wg on this device? Not on CPU devices, where a copy per work-group costs more
+ * than reading the table in place, unless MOEFUSE_OPENCL_ACT_TABLE=local asks for it (the
+ * tests, so that PoCL runs the GPUs' kernel too). */
 static bool table_local_fits(const ocl_state *s)
 {
     const char *env = getenv("MOEFUSE_OPENCL_ACT_TABLE");
