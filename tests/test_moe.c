@@ -31,19 +31,17 @@ static void cmp_norm2(const char *what, const cfg *c, tbuf *out, const double *r
         bnd = fmax(bnd, h_gemm_bound((moefuse_dtype)extra_dt));
         floor = fmax(floor, h_gemm_floor((moefuse_dtype)extra_dt));
     }
-    double num = 0, den = 0;
+    double *got = get_all(out, n0, n1, n2);
     for (int64_t a = 0; a < n0; a++)
         for (int64_t b = 0; b < n1; b++)
             for (int64_t d = 0; d < n2; d++) {
-                double got = tb_get(out, a, b, d), r = ref[(a * n1 + b) * n2 + d];
-                HCHECK(isfinite(got), "%s: non-finite output at [%lld,%lld,%lld]", what, (long long)a, (long long)b, (long long)d);
+                const double v = got[(a * n1 + b) * n2 + d];
+                HCHECK(isfinite(v), "%s: non-finite output at [%lld,%lld,%lld]", what, (long long)a, (long long)b, (long long)d);
                 if (rows_are_slots && valid[a * n1 + b] < 0)
-                    HCHECK(got == 0.0, "%s: invalid slot (m=%lld, j=%lld) row not zero: %g", what, (long long)a, (long long)b, got);
-                const double e = fmax(fabs(got - r) - floor, 0.0);
-                num += e * e;
-                den += r * r;
+                    HCHECK(v == 0.0, "%s: invalid slot (m=%lld, j=%lld) row not zero: %g", what, (long long)a, (long long)b, v);
             }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const double rel = h_rel_err_floor(got, ref, (size_t)(n0 * n1 * n2), floor);
+    free(got);
     HCHECK(rel <= bnd, "%s [M=%lld K=%lld I=%lld E=%lld k=%lld xdt=%d map=%d bias=%d act=%d ord=%d lim=%g]: rel err %.3g > %.3g",
            what, (long long)c->M, (long long)c->K, (long long)c->I, (long long)c->E, (long long)c->k, c->xdt,
            c->use_map, c->bias, c->act, c->order, c->limit, rel, bnd);

@@ -116,7 +116,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, vec_x);
     mf_karg_int(&k, vec_q);
     mf_karg_mem(&k, s->act_tables); /* read by the table kernels only */
-    mf_karg_int(&k, (int32_t)a->act.activation * (int32_t)MF_TAB_ENTRIES);
+    mf_karg_int(&k, s->act_tables ? (int32_t)a->act.activation * (int32_t)MF_TAB_ENTRIES : 0);
     /* (the table kernel with its local copy too: fewer, longer groups were slower on the H100,
      * masked E=256 Tmax=128 H=7168 36.1% of copy with 8 per compute unit, 38.7% with 32) */
     const size_t global = item_groups(s, items) * s->wg;
