@@ -222,6 +222,22 @@ static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
 }
 
 /*
+ * Two bf16 (lo in the low half) of values that are not NaN, by the hardware conversion
+ * (round to nearest even, no flush): mf_f32_to_bf16's bits for every such float
+ * (device_check.cu). NaN needs the reference's own sign and quiet bit.
+ */
+static __device__ __forceinline__ uint32_t mf_bf16x2_rn(float lo, float hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return mf_f32_to_bf16(lo) | (mf_f32_to_bf16(hi) << 16);
+#endif
+}
+
+/*
  * a / b correctly rounded by nvcc's own fast sequence (reciprocal, one
  * refinement, quotient, residual, correction) without its range check
  * (FCHK) and the branch to the slow path that goes with it; the sign is

@@ -5,7 +5,8 @@
  * agree with the integer reference code:
  *  1. cvt.rn.satfinite.e4m3x2.f32 (sm_89+) against mf_f32_to_e4m3 for every
  *     finite float (2^32 patterns less Inf/NaN), and the i8 shortcut
- *     (__float2int_rn after clamping) against mf_f32_to_i8 for every non-NaN.
+ *     (__float2int_rn after clamping) against mf_f32_to_i8 for every non-NaN;
+ *     cvt.rn.bf16x2.f32 (mf_bf16x2_rn) against mf_f32_to_bf16 for every non-NaN.
  *  2. mf_exp_f32 (src/numerics/mf_exp.h) on the device against the same
  *     function on the host, bit for bit, for every float, with the largest
  *     error of the device results against exp((double)x); and the kernels'
@@ -68,6 +69,10 @@ __global__ void k_conv(unsigned long long *bad, uint32_t *first)
         if (!mf_is_nan(f) && fast_i8(f) != mf_f32_to_i8(f)) {
             if (atomicAdd(&bad[1], 1ull) < 4)
                 first[1] = (uint32_t)b;
+        }
+        if (!mf_is_nan(f) && (mf_bf16x2_rn(f, -f) != (mf_f32_to_bf16(f) | (mf_f32_to_bf16(-f) << 16)))) {
+            if (atomicAdd(&bad[4], 1ull) < 4)
+                first[4] = (uint32_t)b;
         }
     }
 }
@@ -170,9 +175,9 @@ int main(void)
 
     unsigned long long *bad;
     uint32_t *first;
-    CU(cudaMallocManaged(&bad, 4 * sizeof *bad));
-    CU(cudaMallocManaged(&first, 4 * sizeof *first));
-    memset(bad, 0, 4 * sizeof *bad);
+    CU(cudaMallocManaged(&bad, 5 * sizeof *bad));
+    CU(cudaMallocManaged(&first, 5 * sizeof *first));
+    memset(bad, 0, 5 * sizeof *bad);
     k_conv<<<prop.multiProcessorCount * 8, 256>>>(bad, first);
     CU(cudaGetLastError());
     CU(cudaDeviceSynchronize());
@@ -185,6 +190,12 @@ int main(void)
     }
     printf("i8 shortcut vs integer: %llu mismatches over every non-NaN float\n", bad[1]);
     fails += bad[1] != 0;
+    printf("bf16 hardware vs integer: %llu mismatches over every non-NaN float%s", bad[4],
+           bad[4] ? "" : "\n");
+    if (bad[4]) {
+        printf(" (e.g. %a)\n", (double)mf_bits_f32(first[4]));
+        fails++;
+    }
 
     bad[3] = 0;
     k_silu<<<prop.multiProcessorCount * 8, 256>>>(&bad[3], first);
