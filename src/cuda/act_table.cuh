@@ -21,21 +21,43 @@ __global__ void mf_k_build_act_tables(float *tables)
 #endif
 
 /*
- * h = act(g) * u of the 8 channels whose bf16 gates are the words gw (channel
- * 2i in the low half of gw[i]); tab is the table in shared memory. Returns 0,
- * with h untouched, when a gate is not covered.
+ * The table's layout in shared memory: the positive half (16 KiB) at byte 0
+ * and the negative half at MF_TAB_NEG, so that the byte offset of a covered
+ * gate is a shift and a mask of its d (mf_act_table_offset's): bits 16..27
+ * of d (m - LO) land at 2..13, the sign (bit 31) at 17. The 112 KiB between
+ * the halves hold the kernels' staging rings.
  */
-MF_HD int mf_act8_table(const float *tab, const uint32_t gw[4], const float u[8], float h[8])
+#define MF_TAB_NEG 0x20000u
+#define MF_TAB_SMEM_SPAN (MF_TAB_NEG + MF_TAB_SPAN * 4u) /* bytes from the first entry to past the last */
+
+/* Byte offset of entry j (mf_act_table_entry's numbering) in the shared layout. */
+MF_HD uint32_t mf_tab_smem_offset(uint32_t j)
+{
+    return j < MF_TAB_SPAN ? j * 4u : MF_TAB_NEG + (j - MF_TAB_SPAN) * 4u;
+}
+
+/* Byte offset of a gate with d = x - (MF_TAB_LO << 16) (x: its f32 bits), when covered. */
+MF_HD uint32_t mf_tab_smem_at(uint32_t d) { return (d >> 14) & (MF_TAB_NEG | 0x3FFCu); }
+
+/*
+ * h = act(g) * u of the 8 channels whose bf16 gates are the words gw (channel
+ * 2i in the low half of gw[i]); tab is the table in the shared layout. Returns
+ * 0, with h untouched, when a gate is not covered.
+ */
+MF_HD int mf_act8_table(const char *tab, const uint32_t gw[4], const float u[8], float h[8])
 {
     uint32_t miss = 0u, off[8];
     for (int i = 0; i < 4; i++) {
-        off[2 * i] = mf_act_table_offset(gw[i] << 16, &miss);
-        off[2 * i + 1] = mf_act_table_offset(gw[i] & 0xFFFF0000u, &miss);
+        const uint32_t dl = (gw[i] << 16) - (MF_TAB_LO << 16);
+        const uint32_t dh = gw[i] - (MF_TAB_LO << 16); /* the low half never borrows */
+        miss |= dl | dh;
+        off[2 * i] = mf_tab_smem_at(dl);
+        off[2 * i + 1] = mf_tab_smem_at(dh);
     }
     if (miss & MF_TAB_MISS)
         return 0;
     for (int i = 0; i < 8; i++)
-        h[i] = *(const float *)((const char *)tab + off[i]) * u[i];
+        h[i] = *(const float *)(tab + off[i]) * u[i];
     return 1;
 }
 

@@ -23,6 +23,10 @@
  * a constant in the hottest one) and "any" (everything else). silu is
  * branch-free (table exp, division without nvcc's range check) for |g| < 64,
  * proved bit-equal to the reference path by src/cuda/tools/device_check.cu.
+ * The table kernels (bf16 x, no options) also have a fast item for G = 128
+ * and e4m3 (quant_item_fast: one scale computation per lane and item, the
+ * rare cases sent back to the general item by a vote) and a fast act_mul
+ * slot, and are launched with programmatic dependent launch.
  * G = H (other than 32/64/128) takes a block per row instead. Rows that are
  * zeroed rather than computed (zero_tail, and the padding rows of the
  * column-major and packed layouts) are a second kernel.
@@ -32,6 +36,7 @@
 #include "cuda/numerics.cuh"
 #include "cuda/vec.cuh"
 
+#include <float.h>
 #include <string.h>
 
 #define MF_WARPS 8 /* warps per block */
@@ -48,7 +53,8 @@
 /*
  * The table kernels run one block per SM (its activation table, 32 KiB, is
  * shared by all its warps): MF_TAB_WARPS warps, each with a ring of
- * MF_STAGES items of 4 KiB (bf16 gate and up), 160 KiB with the table's 32
+ * MF_STAGES items of 4 KiB (bf16 gate and up). The table's halves lie 128 KiB
+ * apart (act_table.cuh) with 14 rings between them and 6 after: 192 KiB
  * under the 227 KiB of an H100 with room for the row offsets of 4096 experts.
  */
 #ifndef MF_TAB_WARPS
@@ -708,7 +714,7 @@ static __device__ __noinline__ vals8 act8_missed(int act, vals8 g, vals8 u)
  * kernels (atab: bf16 x, no options) act(g) comes from the table, else from act8.
  */
 static __device__ __forceinline__ void staged_h(const rows_params &p, int xdt, int act, int plain,
-                                                const float *tab, const float *atab,
+                                                const float *tab, const char *atab,
                                                 const char *stage, int k, int n, int lane,
                                                 float rs, float es, float h[8])
 {
@@ -742,7 +748,7 @@ static __device__ __forceinline__ void staged_h(const rows_params &p, int xdt, i
 /* The same from a staged item (MF_ST_SLOTS slots of 256 channels), slot by slot. */
 static __device__ __forceinline__ void quant_item_st(const rows_params &p, int xdt, int act,
                                                      int plain, int lpgc, const float *tab,
-                                                     const float *atab, const char *stage,
+                                                     const char *atab, const char *stage,
                                                      int64_t e, int64_t t, int64_t ch, int lane)
 {
     const char *xrow = p.x + (e * p.xs0 + t * p.xs1) * p.xes;
@@ -762,6 +768,112 @@ static __device__ __forceinline__ void quant_item_st(const rows_params &p, int x
     }
     store_item_scales<MF_ST_SLOTS>(p, lpg, scale_base(p, e, t), (ch * MF_ST_ITEM) >> p.glog, sc,
                                    ue, lane);
+}
+
+/*
+ * The table kernels' item for G = 128 and e4m3 codes, of nv whole slots (4 but in a row's
+ * last item; one instance for every nv, since a second one made ptxas spill): the h of every slot first (act(g) from the table when ACT, else x itself),
+ * then the amax of the item's groups by one transposing reduction (lane l ends with the
+ * group of slot l & 3 in its half of the warp: 14 instructions where four separate
+ * reductions take 32), one scale per lane instead of one per slot, the codes slot by slot.
+ * Returns 0, having written nothing, when the item needs quant_item_st: a gate outside the
+ * table, an h that is not finite, a scale outside the fast division's range (a uniform
+ * vote each). The same bits as quant_item_st: the same h, an amax of the same values (a
+ * maximum of finite values in any order), group_scale, and codes8 / codes8_pow2.
+ */
+template <int ACT>
+static __device__ __forceinline__ int quant_item_fast(const rows_params &p, const char *atab,
+                                                      const char *stage, int64_t e, int64_t t,
+                                                      int64_t ch, int nv, int lane)
+{
+    static_assert(MF_ST_SLOTS == 4, "the transposing reduction takes four slots");
+    const uint32_t lo = MF_TAB_LO << 16;
+    float h[MF_ST_SLOTS][8], m[MF_ST_SLOTS];
+#pragma unroll
+    for (int k = 0; k < MF_ST_SLOTS; k++) {
+        m[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            h[k][i] = 0.0f;
+        if (k >= nv) /* past the row: a group of zeros, never stored */
+            continue;
+        const uint4 gv = ((const uint4 *)stage)[k * 32 + lane];
+        const uint32_t g[4] = {gv.x, gv.y, gv.z, gv.w};
+        if (ACT) {
+            const uint4 uv = ((const uint4 *)stage)[(MF_ST_SLOTS + k) * 32 + lane];
+            const uint32_t u[4] = {uv.x, uv.y, uv.z, uv.w};
+            uint32_t dl[4], dh[4], miss = 0u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                dl[i] = (g[i] << 16) - lo;
+                dh[i] = g[i] - lo; /* the low half never borrows */
+                miss |= dl[i] | dh[i];
+            }
+            if (__any_sync(MF_FULL, miss & MF_TAB_MISS))
+                return 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* dl's low half is 0: its shift is already mf_tab_smem_at(dl) */
+                h[k][2 * i] = *(const float *)(atab + (dl[i] >> 14)) * mf_bits_f32(u[i] << 16);
+                h[k][2 * i + 1] = *(const float *)(atab + mf_tab_smem_at(dh[i])) *
+                                  mf_bits_f32(u[i] & 0xFFFF0000u);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                h[k][2 * i] = mf_bits_f32(g[i] << 16);
+                h[k][2 * i + 1] = mf_bits_f32(g[i] & 0xFFFF0000u);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            m[k] = max_keep_nan(m[k], fabsf(h[k][i]));
+    }
+    const float all = max_keep_nan(max_keep_nan(m[0], m[1]), max_keep_nan(m[2], m[3]));
+    if (__any_sync(MF_FULL, !(all <= FLT_MAX))) /* an Inf or a NaN */
+        return 0;
+    /* pairs of slots over lanes l, l ^ 1, then pairs of pairs over l, l ^ 2: each lane keeps
+     * the half its partner sends it the other of */
+    const int odd = lane & 1, two = lane & 2;
+    const float s01 = odd ? m[0] : m[1], k01 = odd ? m[1] : m[0];
+    const float s23 = odd ? m[2] : m[3], k23 = odd ? m[3] : m[2];
+    const float r01 = fmaxf(k01, __shfl_xor_sync(MF_FULL, s01, 1)); /* slot odd */
+    const float r23 = fmaxf(k23, __shfl_xor_sync(MF_FULL, s23, 1)); /* slot 2 + odd */
+    float amax = fmaxf(two ? r23 : r01, __shfl_xor_sync(MF_FULL, two ? r01 : r23, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(MF_FULL, amax, 4));
+    amax = fmaxf(amax, __shfl_xor_sync(MF_FULL, amax, 8)); /* slot lane & 3, group lane >> 4 */
+    const int mine = (lane & 3) < nv; /* a group of the row */
+    uint32_t ue;
+    const float s = group_scale(p, amax, &ue);
+    if (__any_sync(MF_FULL, mine && !mf_scale_fast_ok(s)))
+        return 0;
+    /* ue8m0: s = 2^(ue - 127), ue in [67, 187] here, so 1/s = 2^(127 - ue) is exact */
+    const float y = p.ue8m0 ? mf_bits_f32((254u - ue) << 23) : mf_div_fast(1.0f, s);
+    if ((lane & 12) == 0) {
+        const int64_t g = ((ch * MF_ST_ITEM) >> 7) + 2 * (lane & 3) + (lane >> 4);
+        if (mine)
+            put_scale_at(p, scale_base(p, e, t), g, s, ue);
+        else if (p.layout == MF_LAYOUT_PACKED && g < p.Gw * 4) /* the last word's unused bytes */
+            put_scale_at(p, scale_base(p, e, t), g, 0.0f, 0u);
+    }
+    char *q = p.q + e * p.qs0 + t * p.qs1 + ch * MF_ST_ITEM + lane * 8;
+    uint32_t w[MF_ST_SLOTS][2];
+    if (p.ue8m0) {
+#pragma unroll
+        for (int k = 0; k < MF_ST_SLOTS; k++)
+            codes8_pow2(1, h[k], __shfl_sync(MF_FULL, y, (lane & 16) | k), w[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < MF_ST_SLOTS; k++) {
+            const int src = (lane & 16) | k;
+            codes8(1, h[k], __shfl_sync(MF_FULL, s, src), __shfl_sync(MF_FULL, y, src), w[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < MF_ST_SLOTS; k++)
+        if (k < nv)
+            *(uint2 *)(q + k * 256) = make_uint2(w[k][0], w[k][1]);
+    return 1;
 }
 
 /* One slot of act_mul: h of n (<= 8) channels from c0 (in g), rounded to out's (x's) dtype;
@@ -808,9 +920,47 @@ static __device__ __forceinline__ void mul_item(const rows_params &p, int xdt, i
     }
 }
 
+/*
+ * Slot k of a table kernel's act_mul (bf16 x and out, no options, 16-byte stores): act(g)
+ * from the table times u, rounded by the hardware conversion. Returns 0, having written
+ * nothing, when the slot needs staged_h and mul_store: a gate outside the table, or a NaN
+ * (whose bits the reference chooses). A uniform vote each.
+ */
+static __device__ __forceinline__ int mul_slot_fast(const char *atab, const char *stage, int k,
+                                                    int lane, char *out)
+{
+    const uint32_t lo = MF_TAB_LO << 16;
+    const uint4 gv = ((const uint4 *)stage)[k * 32 + lane];
+    const uint4 uv = ((const uint4 *)stage)[(MF_ST_SLOTS + k) * 32 + lane];
+    const uint32_t g[4] = {gv.x, gv.y, gv.z, gv.w}, u[4] = {uv.x, uv.y, uv.z, uv.w};
+    uint32_t dl[4], dh[4], miss = 0u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        dl[i] = (g[i] << 16) - lo;
+        dh[i] = g[i] - lo;
+        miss |= dl[i] | dh[i];
+    }
+    if (__any_sync(MF_FULL, miss & MF_TAB_MISS))
+        return 0;
+    float h[8], any = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        h[2 * i] = *(const float *)(atab + (dl[i] >> 14)) * mf_bits_f32(u[i] << 16);
+        h[2 * i + 1] = *(const float *)(atab + mf_tab_smem_at(dh[i])) * mf_bits_f32(u[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        any = max_keep_nan(any, h[i]);
+    if (__any_sync(MF_FULL, mf_is_nan(any)))
+        return 0;
+    *(uint4 *)out = make_uint4(mf_bf16x2_rn(h[0], h[1]), mf_bf16x2_rn(h[2], h[3]),
+                               mf_bf16x2_rn(h[4], h[5]), mf_bf16x2_rn(h[6], h[7]));
+    return 1;
+}
+
 /* The same from a staged item (H is a multiple of 8 there: n is 8 or 0). */
 static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt, int act,
-                                                   int plain, const float *tab, const float *atab,
+                                                   int plain, const float *tab, const char *atab,
                                                    const char *stage, int64_t e, int64_t t,
                                                    int64_t ch, int lane)
 {
@@ -822,6 +972,10 @@ static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
         const int n = c0 < p.H ? 8 : 0;
+        /* (n is uniform: H is a multiple of 256 when every lane has 8 or none) */
+        if (atab && p.vec_q && __all_sync(MF_FULL, n == 8) &&
+            mul_slot_fast(atab, stage, k, lane, orow + c0 * 2))
+            continue;
         float h[8];
         staged_h(p, xdt, act, plain, tab, atab, stage, k, n, lane, rs, es, h);
         mul_store(p, xdt, xrow, orow, rs, es, c0, n, h);
@@ -887,26 +1041,21 @@ static __device__ __forceinline__ int64_t find_expert(const int64_t *offs, int64
 }
 
 /*
- * The same, knowing the answer is at least lo (a warp's rows only grow):
- * gallop forward from lo, then bisect. Cheap when the expert barely moved.
+ * The same knowing the answer is at least lo (a warp's rows only grow), by the whole warp
+ * (every lane calls it): lanes test the next 32 experts at once,
+ * and since offs only grows the experts at or below the row are a prefix of them. One step
+ * unless the row moved past 32 experts.
  */
-static __device__ __forceinline__ int64_t find_expert_from(const int64_t *offs, int64_t E,
-                                                           int64_t row, int64_t lo)
+static __device__ __forceinline__ int64_t find_expert_warp(const int64_t *offs, int64_t E,
+                                                           int64_t row, int64_t lo, int lane)
 {
-    int64_t step = 1;
-    while (lo + step < E && offs[lo + step] <= row) {
-        lo += step;
-        step <<= 1;
+    for (;;) {
+        const int64_t j = lo + 1 + lane;
+        const unsigned below = __ballot_sync(MF_FULL, j < E && offs[j] <= row);
+        lo += __popc(below);
+        if (below != MF_FULL)
+            return lo;
     }
-    int64_t hi = lo + step - 1 < E - 1 ? lo + step - 1 : E - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) >> 1;
-        if (offs[mid] <= row)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
 }
 
 /* Row offsets (shared memory, global memory, or none for the 2-D form); returns the valid rows. */
@@ -1010,23 +1159,71 @@ static __device__ __forceinline__ void fetch_item(const rows_params &p, int xdt,
 }
 
 /*
+ * Programmatic dependent launch (sm_90): the table kernels are launched so that they may
+ * start while the kernel before them in the stream finishes (their table copy and barrier
+ * set-up overlap its tail), and each warp lets the next kernel launch once its share of
+ * the work is done. Everything before grid_dependency_wait touches only the kernel's own
+ * table and shared memory; the call's tensors are read and written after it, when the
+ * previous kernel has completed and its writes are visible. Without the launch attribute
+ * both are no-ops. (Letting the next kernel launch at the start instead cost the long
+ * masked call 1-2% on the H100.)
+ */
+static __device__ __forceinline__ void grid_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void grid_dependency_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/*
+ * Dynamic shared memory of the staged kernels: each warp's ring of MF_STAGES items of sb
+ * bytes, then the row offsets (masked calls, E small). With an activation table (TABLE:
+ * the table kernels when they activate) the table's halves sit at 0 and MF_TAB_NEG
+ * (act_table.cuh), the rings of the first warps between them, the others after.
+ */
+static __host__ __device__ __forceinline__ int64_t ring_offset(int64_t sb, int table, int warp)
+{
+    const int64_t rb = MF_STAGES * sb;
+    if (!table)
+        return warp * rb;
+    const int64_t fit = (MF_TAB_NEG - MF_TAB_SPAN * 4) / rb; /* rings between the halves */
+    return warp < fit ? MF_TAB_SPAN * 4 + warp * rb : MF_TAB_SMEM_SPAN + (warp - fit) * rb;
+}
+
+static __host__ __device__ __forceinline__ int64_t offs_offset(int64_t sb, int table, int warps)
+{
+    const int64_t end = ring_offset(sb, table, warps);
+    return table && end < (int64_t)MF_TAB_SMEM_SPAN ? (int64_t)MF_TAB_SMEM_SPAN : end;
+}
+
+/*
  * The same walk with the items' x staged in shared memory MF_STAGES - 1
  * items ahead (rows with 16-byte aligned vectors only), by blocks of NW
- * warps. Dynamic shared memory: the row offsets (masked, E small), then each
- * warp's ring. atab: shared memory for the activation's table (the table
- * kernels), copied from p.atab when the call activates, else NULL.
+ * warps; dynamic shared memory as ring_offset says. TABLE: a table kernel,
+ * which copies the activation's table (p.atab) to shared memory when the call
+ * activates and takes quant_item_fast where it can.
  */
 template <int NW>
 static __device__ __forceinline__ void walk_staged(const rows_params &p, int mode, int xdt,
-                                                   int act, int plain, int lpgc, float *atab)
+                                                   int act, int plain, int lpgc, int table)
 {
     extern __shared__ int64_t mf_smem[];
     __shared__ float tab[64];
     __shared__ uint64_t bars[NW][MF_STAGES];
-    if (atab && p.activate) { /* (without activation the table is never read) */
+    char *const base = (char *)mf_smem;
+    const int has_tab = table && p.activate; /* (without activation the table is never read) */
+    const char *atab = has_tab ? base : NULL;
+    if (has_tab) { /* the halves to 0 and MF_TAB_NEG */
         const uint4 *src = (const uint4 *)p.atab;
         for (int i = threadIdx.x; i < (int)(MF_TAB_BYTES / 16); i += NW * 32)
-            ((uint4 *)atab)[i] = __ldg(src + i);
+            *(uint4 *)(base + mf_tab_smem_offset((uint32_t)i * 4u)) = __ldg(src + i);
     }
     const int bulk = MF_BULK && xdt != MF_DT_F32;
     if (bulk && (threadIdx.x & 31) == 0) {
@@ -1035,13 +1232,15 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             mbar_init(&bars[threadIdx.x >> 5][i]);
         mbar_init_fence();
     }
+    grid_dependency_wait(); /* no read of the call's tensors, and no write, before */
     load_exp_table(tab); /* its barrier also publishes the mbarriers and the table */
-    const int64_t *offs;
-    const int64_t rows = setup_rows(p, mf_smem, &offs);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t noffs = (p.counts && !p.offs_g) ? (p.E + 2) / 2 * 2 : 0; /* 16-byte aligned */
     const int64_t sb = stage_bytes(xdt == MF_DT_F32 ? 4 : 2, p.activate);
-    char *ring = (char *)(mf_smem + noffs) + (int64_t)warp * MF_STAGES * sb;
+    const int64_t *offs;
+    const int64_t rows = setup_rows(p, (int64_t *)(base + offs_offset(sb, has_tab, NW)), &offs);
+    char *ring = base + ring_offset(sb, has_tab, warp);
+    /* the fast item: G = 128, e4m3, 8-byte code stores */
+    const int fast = table && lpgc == 16 && p.fp8 && p.vec_q;
     const int64_t W = (int64_t)gridDim.x * NW;
     const int64_t it = (int64_t)blockIdx.x * NW + warp;
     const int64_t Wq = W / p.chunks, Wr = W % p.chunks;
@@ -1060,7 +1259,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
         if (fetch_i.row < rows) {
             int64_t t = fetch_i.row;
             if (offs) {
-                fe = find_expert_from(offs, p.E, fetch_i.row, fe);
+                fe = find_expert_warp(offs, p.E, fetch_i.row, fe, lane);
                 t = fetch_i.row - offs[fe];
             }
             ring_e[sidx] = fe;
@@ -1078,7 +1277,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
         if (fetch_i.row < rows) {
             int64_t t = fetch_i.row;
             if (offs) {
-                fe = find_expert_from(offs, p.E, fetch_i.row, fe);
+                fe = find_expert_warp(offs, p.E, fetch_i.row, fe, lane);
                 t = fetch_i.row - offs[fe];
             }
 #pragma unroll
@@ -1103,13 +1302,22 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             e = i == sidx ? ring_e[i] : e;
             t = i == sidx ? ring_t[i] : t;
         }
-        if (mode == MODE_QUANT)
-            quant_item_st(p, xdt, act, plain, lpgc, tab, atab, ring + sidx * sb, e, t, proc_i.ch,
-                          lane);
-        else
+        if (mode == MODE_QUANT) {
+            const char *stage = ring + sidx * sb;
+            /* whole slots of the row in the item: 4, or fewer in a row's last item */
+            const int64_t left = p.H - proc_i.ch * MF_ST_ITEM;
+            const int nv = left >= MF_ST_ITEM ? MF_ST_SLOTS : left % 256 == 0 ? (int)(left / 256) : 0;
+            int done = 0;
+            if (fast && nv > 0)
+                done = p.activate ? quant_item_fast<1>(p, atab, stage, e, t, proc_i.ch, nv, lane)
+                                  : quant_item_fast<0>(p, atab, stage, e, t, proc_i.ch, nv, lane);
+            if (!done)
+                quant_item_st(p, xdt, act, plain, lpgc, tab, atab, stage, e, t, proc_i.ch, lane);
+        } else
             mul_item_st(p, xdt, act, plain, tab, atab, ring + sidx * sb, e, t, proc_i.ch, lane);
         it_next(p, &proc_i, Wq, Wr);
     }
+    grid_launch_dependents(); /* this warp's share is done: the next kernel may start */
 }
 
 /*
@@ -1143,22 +1351,22 @@ __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any(ro
 /* The staged versions of the four, for 16-byte aligned x. */
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1, 0, NULL);
+    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, MF_ACT_SILU, 1, 0, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_any_st(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, p.act, 0, 0, NULL);
+    walk_staged<MF_WARPS>(p, MODE_QUANT, p.xdt, p.act, 0, 0, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1, 0, NULL);
+    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, MF_ACT_SILU, 1, 0, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any_st(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, p.act, 0, 0, NULL);
+    walk_staged<MF_WARPS>(p, MODE_MUL, p.xdt, p.act, 0, 0, 0);
 }
 
 /* bf16 x, plain silu (or quant), staged; the dtype and the lanes per group (G / 8) constants
@@ -1166,26 +1374,24 @@ __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_act_mul_any_st
 template <int LPG>
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_quant_silu_st_bf16(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1, LPG, NULL);
+    walk_staged<MF_WARPS>(p, MODE_QUANT, MF_DT_BF16, MF_ACT_SILU, 1, LPG, 0);
 }
 
 __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_PER_SM) mf_k_act_mul_silu_st_bf16(rows_params p)
 {
-    walk_staged<MF_WARPS>(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1, 0, NULL);
+    walk_staged<MF_WARPS>(p, MODE_MUL, MF_DT_BF16, MF_ACT_SILU, 1, 0, 0);
 }
 
 /* The table kernels: bf16 x staged, act(g) from the table, the lanes per group a constant. */
 template <int LPG>
 __global__ void __launch_bounds__(MF_TAB_THREADS, 1) mf_k_quant_tab(rows_params p)
 {
-    __shared__ __align__(16) float atab[MF_TAB_ENTRIES];
-    walk_staged<MF_TAB_WARPS>(p, MODE_QUANT, MF_DT_BF16, p.act, 1, LPG, atab);
+    walk_staged<MF_TAB_WARPS>(p, MODE_QUANT, MF_DT_BF16, p.act, 1, LPG, 1);
 }
 
 __global__ void __launch_bounds__(MF_TAB_THREADS, 1) mf_k_act_mul_tab(rows_params p)
 {
-    __shared__ __align__(16) float atab[MF_TAB_ENTRIES];
-    walk_staged<MF_TAB_WARPS>(p, MODE_MUL, MF_DT_BF16, p.act, 1, 0, atab);
+    walk_staged<MF_TAB_WARPS>(p, MODE_MUL, MF_DT_BF16, p.act, 1, 0, 1);
 }
 
 /*
@@ -1416,28 +1622,27 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
 }
 
 /*
- * Dynamic shared memory of a staged kernel of `warps` warps in *bytes: the row offsets
- * (offs_bytes, rounded to 16) and MF_STAGES items per warp; 0 when even the device's opt-in
- * limit is too small (the unstaged kernel runs instead). table: the kernel holds an
- * activation table in static shared memory. Above the default 48 KiB the kernel's limit is
- * raised once per context (bit: its bit in s->rows_smem_raised), not on every call: the
- * attribute call costs host time that a decode-sized call would notice.
+ * Dynamic shared memory of a staged kernel of `warps` warps in *bytes: the rings (and the
+ * activation table for a table kernel that activates) as ring_offset lays them out, then
+ * the row offsets (offs_bytes); 0 when even the device's opt-in limit is too small (the
+ * unstaged kernel runs instead). Above the default 48 KiB the kernel's limit is raised once
+ * per context (bit: its bit in s->rows_smem_raised), not on every call: the attribute call
+ * costs host time that a decode-sized call would notice.
  */
 static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const rows_params *p,
                                   size_t offs_bytes, const void *kernel, uint32_t bit, int warps,
                                   int table, const char *op, size_t *bytes)
 {
-    /* the kernels' other static shared memory (exp table, mbarriers, the prefix sum's) stays
-     * under 2 KiB (1600 bytes with MF_TAB_WARPS = 20: cuobjdump -res-usage) */
-    const size_t stat = 2048 + (table ? MF_TAB_BYTES : 0);
-    if (s->smem_optin <= stat) {
-        *bytes = 0;
-        return MOEFUSE_OK;
-    }
-    const size_t limit = s->smem_optin - stat;
-    const size_t need = (offs_bytes + 15) / 16 * 16 +
-                        (size_t)warps * MF_STAGES * (size_t)stage_bytes(p->xes, p->activate);
+    /* the kernels' static shared memory (exp table, mbarriers, the prefix sum's) stays under
+     * 2 KiB (1600 bytes with MF_TAB_WARPS = 20: cuobjdump -res-usage) */
+    const size_t stat = 2048;
     *bytes = 0;
+    if (s->smem_optin <= stat)
+        return MOEFUSE_OK;
+    const size_t limit = s->smem_optin - stat;
+    const int64_t sb = stage_bytes(p->xes, p->activate);
+    const size_t need = (size_t)offs_offset(sb, table && p->activate, warps) +
+                        (offs_bytes + 15) / 16 * 16;
     if (need > limit)
         return MOEFUSE_OK;
     if (need + stat > 48 * 1024 && !(s->rows_smem_raised & bit)) {
@@ -1449,6 +1654,27 @@ static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const row
     }
     *bytes = need;
     return MOEFUSE_OK;
+}
+
+/*
+ * Launches a staged kernel; a table kernel (pdl) with programmatic dependent launch on
+ * sm_90 and later (grid_dependency_wait), so that its start overlaps the end of the kernel
+ * before it. Errors are left for mf_cuda_launched.
+ */
+static void launch_staged(const cuda_state *s, void (*k)(rows_params), unsigned grid, int warps,
+                          size_t bytes, int pdl, rows_params p)
+{
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3((unsigned)warps * 32u);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.stream = s->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl && s->cc_major >= 9 ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, k, p);
 }
 
 static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
@@ -1514,7 +1740,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                 /* masked: a persistent grid (the valid rows are known on the device only) */
                 const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm
                                              : mf_cuda_grid(s, T * p.chunks, warps, per_sm);
-                k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
+                launch_staged(s, k, grid, warps, bytes, tab, p);
                 MF_TRY(mf_cuda_launched(ctx, op, kname));
             } else {
                 const int per_sm_d = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
@@ -1592,7 +1818,7 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
     if (bytes) {
         const int per_sm = tab ? 1 : silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
         const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, warps, per_sm);
-        k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
+        launch_staged(s, k, grid, warps, bytes, tab, p);
         return mf_cuda_launched(ctx, op, tab ? "mf_k_act_mul_tab" : silu ? "mf_k_act_mul_silu_st" : "mf_k_act_mul_any_st");
     }
     p.atab = NULL;

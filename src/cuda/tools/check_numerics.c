@@ -238,11 +238,11 @@ static void check_division(int quick)
 
 static void check_act_tables(void)
 {
-    static float tab[MF_TAB_ENTRIES];
+    static float tab[MF_TAB_SMEM_SPAN / 4]; /* the shared-memory layout, gap included */
     long long bad = 0, covered = 0;
     for (int act = 0; act < MF_TAB_ACTS; act++) {
         for (uint32_t j = 0; j < MF_TAB_ENTRIES; j++)
-            tab[j] = mf_act_table_entry(act, j);
+            tab[mf_tab_smem_offset(j) / 4] = mf_act_table_entry(act, j);
         for (uint32_t b = 0; b < 0x10000u; b++) {
             const uint32_t m = b & 0x7FFFu;
             const int in = m >= MF_TAB_LO && m < MF_TAB_LO + MF_TAB_SPAN;
@@ -253,7 +253,7 @@ static void check_act_tables(void)
                 const uint32_t gw[4] = {w, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
                 const float u[8] = {1.5f, 1.5f, 1, 1, 1, 1, 1, 1};
                 float h[8];
-                const int hit = mf_act8_table(tab, gw, u, h);
+                const int hit = mf_act8_table((const char *)tab, gw, u, h);
                 covered += hit;
                 if (hit != in || (hit && mf_f32_bits(h[half]) != mf_f32_bits(a * 1.5f))) {
                     if (bad++ < 5)
