@@ -145,6 +145,7 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
         cuda_release(s);
         return mf_cuda_fail(ctx, e, NULL, "cudaEventCreateWithFlags");
     }
+    mf_cuda_probe_pdl(s);
     /* the table kernels of rows.cu, unless MOEFUSE_CUDA_ACT_TABLE=0 keeps the computed ones
      * (the same bits: for comparison and for the tests of the computed path) */
     const char *tables = getenv("MOEFUSE_CUDA_ACT_TABLE");

@@ -33,6 +33,7 @@ typedef struct cuda_state {
     cudaStream_t stream;       /* own_stream, or the caller's */
     int sm_count;              /* multiprocessors, read from the device */
     int cc_major, cc_minor;    /* compute capability */
+    int pdl;                   /* launches may use programmatic dependent launch (mf_cuda_probe_pdl) */
     size_t smem_optin;         /* max dynamic shared memory per block after opt-in */
     /* one bit per GEMM kernel whose dynamic shared-memory limit this context has raised
      * (moe_mma.cu, moe_wgmma.cu): per context, so threads with contexts of their own
@@ -102,6 +103,10 @@ static inline unsigned mf_cuda_grid(const cuda_state *s, int64_t work, int64_t p
         need = cap;
     return (unsigned)(need > 0 ? need : 1);
 }
+
+/* Sets s->pdl: the device is sm_90 or later and runs this library's code compiled for sm_90 or
+ * later (not older PTX compiled at load time, whose kernels have no griddepcontrol.wait). */
+void mf_cuda_probe_pdl(cuda_state *s);
 
 /* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);

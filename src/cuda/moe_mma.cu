@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
     const long long KT = (p.depth + MOE_BK - 1) / MOE_BK;
 
     if (p.trigger)
-        moe_pdl_trigger(); /* the final may launch once every block of this grid started */
+        mf_pdl_trigger(); /* the final may launch once every block of this grid started */
     for (long long lin = blockIdx.x;; lin += gridDim.x) {
         if (p.rt.direct ? lin != (long long)blockIdx.x : lin >= p.lin_bound)
             break;
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
             if (st < KT)
                 ld.load_b(p, sbase + (uint32_t)(st * STAGE_BYTES), st);
         if (p.pdl)
-            moe_pdl_wait();
+            mf_pdl_wait();
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) {
             if (st < KT)

@@ -435,7 +435,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
     const moefuse_tensor h = moefuse_tensor_dense(scratch + off_h, a->x.dtype, 3, h_shape);
     /* sm_90, tensor cores: the final launches while the gate runs and streams its weights */
-    const int pdl = s->cc_major >= 9 && !pl.simt;
+    const int pdl = s->pdl && !pl.simt;
     MoeGemm gg = gate_params(a, &pl, &rt, &h, 0);
     if (pl.direct) {
         gg.zero_cnt = b.cnt;

@@ -9,6 +9,7 @@
 #define MOEFUSE_CUDA_MOE_TILES_CUH
 
 #include "cuda/moe_kernels.cuh"
+#include "cuda/pdl.cuh"
 
 #define MOE_BK 64 /* elements of depth per stage: 128 bytes per row */
 
@@ -59,21 +60,6 @@ static __device__ __forceinline__ uint4 load8(const char *row, long long kcol, l
     return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-
-/* Programmatic dependent launch (sm_90): no-ops where the instructions do not exist. */
-static __device__ __forceinline__ void moe_pdl_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-static __device__ __forceinline__ void moe_pdl_trigger(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 /*
  * Copies depth tile kt of the block's BM A rows (activations of its slots)

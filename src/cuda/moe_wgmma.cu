@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_c
     const long long KT = (p.depth + MOE_BK - 1) / MOE_BK;
 
     if (p.trigger)
-        moe_pdl_trigger(); /* the final may launch once every block of this grid started */
+        mf_pdl_trigger(); /* the final may launch once every block of this grid started */
     for (long long lin = blockIdx.x;; lin += gridDim.x) {
         if (p.rt.direct ? lin != (long long)blockIdx.x : lin >= p.lin_bound)
             break;
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_c
             if (st < KT)
                 ld.load_b(p, sbase + (uint32_t)(st * WG_STAGE_BYTES), st);
         if (p.pdl)
-            moe_pdl_wait();
+            mf_pdl_wait();
 #pragma unroll
         for (int st = 0; st < WG_STAGES - 2; st++) {
             if (st < KT)

@@ -34,6 +34,7 @@
 #include "cuda/act_table.cuh"
 #include "cuda/cuda_internal.h"
 #include "cuda/numerics.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/vec.cuh"
 
 #include <float.h>
@@ -54,8 +55,9 @@
  * The table kernels run one block per SM (its activation table, 32 KiB, is
  * shared by all its warps): MF_TAB_WARPS warps, each with a ring of
  * MF_STAGES items of 4 KiB (bf16 gate and up). The table's halves lie 128 KiB
- * apart (act_table.cuh) with 14 rings between them and 6 after: 192 KiB
- * under the 227 KiB of an H100 with room for the row offsets of 4096 experts.
+ * apart (act_table.cuh) with rings between them (by default 14 of 20, 6 after:
+ * 192 KiB) under the 227 KiB of an H100 with room for the row offsets of 4096
+ * experts.
  */
 #ifndef MF_TAB_WARPS
 #define MF_TAB_WARPS 20
@@ -772,8 +774,9 @@ static __device__ __forceinline__ void quant_item_st(const rows_params &p, int x
 
 /*
  * The table kernels' item for G = 128 and e4m3 codes, of nv whole slots (4 but in a row's
- * last item; one instance for every nv, since a second one made ptxas spill): the h of every slot first (act(g) from the table when ACT, else x itself),
- * then the amax of the item's groups by one transposing reduction (lane l ends with the
+ * last item; nv is not a template argument, since a second instance made ptxas spill): the
+ * h of every slot first (act(g) from the table when ACT, else x itself), then the amax of
+ * the item's groups by one transposing reduction (lane l ends with the
  * group of slot l & 3 in its half of the warp: 14 instructions where four separate
  * reductions take 32), one scale per lane instead of one per slot, the codes slot by slot.
  * Returns 0, having written nothing, when the item needs quant_item_st: a gate outside the
@@ -787,7 +790,6 @@ static __device__ __forceinline__ int quant_item_fast(const rows_params &p, cons
                                                       int64_t ch, int nv, int lane)
 {
     static_assert(MF_ST_SLOTS == 4, "the transposing reduction takes four slots");
-    const uint32_t lo = MF_TAB_LO << 16;
     float h[MF_ST_SLOTS][8], m[MF_ST_SLOTS];
 #pragma unroll
     for (int k = 0; k < MF_ST_SLOTS; k++) {
@@ -802,21 +804,14 @@ static __device__ __forceinline__ int quant_item_fast(const rows_params &p, cons
         if (ACT) {
             const uint4 uv = ((const uint4 *)stage)[(MF_ST_SLOTS + k) * 32 + lane];
             const uint32_t u[4] = {uv.x, uv.y, uv.z, uv.w};
-            uint32_t dl[4], dh[4], miss = 0u;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                dl[i] = (g[i] << 16) - lo;
-                dh[i] = g[i] - lo; /* the low half never borrows */
-                miss |= dl[i] | dh[i];
-            }
-            if (__any_sync(MF_FULL, miss & MF_TAB_MISS))
+            uint32_t off[8];
+            if (__any_sync(MF_FULL, mf_tab_offsets8(g, off))) /* before any read of the table */
                 return 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                /* dl's low half is 0: its shift is already mf_tab_smem_at(dl) */
-                h[k][2 * i] = *(const float *)(atab + (dl[i] >> 14)) * mf_bits_f32(u[i] << 16);
-                h[k][2 * i + 1] = *(const float *)(atab + mf_tab_smem_at(dh[i])) *
-                                  mf_bits_f32(u[i] & 0xFFFF0000u);
+                h[k][2 * i] = *(const float *)(atab + off[2 * i]) * mf_bits_f32(u[i] << 16);
+                h[k][2 * i + 1] =
+                    *(const float *)(atab + off[2 * i + 1]) * mf_bits_f32(u[i] & 0xFFFF0000u);
             }
         } else {
 #pragma unroll
@@ -929,24 +924,17 @@ static __device__ __forceinline__ void mul_item(const rows_params &p, int xdt, i
 static __device__ __forceinline__ int mul_slot_fast(const char *atab, const char *stage, int k,
                                                     int lane, char *out)
 {
-    const uint32_t lo = MF_TAB_LO << 16;
     const uint4 gv = ((const uint4 *)stage)[k * 32 + lane];
     const uint4 uv = ((const uint4 *)stage)[(MF_ST_SLOTS + k) * 32 + lane];
     const uint32_t g[4] = {gv.x, gv.y, gv.z, gv.w}, u[4] = {uv.x, uv.y, uv.z, uv.w};
-    uint32_t dl[4], dh[4], miss = 0u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        dl[i] = (g[i] << 16) - lo;
-        dh[i] = g[i] - lo;
-        miss |= dl[i] | dh[i];
-    }
-    if (__any_sync(MF_FULL, miss & MF_TAB_MISS))
+    uint32_t off[8];
+    if (__any_sync(MF_FULL, mf_tab_offsets8(g, off))) /* before any read of the table */
         return 0;
     float h[8], any = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        h[2 * i] = *(const float *)(atab + (dl[i] >> 14)) * mf_bits_f32(u[i] << 16);
-        h[2 * i + 1] = *(const float *)(atab + mf_tab_smem_at(dh[i])) * mf_bits_f32(u[i] & 0xFFFF0000u);
+        h[2 * i] = *(const float *)(atab + off[2 * i]) * mf_bits_f32(u[i] << 16);
+        h[2 * i + 1] = *(const float *)(atab + off[2 * i + 1]) * mf_bits_f32(u[i] & 0xFFFF0000u);
     }
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -972,7 +960,7 @@ static __device__ __forceinline__ void mul_item_st(const rows_params &p, int xdt
     for (int k = 0; k < MF_ST_SLOTS; k++) {
         const int64_t c0 = ch * MF_ST_ITEM + k * 256 + lane * 8;
         const int n = c0 < p.H ? 8 : 0;
-        /* (n is uniform: H is a multiple of 256 when every lane has 8 or none) */
+        /* the vote sends a slot that runs partly past the row to the general path */
         if (atab && p.vec_q && __all_sync(MF_FULL, n == 8) &&
             mul_slot_fast(atab, stage, k, lane, orow + c0 * 2))
             continue;
@@ -1159,30 +1147,6 @@ static __device__ __forceinline__ void fetch_item(const rows_params &p, int xdt,
 }
 
 /*
- * Programmatic dependent launch (sm_90): the table kernels are launched so that they may
- * start while the kernel before them in the stream finishes (their table copy and barrier
- * set-up overlap its tail), and each warp lets the next kernel launch once its share of
- * the work is done. Everything before grid_dependency_wait touches only the kernel's own
- * table and shared memory; the call's tensors are read and written after it, when the
- * previous kernel has completed and its writes are visible. Without the launch attribute
- * both are no-ops. (Letting the next kernel launch at the start instead cost the long
- * masked call 1-2% on the H100.)
- */
-static __device__ __forceinline__ void grid_launch_dependents(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-static __device__ __forceinline__ void grid_dependency_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/*
  * Dynamic shared memory of the staged kernels: each warp's ring of MF_STAGES items of sb
  * bytes, then the row offsets (masked calls, E small). With an activation table (TABLE:
  * the table kernels when they activate) the table's halves sit at 0 and MF_TAB_NEG
@@ -1232,7 +1196,9 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             mbar_init(&bars[threadIdx.x >> 5][i]);
         mbar_init_fence();
     }
-    grid_dependency_wait(); /* no read of the call's tensors, and no write, before */
+    /* programmatic dependent launch (pdl.cuh): the table copy and the barriers overlap the
+     * previous kernel's end; no read of the call's tensors, and no write, before this */
+    mf_pdl_wait();
     load_exp_table(tab); /* its barrier also publishes the mbarriers and the table */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t sb = stage_bytes(xdt == MF_DT_F32 ? 4 : 2, p.activate);
@@ -1306,7 +1272,9 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             const char *stage = ring + sidx * sb;
             /* whole slots of the row in the item: 4, or fewer in a row's last item */
             const int64_t left = p.H - proc_i.ch * MF_ST_ITEM;
-            const int nv = left >= MF_ST_ITEM ? MF_ST_SLOTS : left % 256 == 0 ? (int)(left / 256) : 0;
+            const int nv = left >= MF_ST_ITEM ? MF_ST_SLOTS
+                           : left % 256 == 0  ? (int)(left / 256)
+                                              : 0;
             int done = 0;
             if (fast && nv > 0)
                 done = p.activate ? quant_item_fast<1>(p, atab, stage, e, t, proc_i.ch, nv, lane)
@@ -1317,7 +1285,9 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             mul_item_st(p, xdt, act, plain, tab, atab, ring + sidx * sb, e, t, proc_i.ch, lane);
         it_next(p, &proc_i, Wq, Wr);
     }
-    grid_launch_dependents(); /* this warp's share is done: the next kernel may start */
+    /* the next kernel may launch once every block got here (the first warp of each counts;
+     * at the start instead, it cost the long masked call 1-2% on the H100) */
+    mf_pdl_trigger();
 }
 
 /*
@@ -1634,7 +1604,7 @@ static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const row
                                   int table, const char *op, size_t *bytes)
 {
     /* the kernels' static shared memory (exp table, mbarriers, the prefix sum's) stays under
-     * 2 KiB (1600 bytes with MF_TAB_WARPS = 20: cuobjdump -res-usage) */
+     * 2 KiB (832 bytes with MF_TAB_WARPS = 20: ptxas -v) */
     const size_t stat = 2048;
     *bytes = 0;
     if (s->smem_optin <= stat)
@@ -1657,13 +1627,17 @@ static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const row
 }
 
 /*
- * Launches a staged kernel; a table kernel (pdl) with programmatic dependent launch on
- * sm_90 and later (grid_dependency_wait), so that its start overlaps the end of the kernel
- * before it. Errors are left for mf_cuda_launched.
+ * Launches a staged kernel; a table kernel (pdl) with programmatic dependent launch where
+ * the context allows it (s->pdl), so that its start overlaps the end of the kernel before
+ * it. Errors are left for mf_cuda_launched.
  */
 static void launch_staged(const cuda_state *s, void (*k)(rows_params), unsigned grid, int warps,
                           size_t bytes, int pdl, rows_params p)
 {
+    if (!(pdl && s->pdl)) {
+        k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
+        return;
+    }
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -1673,8 +1647,17 @@ static void launch_staged(const cuda_state *s, void (*k)(rows_params), unsigned 
     cfg.dynamicSmemBytes = bytes;
     cfg.stream = s->stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = pdl && s->cc_major >= 9 ? 1 : 0;
+    cfg.numAttrs = 1;
     (void)cudaLaunchKernelEx(&cfg, k, p);
+}
+
+void mf_cuda_probe_pdl(cuda_state *s)
+{
+    struct cudaFuncAttributes fa;
+    s->pdl = s->cc_major >= 9 &&
+             cudaFuncGetAttributes(&fa, (const void *)mf_k_act_mul_tab) == cudaSuccess &&
+             fa.ptxVersion >= 90;
+    (void)cudaGetLastError(); /* a failed query leaves PDL off, not an error for the next call */
 }
 
 static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
