@@ -956,24 +956,26 @@ START_TEST(t_boundaries)
 END_TEST
 
 /*
- * Rows of whole 1024-channel items (H = 3072), of whole items and a partial one (H = 2560)
- * and a masked call (H = 2048): bf16 x, G = 128 and e4m3, where the CUDA table kernels take
- * their fast item path, in every layout, with and without activation; random inputs,
+ * Rows of whole 1024-channel items and partial last items (H = 3072, 2560, 2816, 1280,
+ * 2432) and a masked call (H = 2048): bf16 x, G = 128 and e4m3, where the CUDA table
+ * kernels take their fast item path, in every layout, with and without activation; random inputs,
  * special ones (a NaN, an Inf, a zero gate or an all-zero group sends its item back to the
  * general path) and boundary ones.
  */
 START_TEST(t_whole_items)
 {
+    /* last items of 4, 2, 3 and 1 whole slots, and one with half a slot (general path) */
+    const int64_t widths[5] = {3072, 2560, 2816, 1280, 2432};
     for (int r = 0; r < 15; r++) {
         const int masked = r % 4 == 3;
-        const int64_t H = masked ? 2048 : (r & 1 ? 2560 : 3072);
+        const int64_t H = masked ? 2048 : widths[r % 5];
         qcfg c = qbase(masked ? 3 : 0, masked ? 7 : h_randint(1, 12), H, 128);
         c.counts[0] = 7, c.counts[1] = 0, c.counts[2] = (int32_t)h_randint(1, 6);
         c.xdt = MOEFUSE_BF16;
-        c.L = LAYS[r % 5];
+        c.L = LAYS[(r + r / 5) % 5];
         c.act = r % 3;
         c.order = (r >> 2) & 1;
-        c.quant_only = !masked && r % 3 == 1;
+        c.quant_only = !masked && r % 4 == 1;
         c.special = r / 5 == 1;
         c.boundary = r / 5 == 2;
         run_quant_case(c);

@@ -70,7 +70,8 @@ __global__ void k_conv(unsigned long long *bad, uint32_t *first)
             if (atomicAdd(&bad[1], 1ull) < 4)
                 first[1] = (uint32_t)b;
         }
-        if (!mf_is_nan(f) && (mf_bf16x2_rn(f, -f) != (mf_f32_to_bf16(f) | (mf_f32_to_bf16(-f) << 16)))) {
+        const uint32_t bf16_ref = mf_f32_to_bf16(f) | (mf_f32_to_bf16(-f) << 16);
+        if (!mf_is_nan(f) && mf_bf16x2_rn(f, -f) != bf16_ref) {
             if (atomicAdd(&bad[4], 1ull) < 4)
                 first[4] = (uint32_t)b;
         }
