@@ -1030,9 +1030,9 @@ static __device__ __forceinline__ int64_t find_expert(const int64_t *offs, int64
 
 /*
  * The same knowing the answer is at least lo (a warp's rows only grow), by the whole warp
- * (every lane calls it): lanes test the next 32 experts at once,
- * and since offs only grows the experts at or below the row are a prefix of them. One step
- * unless the row moved past 32 experts.
+ * (every lane calls it): the lanes test the next 32 experts at once, and since offs only
+ * grows, the experts at or below the row are a prefix of them. One step unless the row
+ * moved past 32 experts.
  */
 static __device__ __forceinline__ int64_t find_expert_warp(const int64_t *offs, int64_t E,
                                                            int64_t row, int64_t lo, int lane)
@@ -1285,7 +1285,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
             mul_item_st(p, xdt, act, plain, tab, atab, ring + sidx * sb, e, t, proc_i.ch, lane);
         it_next(p, &proc_i, Wq, Wr);
     }
-    /* the next kernel may launch once every block got here (the first warp of each counts;
+    /* the next kernel may launch once every block got here (the trigger counts per block;
      * at the start instead, it cost the long masked call 1-2% on the H100) */
     mf_pdl_trigger();
 }
