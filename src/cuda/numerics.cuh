@@ -284,7 +284,8 @@ static __device__ __forceinline__ float mf_silu_fast(float g, uint32_t tabs)
  * Markstein's correction: q0 = RN(h y) is within 1 ulp of h / s, the residual
  * h - q0 s is exact in an fmaf, and RN(q0 + res y) with y = RN(1 / s) is the
  * correctly rounded quotient when nothing underflows or overflows. The
- * callers take this path only for s in [2^-60, 2^60] and |h| <= 448 s, where
+ * callers take this path only for s in [2^-60, 2^60] and |h| at most the
+ * group's amax (448 s, or an ulp or two above when s rounded down), where
  * a quotient that could give a nonzero code keeps every term normal; a
  * smaller quotient gives code 0 either way. The residual is formed negated
  * (q0 s - h, the same magnitude) so that h = -0 gives -0 + -0 = -0 in the

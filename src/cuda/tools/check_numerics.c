@@ -200,8 +200,10 @@ static void check_division(int quick)
             if (!mf_scale_fast_ok(s))
                 continue;
             const float y = 1.0f / s;
+            /* up to the group's amax, which may lie an ulp or two above 448 s when s = amax / 448
+             * rounded down: four ulps past 448 s */
             const float bound = 448.0f * s;
-            const uint32_t top = mf_f32_bits(bound);
+            const uint32_t top = mf_f32_bits(bound) + 4u;
             long long b_local = 0, c_local = 0;
 #pragma omp parallel for schedule(dynamic, 65536) reduction(+ : b_local, c_local)
             for (int64_t b = 0; b <= (int64_t)top; b += step) {
@@ -226,6 +228,13 @@ static void check_division(int quick)
             h = 448.0f * s;
         bad_r += div_case(h, s, y) + div_case(-h, s, y);
         count += 2;
+        /* the group's own amax: s = RN(amax / 448) for an amax near s * 448, and h = amax */
+        const float amax = mf_bits_f32(mf_f32_bits(448.0f * s) + (uint32_t)(v >> 60) % 5u - 2u);
+        const float sa = amax / 448.0f;
+        if (mf_scale_fast_ok(sa)) {
+            bad_r += div_case(amax, sa, 1.0f / sa) + div_case(-amax, sa, 1.0f / sa);
+            count += 2;
+        }
     }
     printf("scale division: %lld (h, s) pairs%s: %lld differ from h / s (exhaustive part %lld, "
            "random %lld)\n",
