@@ -21,6 +21,7 @@
 
 #include "cuda/moe_internal.h"
 #include "cuda/moe_math.cuh"
+#include "cuda/pdl.cuh"
 
 /*
  * Development timing (-DMOE_TIMING only, never in a normal build): thread 0 of
@@ -52,21 +53,7 @@ static __device__ unsigned long long moe_timing[4][8]; /* [kind][phase], [kind][
 static inline void moe_launch(void (*kern)(const MoeGemm), dim3 grid, unsigned threads,
                               size_t smem, cudaStream_t stream, const MoeGemm *p)
 {
-    if (!p->pdl) {
-        kern<<<grid, threads, smem, stream>>>(*p);
-        return;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kern, *p); /* errors surface in mf_cuda_launched */
+    mf_launch_pdl(kern, grid, threads, smem, stream, p->pdl, *p);
 }
 
 /* Local expert of slot (m, j), or -1 when the slot is invalid (NUMERICS.md, MoE). */

@@ -9,7 +9,6 @@
 #define MOEFUSE_CUDA_MOE_TILES_CUH
 
 #include "cuda/moe_kernels.cuh"
-#include "cuda/pdl.cuh"
 
 #define MOE_BK 64 /* elements of depth per stage: 128 bytes per row */
 

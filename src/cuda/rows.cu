@@ -1626,31 +1626,6 @@ static moefuse_status staged_smem(moefuse_context *ctx, cuda_state *s, const row
     return MOEFUSE_OK;
 }
 
-/*
- * Launches a staged kernel; a table kernel (pdl) with programmatic dependent launch where
- * the context allows it (s->pdl), so that its start overlaps the end of the kernel before
- * it. Errors are left for mf_cuda_launched.
- */
-static void launch_staged(const cuda_state *s, void (*k)(rows_params), unsigned grid, int warps,
-                          size_t bytes, int pdl, rows_params p)
-{
-    if (!(pdl && s->pdl)) {
-        k<<<grid, (unsigned)warps * 32u, bytes, s->stream>>>(p);
-        return;
-    }
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3((unsigned)warps * 32u);
-    cfg.dynamicSmemBytes = bytes;
-    cfg.stream = s->stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    (void)cudaLaunchKernelEx(&cfg, k, p);
-}
-
 void mf_cuda_probe_pdl(cuda_state *s)
 {
     struct cudaFuncAttributes fa;
@@ -1723,7 +1698,9 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
                 /* masked: a persistent grid (the valid rows are known on the device only) */
                 const unsigned grid = masked ? (unsigned)s->sm_count * (unsigned)per_sm
                                              : mf_cuda_grid(s, T * p.chunks, warps, per_sm);
-                launch_staged(s, k, grid, warps, bytes, tab, p);
+                /* the table kernels with programmatic dependent launch (mf_pdl_wait) */
+                mf_launch_pdl(k, dim3(grid), (unsigned)warps * 32u, bytes, s->stream,
+                              tab && s->pdl, p);
                 MF_TRY(mf_cuda_launched(ctx, op, kname));
             } else {
                 const int per_sm_d = silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
@@ -1801,7 +1778,7 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
     if (bytes) {
         const int per_sm = tab ? 1 : silu ? MF_BLOCKS_PER_SM : MF_BLOCKS_ANY;
         const unsigned grid = mf_cuda_grid(s, p.T * p.chunks, warps, per_sm);
-        launch_staged(s, k, grid, warps, bytes, tab, p);
+        mf_launch_pdl(k, dim3(grid), (unsigned)warps * 32u, bytes, s->stream, tab && s->pdl, p);
         return mf_cuda_launched(ctx, op, tab ? "mf_k_act_mul_tab" : silu ? "mf_k_act_mul_silu_st" : "mf_k_act_mul_any_st");
     }
     p.atab = NULL;
