@@ -573,15 +573,20 @@ static double logit(int mode, int64_t m, int64_t i, int64_t E)
     }
     case 3:
         return i == 1 ? NAN : -INFINITY; /* every number -Inf */
+    case 4: /* one large logit, the rest 80-120 below: exps near or under the subnormals */
+        return i == m % E ? 0.0 : h_unif(-120, -80);
+    case 5: /* neighbours an ulp or two apart (in f32): quotients that round together */
+        return 1.0 + (double)h_randint(0, 12) * 0x1p-23;
     default:
         return h_unif(-8, 8);
     }
 }
 
 /* ids and weights: every byte equal (the library's exp, the sum in index order everywhere). */
-static void run_topk_case(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int renorm, int mode)
+static void run_topk_case_rp(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int renorm,
+                             int mode, int64_t rp)
 {
-    pair lg = pair2("logits", dt, M, E, 1, 1);
+    pair lg = pair2("logits", dt, M, E, rp, 1);
     for (int64_t m = 0; m < M; m++)
         for (int64_t i = 0; i < E; i++) tb_set(lg.d, m, i, 0, logit(mode, m, i, E));
     tb_upload(lg.d);
@@ -593,6 +598,12 @@ static void run_topk_case(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int
     same_elsewhere(ids, judged_new(ids), what);
     same_elsewhere(w, judged_new(w), what);
     tb_free_all();
+}
+
+/* Rows padded by one element: unaligned rows, read element by element. */
+static void run_topk_case(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int renorm, int mode)
+{
+    run_topk_case_rp(dt, M, E, k, renorm, mode, 1);
 }
 
 /* ------------------------------------------------------------------ MoE */
@@ -1097,11 +1108,30 @@ START_TEST(t_topk)
             run_topk_case(FLOATS[d], 6, 9, 4, rn, 1);
             run_topk_case(FLOATS[d], 30, 33, 6, rn, 2);
             run_topk_case(FLOATS[d], 4, 4, 4, rn, 3);
+            /* router sizes (E <= 256, k <= 32: a block of rows, a warp per row), dense rows
+             * read as vectors; past them (E > 256 or k > 32) the general kernel */
+            run_topk_case_rp(FLOATS[d], 41, 256, 8, rn, 0, 0);
+            run_topk_case_rp(FLOATS[d], 19, 256, 8, rn, 1, 0);
+            run_topk_case_rp(FLOATS[d], 23, 256, 8, rn, 2, 0);
+            run_topk_case_rp(FLOATS[d], 9, 256, 32, rn, 2, 0);
+            run_topk_case_rp(FLOATS[d], 3, 256, 8, rn, 3, 0);
+            run_topk_case_rp(FLOATS[d], 10, 128, 8, rn, 0, 0);
+            run_topk_case(FLOATS[d], 13, 251, 7, rn, 2);
+            run_topk_case_rp(FLOATS[d], 6, 300, 8, rn, 2, 0);
+            run_topk_case_rp(FLOATS[d], 4, 64, 40, rn, 0, 0);
+            run_topk_case_rp(FLOATS[d], 12, 256, 8, rn, 4, 0);
+            run_topk_case_rp(FLOATS[d], 12, 256, 8, rn, 5, 0);
+            run_topk_case_rp(FLOATS[d], 12, 40, 6, rn, 5, 0);
         }
+    /* more rows than one wave of blocks holds (the blocks go round again), and row counts
+     * past the small-M launch */
+    run_topk_case_rp(MOEFUSE_BF16, 9001, 256, 8, 1, 0, 0);
+    run_topk_case_rp(MOEFUSE_F32, 700, 200, 8, 0, 2, 0);
+    run_topk_case(MOEFUSE_F16, 300, 256, 8, 1, 1);
     for (int r = 0; r < 6; r++) {
-        int64_t E = h_randint(1, 70);
+        int64_t E = h_randint(1, r < 3 ? 70 : 300);
         run_topk_case(FLOATS[h_randint(0, 2)], h_randint(1, 50), E, h_randint(1, E < 8 ? E : 8),
-                      (int)h_randint(0, 1), (int)h_randint(0, 2));
+                      (int)h_randint(0, 1), (int)h_randint(0, 5));
     }
     finish("topk_softmax");
 }
