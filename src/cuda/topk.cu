@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
  *    divided out and are sorted across the warp by p, then id: lane j holds pick j. More
  *    than 32 of them (wide ties, rows of NaN, a floor so small that p is subnormal) take
  *    every candidate instead, picked one by one.
- * Every step depends on a few shuffles or ballots, not on chains of them: at small M the
- * call is one row's latency.
+ * The floor and the picks are warp sorts (15 shuffle steps each), not k rounds of
+ * reductions; at small M the call is one row's latency.
  */
 #define TKR_ROWS 8 /* rows per block for large M */
 #define TKR_E 256
