@@ -40,6 +40,14 @@ typedef struct topk_params {
  * (the __device__ copy of mf_exp.h is in global memory, a long latency per read). */
 __constant__ float mf_c_topk_exp_tab[64] = MF_EXP_TABLE_INIT;
 
+/* Both kernels' copy of that table to shared memory, published to the block. */
+static __device__ __forceinline__ void load_exp_table(float *tab)
+{
+    if (threadIdx.x < 64)
+        tab[threadIdx.x] = mf_c_topk_exp_tab[threadIdx.x];
+    __syncthreads();
+}
+
 /* mf_exp_f32(x), its fast path from the shared-memory table (the same bits: device_check.cu). */
 static __device__ __forceinline__ float exp_shared(float x, uint32_t tabs)
 {
@@ -70,9 +78,7 @@ static __device__ __forceinline__ uint64_t rank_key(float v, float e, int64_t i,
 __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
 {
     __shared__ float tab[64];
-    if (threadIdx.x < 64)
-        tab[threadIdx.x] = mf_c_topk_exp_tab[threadIdx.x];
-    __syncthreads();
+    load_exp_table(tab);
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
     const int lane = threadIdx.x & 31;
     const int cached = p.E <= 32 * TK_CACHE;
@@ -309,9 +315,7 @@ __global__ void __launch_bounds__(ROWS * 32, 4) mf_k_topk_rows(topk_params p)
     __shared__ __align__(16) float ex[ROWS][TKR_STRIDE];
     __shared__ float sums[ROWS];
     __shared__ uint2 cand[ROWS][32]; /* a warp's candidates: {e-key, id} in id order */
-    if (threadIdx.x < 64)
-        tab[threadIdx.x] = mf_c_topk_exp_tab[threadIdx.x];
-    __syncthreads();
+    load_exp_table(tab);
     mf_pdl_wait(); /* the logits may come from the kernel before */
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
