@@ -1208,7 +1208,13 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
     /* the fast item: G = 128, e4m3, 8-byte code stores */
     const int fast = table && lpgc == 16 && p.fp8 && p.vec_q;
     const int64_t W = (int64_t)gridDim.x * NW;
-    const int64_t it = (int64_t)blockIdx.x * NW + warp;
+    /* The warp's first item: warp-major across the blocks, so that the last, partial round
+     * (items W q .. N - 1) falls on a few warps of every SM rather than on every warp of the
+     * first SMs (a decode call of 3584 items on 2640 warps: 10.6 -> 9.1 us); the block index
+     * rotated by the warp, so that when W and the grid are multiples of the items per row
+     * each SM still mixes the row's chunks (a short last chunk would otherwise fall on whole
+     * SMs). A bijection from (block, warp) onto 0 .. W - 1. */
+    const int64_t it = (int64_t)warp * gridDim.x + (blockIdx.x + warp) % gridDim.x;
     const int64_t Wq = W / p.chunks, Wr = W % p.chunks;
     item_it fetch_i = {it / p.chunks, it % p.chunks}, proc_i = fetch_i;
     /* (e, t) of each staged item, found once at its fetch (register "arrays": every index is
