@@ -180,10 +180,7 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
                   const mf_raw8 *pre)
 {
     if (!r->activate) {
-        if (pre)
-            mf_unpack_raw8(pre[0], r->xdt, h);
-        else
-            mf_load_chunk(r->x, r->xdt, r->base + c, r->vec, n, h);
+        mf_load_chunk(r->x, r->xdt, r->base + c, r->vec, n, h);
         return;
     }
     float g[MF_PER_LANE], u[MF_PER_LANE], a[MF_PER_LANE];
@@ -603,15 +600,15 @@ __kernel void mf_build_act_tables(__global float *tables)
 }
 
 /*
- * The look-ahead of the quantizing kernel: (pe, pt) := the expert and token of item f of the
- * walk (searched from *pe on), and pre := this lane's raw words of it (gate and up, or x
- * alone), when f is an item and the lane has channels in it; nothing otherwise.
+ * The look-ahead of the quantizing kernels with an activation: (pe, pt) := the expert and
+ * token of item f of the walk (searched from *pe on), and pre := this lane's gate and up words
+ * of it, when f is an item and the lane has channels in it; nothing otherwise.
  */
 inline void mf_load_ahead(mf_walk f, long total, __global const uchar *x, long xo, long xs0,
                           long xs1, int xdt, __global const long *offs, __local const long *loffs,
                           int has_counts, int loffs_on, long experts, long per_item, int seg,
-                          long groups, long group, long lane_c, int activate, long goff,
-                          long uoff, long *pe, long *pt, mf_raw8 pre[2])
+                          long groups, long group, long lane_c, long goff, long uoff, long *pe,
+                          long *pt, mf_raw8 pre[2])
 {
     if (f.i >= total)
         return;
@@ -620,9 +617,8 @@ inline void mf_load_ahead(mf_walk f, long total, __global const uchar *x, long x
     const long g = f.p * per_item + seg;
     if (g < groups && lane_c < group) {
         const long b = xo + *pe * xs0 + *pt * xs1 + g * group + lane_c;
-        pre[0] = mf_load_raw8(x, xdt, b + (activate ? goff : 0));
-        if (activate)
-            pre[1] = mf_load_raw8(x, xdt, b + uoff);
+        pre[0] = mf_load_raw8(x, xdt, b + goff);
+        pre[1] = mf_load_raw8(x, xdt, b + uoff);
     }
 }
 
@@ -681,7 +677,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
      * item before waits at the barrier and stores its codes; (pe, pt) is that row's expert and
      * token. (On the H100 through NVIDIA's driver this took act_quant from 44-46% of copy to
      * 47-50%; quant, with half the words per item, lost 2 points to it and does without.) */
-    const int ahead = spec != MF_SPEC_ANY && spec != MF_SPEC_H;
+    const int ahead = spec != MF_SPEC_ANY && spec != MF_SPEC_H; /* (these always activate) */
     const long goff = order == 1 ? hidden : 0, uoff = order == 1 ? 0 : hidden;
     const long lane_c = (long)sl * MF_PER_LANE; /* the lane's channel in its group */
     mf_raw8 pre[2];
@@ -690,7 +686,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
     mf_walk w = mf_walk_start(items_per_row);
     if (ahead)
         mf_load_ahead(w, total, x, xo, xs0, xs1, xdt, offs, loffs, has_counts, loffs_on, experts,
-                      per_item, seg, groups, group, lane_c, activate, goff, uoff, &pe, &pt, pre);
+                      per_item, seg, groups, group, lane_c, goff, uoff, &pe, &pt, pre);
     for (; w.i < total; mf_walk_next(&w)) {
         const long i = w.i, g = w.p * per_item + seg;
         e = ahead ? pe : mf_row_expert(offs, loffs, has_counts, loffs_on, experts, e, i);
@@ -716,8 +712,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
             mf_walk f = w;
             mf_walk_next(&f);
             mf_load_ahead(f, total, x, xo, xs0, xs1, xdt, offs, loffs, has_counts, loffs_on,
-                          experts, per_item, seg, groups, group, lane_c, activate, goff, uoff, &pe,
-                          &pt, pre);
+                          experts, per_item, seg, groups, group, lane_c, goff, uoff, &pe, &pt,
+                          pre);
         }
         m = mf_segment_max(red + part * wg, m, lane, spec != MF_SPEC_ANY ? 32 : lanes, lanes, seg);
         part ^= 1;
