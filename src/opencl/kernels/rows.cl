@@ -108,7 +108,9 @@ inline void mf_unpack_raw8(mf_raw8 w, int dt, float v[8])
 }
 
 /* Elements i .. i + 7 of x as f32: one 16-byte load (two for f32) when vec, else the
- * first n elements one by one (the others 0). vec: i % 8 == 0, the buffer 16-byte aligned. */
+ * first n elements one by one (the others 0). vec: i % 8 == 0, the buffer 16-byte aligned.
+ * The vec branches repeat mf_unpack_raw8 on purpose: written through it, the same values
+ * cost act_mul 2 points and quant 9 on NVIDIA's driver (PERFORMANCE.md, 25 November). */
 inline void mf_load_chunk(__global const uchar *x, int dt, long i, int vec, int n, float v[8])
 {
     if (vec && dt == MF_BF16) {
