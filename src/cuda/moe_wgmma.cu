@@ -27,12 +27,9 @@
  * (MOE_HAVE_SM90A from meson), else it uses moe_mma.cu.
  */
 #include "cuda/moe_tiles.cuh"
+#include "cuda/wgmma.cuh"
 
 #include <limits.h>
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MOE_WGMMA_DEVICE 1
-#endif
 
 #define WG_BM 128
 #define WG_BN 256
@@ -42,97 +39,6 @@
 #define WG_CST (WG_BN + 8) /* epilogue tile row stride (floats) */
 #define WG_SMEM (WG_STAGES * WG_STAGE_BYTES + 1024) /* + slack to align the stages to 1024 */
 
-#ifdef MOE_WGMMA_DEVICE
-/*
- * Shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte
- * swizzle, 8-row groups 1024 bytes apart (stride byte offset); the leading
- * byte offset is unused for swizzled K-major layouts (1 by convention).
- */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
-{
-    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-
-/* The 128 accumulator operands of m64n256k16 (f32): %0..%127, then A and B descriptors. */
-#define WG_DREGS                                                                                   \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
-    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
-    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
-    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
-    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
-    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
-    "%120, %121, %122, %123, %124, %125, %126, %127"
-#define WG_DOUTS(d)                                                                                \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), \
-    "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
-    "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
-    "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
-    "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
-    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
-    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
-    "+f"(d[126]), "+f"(d[127])
-#define WG_MMA(T)                                                                                  \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                 \
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" WG_DREGS "}, %128, %129, p, 1, "  \
-    "1, 0, 0;\n}\n"
-
-/* d += A (64 x 16, smem descriptor da) * B (16 x 256, smem descriptor db), K-major both. */
-template <bool F16>
-static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db)
-{
-    if (F16)
-        asm volatile(WG_MMA("f16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
-    else
-        asm volatile(WG_MMA("bf16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
-}
-
-static __device__ __forceinline__ void wgmma_fence(void)
-{
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-static __device__ __forceinline__ void wgmma_commit(void)
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int N> static __device__ __forceinline__ void wgmma_wait(void)
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ void fence_proxy_async(void)
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/* Keeps the compiler from moving accumulator accesses across wgmma fences and waits. */
-static __device__ __forceinline__ void pin(float (&d)[128])
-{
-#pragma unroll
-    for (int i = 0; i < 128; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif
 
 template <bool F16, bool GATE>
 __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_constant__ MoeGemm p)
@@ -187,7 +93,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_c
         }
         for (long long kt = 0; kt < KT; kt++) {
             cp_async_wait<WG_STAGES - 3>(); /* this thread's copies of tile kt have landed */
-            fence_proxy_async();             /* and are visible to the tensor cores' proxy */
+            hp_fence_proxy_async();          /* and are visible to the tensor cores' proxy */
             __syncthreads();                 /* everyone's; wgmma of tile kt - 2 is complete */
             if (kt + WG_STAGES - 2 < KT)
                 ld.load(p, sbase + (uint32_t)(((kt + WG_STAGES - 2) % WG_STAGES) * WG_STAGE_BYTES),

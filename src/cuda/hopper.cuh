@@ -1,0 +1,135 @@
+/*
+ * Hopper (sm_90) asynchronous-copy primitives for the warp-specialised GEMM
+ * (moe_ws.cu): mbarriers, TMA tensor loads, cp.async arrivals on mbarriers,
+ * the proxy fence, register reallocation and named barriers, plus HpPipe, the
+ * position (stage, phase) of a role in a ring of shared-memory stages.
+ *
+ * Only sm_90 device code uses them; in other device passes they compile to
+ * nothing, and the host never launches their callers there.
+ */
+#ifndef MOEFUSE_CUDA_HOPPER_CUH
+#define MOEFUSE_CUDA_HOPPER_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define HP_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define HP_ASM(...) ((void)0)
+#endif
+
+/* Generic-proxy writes to shared memory (stores, cp.async) made visible to the async proxy
+ * (wgmma operand reads, TMA). */
+static __device__ __forceinline__ void hp_fence_proxy_async(void)
+{
+    HP_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* An mbarrier in shared memory that completes a phase after `count` arrivals. */
+static __device__ __forceinline__ void hp_mbar_init(uint32_t bar, unsigned count)
+{
+    HP_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+/* After the inits and before the barrier that publishes them to the block. */
+static __device__ __forceinline__ void hp_mbar_init_fence(void)
+{
+    HP_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void hp_mbar_arrive(uint32_t bar)
+{
+    HP_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* One arrival that also announces `bytes` of TMA data the phase waits for. */
+static __device__ __forceinline__ void hp_mbar_arrive_tx(uint32_t bar, unsigned bytes)
+{
+    HP_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+           : "memory");
+}
+
+/* Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes). */
+static __device__ __forceinline__ void hp_mbar_wait(uint32_t bar, unsigned parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
+/*
+ * The barrier receives one arrival once every cp.async this thread issued
+ * before has landed. noinc: the arrival is one of those the barrier was
+ * initialised to expect.
+ */
+static __device__ __forceinline__ void hp_cp_async_arrive(uint32_t bar)
+{
+    HP_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* Pulls a tensor map (kernel parameter) into the descriptor cache ahead of its first use. */
+static __device__ __forceinline__ void hp_tma_prefetch(const void *map)
+{
+    HP_ASM("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+/*
+ * TMA: the box at coordinates (c0, c1, c2) of a 3-D tensor map into shared
+ * memory at dst; completes `bytes` on bar (announced by hp_mbar_arrive_tx).
+ * Parts of the box outside the tensor arrive as zeros.
+ */
+static __device__ __forceinline__ void hp_tma_load_3d(uint32_t dst, const void *map, uint32_t bar,
+                                                      int c0, int c1, int c2)
+{
+    HP_ASM("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+           " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+           "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+           : "memory");
+}
+
+/* Register reallocation between warpgroups (every warp of the warpgroup executes it). */
+template <int N> static __device__ __forceinline__ void hp_regs_dec(void)
+{
+    HP_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <int N> static __device__ __forceinline__ void hp_regs_inc(void)
+{
+    HP_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* Barrier `id` (1..15) among `threads` threads, whole warps: a subset of the block. */
+static __device__ __forceinline__ void hp_bar_sync(int id, int threads)
+{
+    HP_ASM("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/*
+ * Where a role stands in a ring of STAGES stages: the stage it uses next and
+ * the parity of that stage's barrier phase it waits for. Producer and
+ * consumers each keep one and advance it once per depth tile, across tiles.
+ */
+template <int STAGES> struct HpPipe {
+    int stage;
+    unsigned phase;
+
+    __device__ __forceinline__ void advance(void)
+    {
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+        }
+    }
+};
+
+#endif /* MOEFUSE_CUDA_HOPPER_CUH */
