@@ -98,6 +98,32 @@ static __device__ __forceinline__ unsigned moe_token_bits(long long m, long long
     return ((1u << k) - 1u) << (m * k);
 }
 
+/* Routed mode: what tile `lin` covers; e = -1 past the last tile (the route wrote how many). */
+struct MoeTileAt {
+    long long e, nb;     /* local expert, column block */
+    long long first;     /* its first entry in the route's slot list */
+    long long count;     /* its slots, 1..BM */
+};
+
+template <int BM>
+static __device__ __forceinline__ MoeTileAt moe_tile_at(const MoeGemm &p, long long lin)
+{
+    const MoeRoute &rt = p.rt;
+    const long long nblk = p.nblk, total = rt.tiles[rt.E] * nblk;
+    MoeTileAt at = {-1, 0, 0, 0};
+    if (lin < total) {
+        const long long e = rt.tile_expert[lin / nblk];
+        const long long t0 = rt.tiles[e], mtc = rt.tiles[e + 1] - t0;
+        const long long r = lin - t0 * nblk, mt = r % mtc;
+        at.e = e;
+        at.nb = r / mtc;
+        at.first = rt.offs[e] + mt * BM;
+        const long long count = rt.offs[e + 1] - at.first;
+        at.count = count < BM ? count : BM;
+    }
+    return at;
+}
+
 /*
  * Fill t for tile `lin` (routed) or for this block (direct); all threads call
  * it. Returns false when there is no tile (the whole block agrees). Ends with
@@ -162,21 +188,11 @@ static __device__ bool moe_fetch_tile(const MoeGemm &p, long long lin, MoeTileSm
         return t.e >= 0;
     }
     if (tid == 0) {
-        const long long nblk = p.nblk, total = rt.tiles[rt.E] * nblk;
-        long long e = -1, nb = 0, first = 0, count = 0;
-        if (lin < total) {
-            e = rt.tile_expert[lin / nblk];
-            const long long t0 = rt.tiles[e], mtc = rt.tiles[e + 1] - t0;
-            const long long r = lin - t0 * nblk, mt = r % mtc;
-            nb = r / mtc;
-            first = rt.offs[e] + mt * BM;
-            count = rt.offs[e + 1] - first;
-            count = count < BM ? count : BM;
-        }
-        t.e = e;
-        t.nb = nb;
-        t.count = count;
-        t.first = first;
+        const MoeTileAt at = moe_tile_at<BM>(p, lin);
+        t.e = at.e;
+        t.nb = at.nb;
+        t.count = at.count;
+        t.first = at.first;
         t.zero_mask = 0u;
         t.zero_tok_mask = 0u;
         t.valid_mask = 0u;
@@ -254,42 +270,64 @@ static __device__ __forceinline__ MoeOut moe_out_params(const MoeGemm &p, long l
     return o;
 }
 
-/* Bias (if any) added to columns [c, c + 4) (those below ncols), bias row at element b. */
-static __device__ __forceinline__ void moe_add_bias4(const MoeOut &o, long long b, long long c,
-                                                     float (&v)[4])
+/* Bias (if any) added to columns [c, c + N) (those below ncols), bias row at element b. */
+template <int N>
+static __device__ __forceinline__ void moe_add_bias_n(const MoeOut &o, long long b, long long c,
+                                                      float (&v)[N])
 {
     if (o.bias)
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < N; u++)
             if (c + u < o.ncols)
                 v[u] = __fadd_rn(v[u], mfm_load(o.bias, o.bias_dt, b + c + u));
 }
 
-/*
- * Columns [c, c + 4) of the output row at orow, each rounded once; one 16- or
- * 8-byte store when the row is 4-element aligned and all four are in range.
- */
-static __device__ __forceinline__ void moe_store4(const MoeOut &o, long long orow, long long c,
-                                                  const float (&v)[4])
+static __device__ __forceinline__ void moe_add_bias4(const MoeOut &o, long long b, long long c,
+                                                     float (&v)[4])
 {
+    moe_add_bias_n<4>(o, b, c, v);
+}
+
+/*
+ * Columns [c, c + N) (N = 2 or 4) of the output row at orow, each rounded
+ * once; one store of N elements when the row is 4-element aligned (c is a
+ * multiple of N) and all N are in range.
+ */
+template <int N>
+static __device__ __forceinline__ void moe_store_n(const MoeOut &o, long long orow, long long c,
+                                                   const float (&v)[N])
+{
+    static_assert(N == 2 || N == 4, "2 or 4 columns");
     const long long i = orow + c;
-    if (o.vec && c + 4 <= o.ncols) {
+    if (o.vec && c + N <= o.ncols) {
         if (o.out_dt == MF_DT_F32) {
-            *(float4 *)((float *)o.out + i) = make_float4(v[0], v[1], v[2], v[3]);
+            if constexpr (N == 4)
+                *(float4 *)((float *)o.out + i) = make_float4(v[0], v[1], v[2], v[3]);
+            else
+                *(float2 *)((float *)o.out + i) = make_float2(v[0], v[1]);
         } else {
-            uint32_t h[4];
+            uint32_t h[N];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < N; u++)
                 h[u] = o.out_dt == MF_DT_BF16 ? mf_f32_to_bf16(v[u]) : mf_f32_to_f16(v[u]);
-            *(uint2 *)((uint16_t *)o.out + i) =
-                make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+            if constexpr (N == 4)
+                *(uint2 *)((uint16_t *)o.out + i) =
+                    make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+            else
+                *(uint32_t *)((uint16_t *)o.out + i) = h[0] | (h[1] << 16);
         }
         return;
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < N; u++)
         if (c + u < o.ncols)
             mfm_store(o.out, o.out_dt, i + u, v[u]);
+}
+
+static __device__ __forceinline__ void moe_store4(const MoeOut &o, long long orow, long long c,
+                                                  const float (&v)[4])
+{
+    moe_store_n<4>(o, orow, c, v);
 }
 
 /* Gate epilogue of one (slot, h column): bias, clamp, activation, one rounding. */

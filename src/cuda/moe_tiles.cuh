@@ -196,6 +196,19 @@ static __device__ __noinline__ void moe_epilogue(const MoeGemm &p, const MoeTile
     }
 }
 
+/*
+ * Barrier of the threads that run a tile's epilogue: the whole block (BAR 0),
+ * or named barrier BAR among THREADS threads (the consumer warpgroups of a
+ * warp-specialised kernel, whose producer warps must not be waited for).
+ */
+template <int BAR, int THREADS> static __device__ __forceinline__ void moe_sync(void)
+{
+    if (BAR == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");
+}
+
 /* What the fused reduction needs of p, copied out once (see MoeOut). */
 struct MoeRed {
     const float *y, *tw;
@@ -225,17 +238,19 @@ static __device__ __forceinline__ bool moe_reduce_valid(const MoeRed &q, long lo
  * The reads are all in flight at once: per group of tokens, validity and
  * weights, then the k row pieces by cp.async into sm (sm_floats floats of
  * free shared memory, 16-byte aligned), one wait, then the ordered sums.
+ * Run by THREADS threads, threadIdx.x FIRST onwards, that meet at moe_sync<BAR>.
  * Out of line: once per tile, and it keeps its registers out of the main loop's.
  */
-template <int BM, int THREADS>
+template <int BM, int THREADS, int BAR = 0, int FIRST = 0>
 static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSmem &t,
                                                      long long cols, float *sm, int sm_floats)
 {
+    const int tid = (int)threadIdx.x - FIRST;
     __threadfence();
-    if (threadIdx.x == 0)
+    if (tid == 0)
         t.nlast = 0;
-    __syncthreads();
-    for (int r = threadIdx.x; r < BM; r += THREADS) { /* rows past BM are not the tile's */
+    moe_sync<BAR, THREADS>();
+    for (int r = tid; r < BM; r += THREADS) { /* rows past BM are not the tile's */
         if (t.orow[r] < 0)
             continue;
         const long long m = t.tok[r];
@@ -243,7 +258,7 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
         if ((int)old == t.tokvalid[r] - 1)
             t.last[atomicAdd(&t.nlast, 1)] = m;
     }
-    __syncthreads();
+    moe_sync<BAR, THREADS>();
     const int n = t.nlast;
     if (n == 0)
         return;
@@ -267,7 +282,7 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
     const long long per_tok = k * (2 + (long long)ws);
     const int G = per_tok + 4 <= sm_floats ? (int)((sm_floats - 4) / per_tok) : 0;
     if (G == 0) { /* k too large to stage: direct loads (correct, slow; not a model shape) */
-        for (long long it = threadIdx.x; it < (long long)n * width; it += THREADS) {
+        for (long long it = tid; it < (long long)n * width; it += THREADS) {
             const long long m = t.last[it / width], c = c0 + it % width;
             float acc = 0.0f;
             for (long long j = 0; j < k; j++)
@@ -279,20 +294,20 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
         return;
     }
     const bool vec = (K & 3) == 0; /* row pieces 16-byte aligned: c0 is a multiple of 4 */
-    const int kk = (int)k, chunks = ws / 4, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kk = (int)k, chunks = ws / 4, warp = tid >> 5, lane = tid & 31;
     for (int g0 = 0; g0 < n; g0 += G) {
         const int g = n - g0 < G ? n - g0 : G, gk = g * kk; /* gk * (2 + ws) <= sm_floats */
         float *wsm = sm;                           /* [gk] weights */
         unsigned *vsm = (unsigned *)(sm + gk);     /* [gk] validity */
         float *ysm = sm + ((2 * gk + 3) & ~3);     /* [gk][ws] row pieces */
-        for (int i = threadIdx.x; i < gk; i += THREADS) {
+        for (int i = tid; i < gk; i += THREADS) {
             const int tl = i / kk, j = i - tl * kk;
             const long long m = t.last[g0 + tl];
             const bool v = moe_reduce_valid(q, m, j);
             vsm[i] = v;
             wsm[i] = v ? q.tw[m * q.tw_s0 + j] : 0.0f;
         }
-        __syncthreads();
+        moe_sync<BAR, THREADS>();
         /* a warp per row piece, its lanes over the 16-byte chunks: every copy in flight */
         for (int row = warp; row < gk; row += THREADS / 32) {
             if (!vsm[row])
@@ -313,12 +328,12 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
         }
         cp_async_commit();
         cp_async_wait<0>();
-        __syncthreads();
+        moe_sync<BAR, THREADS>();
         for (int tl = 0; tl < g; tl++) {
             const long long m = t.last[g0 + tl];
             const unsigned *vt = vsm + tl * kk;
             const float *wt = wsm + tl * kk, *yt = ysm + (long long)tl * kk * ws;
-            for (int c = threadIdx.x; c < width; c += THREADS) {
+            for (int c = tid; c < width; c += THREADS) {
                 float acc = 0.0f;
                 for (int j = 0; j < kk; j++)
                     if (vt[j])
@@ -326,7 +341,7 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
                 mfm_store(q.rout, q.rout_dt, m * q.rout_s0 + c0 + c, acc);
             }
         }
-        __syncthreads(); /* the next group reuses sm */
+        moe_sync<BAR, THREADS>(); /* the next group reuses sm */
     }
 }
 
