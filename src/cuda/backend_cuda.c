@@ -84,7 +84,8 @@ static void cuda_release(void *state)
         cudaSetDevice(previous);
 }
 
-/* Without it tensors are not checked against their allocation's end, as on the cpu. */
+/* Driver entry points. Without the first two, tensors are not checked against their
+ * allocation's end, as on the cpu; without the encoder, no TMA (moe_ws.cu). */
 static void resolve_address_range(cuda_state *s)
 {
     void *fn = NULL;
@@ -102,6 +103,13 @@ static void resolve_address_range(cuda_state *s)
         fn = NULL;
     cudaGetLastError();
     s->pointer_attributes = (int (*)(unsigned, int *, void **, unsigned long long))fn;
+    fn = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    cudaGetLastError();
+    s->tensor_map_encode = (void (*)(void))fn;
 }
 
 static moefuse_status init_state(moefuse_context *ctx, void **state)
@@ -114,6 +122,14 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
     if (st != MOEFUSE_OK) {
         free(s);
         return st;
+    }
+    s->forced_gemm = mf_cuda_gemm_from_env();
+    if (s->forced_gemm == -2) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_GEMM=%.64s is none of simt16, simt64, mma_s, mma_m, "
+                        "mma_l, wgmma, ws",
+                        getenv("MOEFUSE_CUDA_GEMM"));
     }
     cudaError_t e = cudaSetDevice(s->device);
     struct cudaDeviceProp prop;

@@ -36,9 +36,9 @@ typedef struct cuda_state {
     int pdl;                   /* launches may use programmatic dependent launch (mf_cuda_probe_pdl) */
     size_t smem_optin;         /* max dynamic shared memory per block after opt-in */
     /* one bit per GEMM kernel whose dynamic shared-memory limit this context has raised
-     * (moe_mma.cu, moe_wgmma.cu): per context, so threads with contexts of their own
+     * (moe_mma.cu, moe_wgmma.cu, moe_ws.cu): per context, so threads with contexts of their own
      * share no mutable state, and a context is used by one thread at a time */
-    uint32_t mma_smem_raised, wgmma_smem_raised;
+    uint32_t mma_smem_raised, wgmma_smem_raised, ws_smem_raised;
     uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
     float *act_tables;         /* act(g) of the bf16 gates, per activation (act_table.cuh) */
     size_t l2_bytes;
@@ -55,6 +55,12 @@ typedef struct cuda_state {
      * ownership check asks it for the type, device and allocation range in one call, and
      * leaves the range for the bounds check that follows at once (checked_ptr, 0 = none) */
     int (*pointer_attributes)(unsigned n, int *attributes, void **data, unsigned long long ptr);
+    /* cuTensorMapEncodeTiled (driver API, through the runtime's entry point), or NULL: the
+     * TMA descriptors of moe_ws.cu; without it the Hopper GEMMs take moe_wgmma.cu */
+    void (*tensor_map_encode)(void);
+    /* MOEFUSE_CUDA_GEMM: the MoE GEMM configuration forced for routed calls (enum moe_cfg),
+     * or -1 for the choice by shape (mf_cuda_gemm_from_env) */
+    int forced_gemm;
     const void *checked_ptr;
     unsigned long long checked_base;
     size_t checked_size;
@@ -107,6 +113,10 @@ static inline unsigned mf_cuda_grid(const cuda_state *s, int64_t work, int64_t p
 /* Sets s->pdl: the device is sm_90 or later and runs this library's code compiled for sm_90 or
  * later (not older PTX compiled at load time, whose kernels have no griddepcontrol.wait). */
 void mf_cuda_probe_pdl(cuda_state *s);
+
+/* MOEFUSE_CUDA_GEMM as a configuration: -1 when unset or empty, -2 when it names none
+ * (moe_ops.cu, which knows the configurations). */
+int mf_cuda_gemm_from_env(void);
 
 /* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);

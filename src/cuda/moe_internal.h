@@ -94,6 +94,7 @@ enum moe_cfg {
     MOE_MMA_M,      /* 64 x 128, 4 warps, 4 stages */
     MOE_MMA_L,      /* 128 x 128, 8 warps, 3 stages */
     MOE_WGMMA_L,    /* sm_90a: 128 x 256, 2 warpgroups, wgmma, 4 stages (moe_wgmma.cu) */
+    MOE_WS_L,       /* sm_90a: the same tile, warp-specialised and persistent (moe_ws.cu) */
     MOE_CFG_COUNT
 };
 
@@ -109,6 +110,12 @@ moefuse_status moe_launch_mma(moefuse_context *ctx, cuda_state *s, const char *o
 int moe_wgmma_usable(const cuda_state *s);
 moefuse_status moe_launch_wgmma(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
                                 int f16, const MoeGemm *p);
+/* The warp-specialised kernel: also the tensor-map encoder and the shared memory it needs.
+ * A launch it cannot take (unaligned A rows, weights TMA cannot describe) goes to
+ * moe_launch_wgmma: the same tile and bits. */
+int moe_ws_usable(const cuda_state *s);
+moefuse_status moe_launch_ws(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
+                             int f16, const MoeGemm *p);
 moefuse_status moe_launch_simt(moefuse_context *ctx, cuda_state *s, const char *op, int cfg,
                                int gate, const MoeGemm *p);
 

@@ -8,7 +8,9 @@
  * same decisions as moe_gate then moe_final and gives the same bits:
  *  - f32 operands: FMA kernels (moe_simt.cu); bf16 / f16: tensor cores,
  *    mma.sync (moe_mma.cu) or, for the 128-slot tiles on sm_90a, wgmma
- *    (moe_wgmma.cu);
+ *    (moe_wgmma.cu, or warp-specialised and persistent, moe_ws.cu);
+ *  - MOEFUSE_CUDA_GEMM (read at context creation) forces a configuration for
+ *    routed calls, where it fits the dtype and the device (forced_cfg);
  *  - tile height from the average slots per touched expert, S / min(E, S):
  *    16 (decode: weight streaming), 64, or 128 (compute bound);
  *  - S <= 16: direct mode, the GEMM blocks route themselves (no route
@@ -20,6 +22,7 @@
 
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 int moe_cfg_bm(int cfg)
@@ -36,11 +39,42 @@ int moe_cfg_bm(int cfg)
 int moe_cfg_cols(int cfg, int gate)
 {
     /* weight rows per block; the gate's block makes half as many h columns */
-    const int bn = cfg == MOE_WGMMA_L                       ? 256
+    const int bn = (cfg == MOE_WGMMA_L || cfg == MOE_WS_L)  ? 256
                    : (cfg == MOE_MMA_M || cfg == MOE_MMA_L) ? 128
                    : cfg == MOE_MMA_S                       ? MOE_S_BN
                                                             : 64;
     return gate ? bn / 2 : bn;
+}
+
+/* MOEFUSE_CUDA_GEMM's names, in enum moe_cfg order. */
+static const char *const gemm_names[MOE_CFG_COUNT] = {"simt16", "simt64", "mma_s", "mma_m",
+                                                      "mma_l",  "wgmma",  "ws"};
+
+extern "C" int mf_cuda_gemm_from_env(void)
+{
+    const char *v = getenv("MOEFUSE_CUDA_GEMM");
+    if (!v || !*v)
+        return -1;
+    for (int c = 0; c < MOE_CFG_COUNT; c++)
+        if (strcmp(v, gemm_names[c]) == 0)
+            return c;
+    return -2;
+}
+
+/*
+ * The forced configuration when it fits the call: simt* for f32 operands,
+ * the others for bf16 / f16, the Hopper ones on a Hopper device; else `cfg`.
+ */
+static int forced_cfg(const cuda_state *s, int simt, int cfg)
+{
+    const int f = s->forced_gemm;
+    if (f < 0 || simt != (f == MOE_SIMT16 || f == MOE_SIMT64))
+        return cfg;
+    if (f == MOE_WGMMA_L && !moe_wgmma_usable(s))
+        return cfg;
+    if (f == MOE_WS_L && !moe_ws_usable(s))
+        return cfg;
+    return f;
 }
 
 /* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
@@ -84,6 +118,8 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
         if (pl->cfg == MOE_MMA_L && moe_wgmma_usable(s))
             pl->cfg = MOE_WGMMA_L;
     }
+    if (!pl->direct)
+        pl->cfg = forced_cfg(s, pl->simt, pl->cfg);
     pl->bm = moe_cfg_bm(pl->cfg);
     /* sum over experts of ceil(n_e / bm) <= S / bm + (experts touched) */
     pl->tiles_bound = S / pl->bm + busy;
@@ -286,6 +322,8 @@ static moefuse_status launch_gemm(moefuse_context *ctx, cuda_state *s, const cha
         return moe_launch_simt(ctx, s, op, pl->cfg, gate, g);
     if (pl->cfg == MOE_WGMMA_L)
         return moe_launch_wgmma(ctx, s, op, gate, pl->f16, g);
+    if (pl->cfg == MOE_WS_L)
+        return moe_launch_ws(ctx, s, op, gate, pl->f16, g);
     return moe_launch_mma(ctx, s, op, pl->cfg, gate, pl->f16, g);
 }
 
@@ -297,6 +335,8 @@ static moefuse_status ready_gemm(moefuse_context *ctx, cuda_state *s, const char
         return MOEFUSE_OK;
     if (pl->cfg == MOE_WGMMA_L)
         return moe_launch_wgmma(ctx, s, op, gate, pl->f16, NULL);
+    if (pl->cfg == MOE_WS_L)
+        return moe_launch_ws(ctx, s, op, gate, pl->f16, NULL);
     return moe_launch_mma(ctx, s, op, pl->cfg, gate, pl->f16, NULL);
 }
 

@@ -1,0 +1,390 @@
+/*
+ * Hopper (sm_90a) MoE GEMM, warp-specialised and persistent: the path for the
+ * compute-bound shapes (128-slot tiles), same tile and same bits as
+ * moe_wgmma.cu, built so that the tensor cores never wait for a copy.
+ *
+ * Roles (384 threads, one block per SM):
+ *  - producer, warpgroup 0 (56 registers a thread after setmaxnreg): fills a
+ *    ring of WS_STAGES shared-memory stages. B (256 weight rows x 64 depth)
+ *    comes by TMA from a 3-D tensor map [E, rows, depth], two 128-row boxes
+ *    (gate: the gate rows and the up rows of the block's 128 h columns);
+ *    A (the tile's 128 slots, gathered row by row from x or h through the
+ *    route's slot list) by cp.async, since TMA cannot gather. Each stage has
+ *    a "full" mbarrier (128 cp.async arrivals + the TMA bytes) and an "empty"
+ *    one (8 consumer warps).
+ *  - consumers, warpgroups 1 and 2 (224 registers): each 64 slots x 256 rows
+ *    with wgmma m64n256k16, one wgmma group in flight while the next stage is
+ *    waited for; a stage is released as soon as the wgmma that read it is done.
+ *    Epilogue straight from the accumulators (gate: activation; final: y, or
+ *    y in f32 and the fused top-k reduction, moe_tiles.cuh), synchronised
+ *    among the consumers alone (named barrier WS_BAR), while the producer
+ *    already loads the next tile.
+ * Scheduler: grid = min(tiles, SMs); block b takes tiles b, b + grid, ...
+ * in the route's order (expert, column block, m-tile fastest), so the blocks
+ * at work at any time share an expert's weight rows through L2. Both roles
+ * walk the same sequence and read each tile's description themselves: no
+ * hand-over between them but the stages.
+ *
+ * Numerics: the four k16 steps of a depth tile in order, tiles in order,
+ * with the same instruction as moe_wgmma.cu: the same bits (NUMERICS.md).
+ * Padding rows (past the tile's slots) and depth past K are zeros in both
+ * operands, as there.
+ *
+ * The host uses it for routed calls whose A rows are 16-byte aligned and
+ * whose weights a tensor map can describe; otherwise moe_wgmma.cu.
+ */
+#include "cuda/moe_tiles.cuh"
+#include "cuda/wgmma.cuh"
+
+#include <cuda.h> /* CUtensorMap and its encoding enums (the function comes from the driver) */
+#include <limits.h>
+#include <string.h>
+
+#define WS_BM 128
+#define WS_BN 256
+#define WS_STAGES 4
+#define WS_THREADS 384
+#define WS_CONSUMERS 256
+#define WS_A_BYTES (WS_BM * 128)
+#define WS_BOX_BYTES (128 * 128) /* one TMA box: 128 rows of 64 elements */
+#define WS_STAGE_BYTES ((WS_BM + WS_BN) * 128)
+#define WS_FULL_ARRIVALS (128 + 1) /* producer threads' cp.async, and the TMA announcement */
+#define WS_EMPTY_ARRIVALS 8        /* consumer warps */
+#define WS_BAR 1                   /* named barrier of the consumers */
+/* fused reduction staging (floats): k = 8 tokens' 256-column row pieces, three tokens at once;
+ * before it, the epilogue's chunks (WS_CHUNK floats a consumer thread) */
+#define WS_RED_FLOATS 6912
+#define WS_SMEM (WS_STAGES * WS_STAGE_BYTES + 1024 + WS_RED_FLOATS * 4)
+
+typedef struct MoeWsParams {
+    CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
+    MoeGemm g;
+} MoeWsParams;
+
+#ifdef MOE_WGMMA_DEVICE
+/*
+ * Producer: for every tile of this block and every depth tile, wait for the
+ * stage to be free, announce and issue the two weight boxes, gather the A
+ * rows, and let the stage's full barrier count this thread's copies.
+ */
+template <bool GATE>
+static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t sbase,
+                                                  uint64_t *full, uint64_t *empty, long long KT)
+{
+    const MoeGemm &p = P.g;
+    const int tid = threadIdx.x; /* 0..127 */
+    const int crow = tid >> 3, chunk = tid & 7;
+    const uint32_t dst = (uint32_t)crow * 128u + (uint32_t)((chunk ^ (crow & 7)) << 4);
+    constexpr int ROWS = WS_BM / 16; /* A rows per thread: crow + 16 i */
+    HpPipe<WS_STAGES> ps = {0, 0u};
+    if (p.pdl)
+        mf_pdl_wait(); /* the final reads h, which the gate writes */
+    for (long long lin = blockIdx.x;; lin += gridDim.x) {
+        const MoeTileAt at = moe_tile_at<WS_BM>(p, lin);
+        if (at.e < 0)
+            break;
+        const char *arow[ROWS];
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            const int r = crow + 16 * i;
+            arow[i] = nullptr;
+            if (r < at.count) {
+                long long ar, orr;
+                moe_row_offsets(p, p.rt.list[at.first + r], &ar, &orr);
+                arow[i] = (const char *)p.a + ar * 2;
+            }
+        }
+        const int b0 = (int)(GATE ? p.gate_row + at.nb * (WS_BN / 2) : at.nb * WS_BN);
+        const int b1 = (int)(GATE ? p.up_row + at.nb * (WS_BN / 2) : at.nb * WS_BN + 128);
+        for (long long kt = 0; kt < KT; kt++) {
+            const uint32_t stage = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
+            const uint32_t fb = smem_u32(&full[ps.stage]);
+            hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
+            if (tid == 0) {
+                hp_mbar_arrive_tx(fb, WS_BN * 128);
+                hp_tma_load_3d(stage + WS_A_BYTES, &P.map_w, fb, (int)(kt * MOE_BK), b0,
+                               (int)at.e);
+                hp_tma_load_3d(stage + WS_A_BYTES + WS_BOX_BYTES, &P.map_w, fb,
+                               (int)(kt * MOE_BK), b1, (int)at.e);
+            }
+            const long long kcol = kt * MOE_BK + chunk * 8, rem = p.depth - kcol;
+            const int bytes = rem >= 8 ? 16 : (rem > 0 ? (int)rem * 2 : 0);
+#pragma unroll
+            for (int i = 0; i < ROWS; i++)
+                cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
+                           arow[i] && bytes ? arow[i] + kcol * 2 : (const char *)p.a,
+                           arow[i] ? bytes : 0);
+            hp_cp_async_arrive(fb);
+            ps.advance();
+        }
+    }
+    cp_async_wait<0>(); /* no copy of this thread outlives it */
+}
+
+/*
+ * The consumers' description of their tile (for the epilogue and the
+ * reduction): written by consumer 0 and the row owners between barriers.
+ */
+static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, long long lin, MoeTileSmem &t,
+                                               int ctid)
+{
+    moe_sync<WS_BAR, WS_CONSUMERS>(); /* the previous tile's epilogue is done with t */
+    if (ctid == 0) {
+        const MoeTileAt at = moe_tile_at<WS_BM>(p, lin);
+        t.e = at.e;
+        t.nb = at.nb;
+        t.count = at.count;
+        t.first = at.first;
+        t.zero_mask = t.zero_tok_mask = t.valid_mask = 0u;
+    }
+    moe_sync<WS_BAR, WS_CONSUMERS>();
+    if (t.e < 0)
+        return false;
+    if (ctid < WS_BM) {
+        long long ar = -1, orr = -1, m = -1;
+        if (ctid < t.count)
+            m = moe_row_offsets(p, p.rt.list[t.first + ctid], &ar, &orr);
+        t.arow[ctid] = ar;
+        t.orow[ctid] = orr;
+        t.tok[ctid] = m;
+        t.tokvalid[ctid] = (m >= 0 && p.fuse) ? p.tok_valid[m] : 0;
+    }
+    return true; /* the rows are read after the next barrier */
+}
+
+/*
+ * Epilogue from the accumulators. Accumulator 4 i + v of a thread: tile row
+ * 64 cw + 16 warp + lane / 4 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4) + (v & 1).
+ * Gate: B rows 0..127 are the gate rows of h columns nb * 128 + 0..127, rows
+ * 128..255 their up rows, so accumulators i and i + 16 make one h column pair.
+ *
+ * Fully unrolled, the activation and the stores of 128 accumulators are tens
+ * of thousands of instructions, fetched once per tile and never again (the
+ * exact activations are long). So the values go in chunks of 16 through this
+ * thread's own column of `buf` (stride WS_CONSUMERS floats: no bank conflict,
+ * no barrier), and a rolled loop turns each chunk into outputs.
+ */
+#define WS_CHUNK 16
+
+/* One chunk, rolled: pairs q of (gate: 2 gate + 2 up values, final: 2 values) per row h. */
+template <bool GATE>
+static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long long (&orow)[2],
+                                                    long long c0, const float *mine)
+{
+    constexpr int PAIRS = GATE ? 2 : 4; /* accumulator columns i in the chunk */
+#pragma unroll 1
+    for (int q = 0; q < PAIRS; q++) {
+        const long long c = c0 + 8 * q;
+#pragma unroll 1
+        for (int h = 0; h < 2; h++) {
+            if (orow[h] < 0 || c >= o.ncols)
+                continue;
+            const float *m = mine + (GATE ? q * 8 : q * 4) * WS_CONSUMERS;
+            float v[2] = {m[(2 * h) * WS_CONSUMERS], m[(2 * h + 1) * WS_CONSUMERS]};
+            if (GATE) {
+                float u[2] = {m[(4 + 2 * h) * WS_CONSUMERS], m[(5 + 2 * h) * WS_CONSUMERS]};
+                moe_add_bias_n<2>(o, o.bias_g, c, v);
+                moe_add_bias_n<2>(o, o.bias_u, c, u);
+#pragma unroll 1
+                for (int x = 0; x < 2; x++)
+                    v[x] = mfm_gated(o.act, o.limit, v[x], u[x]);
+            } else {
+                moe_add_bias_n<2>(o, o.bias_g, c, v);
+            }
+            moe_store_n<2>(o, orow[h], c, v);
+        }
+    }
+}
+
+template <bool GATE>
+static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileSmem &t,
+                                                   const float (&acc)[128], float *buf, int ctid)
+{
+    const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const MoeOut o = moe_out_params(p, t.e);
+    const int r = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3);
+    const long long orow[2] = {t.orow[r], t.orow[r + 8]};
+    const long long c0 = t.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
+    float *mine = buf + ctid;
+    constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
+    static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK && WS_CHUNK * WS_CONSUMERS <= WS_RED_FLOATS,
+                  "a chunk fills the thread's column of buf");
+#pragma unroll
+    for (int ch = 0; ch < (GATE ? 16 : 32) / PER; ch++) {
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            const int i = ch * PER + q;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                if (GATE) {
+                    mine[(q * 8 + v) * WS_CONSUMERS] = acc[4 * i + v];
+                    mine[(q * 8 + 4 + v) * WS_CONSUMERS] = acc[4 * (i + 16) + v];
+                } else {
+                    mine[(q * 4 + v) * WS_CONSUMERS] = acc[4 * i + v];
+                }
+            }
+        }
+        ws_chunk_out<GATE>(o, orow, c0 + 8 * ch * PER, mine);
+    }
+}
+
+/* Consumers: wait for a stage, four wgmma on it, release the stage the previous group read. */
+template <bool F16, bool GATE>
+static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sbase,
+                                                  uint64_t *full, uint64_t *empty,
+                                                  MoeTileSmem &t, float *red, long long KT)
+{
+    const int ctid = (int)threadIdx.x - 128; /* 0..255 */
+    const int cw = ctid >> 7, lane = ctid & 31;
+    HpPipe<WS_STAGES> ps = {0, 0u};
+    for (long long lin = blockIdx.x;; lin += gridDim.x) {
+        if (!ws_tile(p, lin, t, ctid))
+            break;
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; i++)
+            acc[i] = 0.0f;
+        pin(acc);
+        int prev = -1;
+        for (long long kt = 0; kt < KT; kt++) {
+            hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
+            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+            const uint32_t sa = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
+            const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + WS_A_BYTES;
+            uint64_t da[MOE_BK / 16], db[MOE_BK / 16];
+#pragma unroll
+            for (int kk = 0; kk < MOE_BK / 16; kk++) {
+                da[kk] = wg_desc(a0 + kk * 32);
+                db[kk] = wg_desc(b0 + kk * 32);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < MOE_BK / 16; kk++)
+                wgmma_m64n256k16<F16>(acc, da[kk], db[kk]);
+            wgmma_commit();
+            wgmma_wait<1>(); /* the group of depth tile kt - 1 is done: its stage is free */
+            if (prev >= 0 && lane == 0)
+                hp_mbar_arrive(smem_u32(&empty[prev]));
+            prev = ps.stage;
+            ps.advance();
+        }
+        wgmma_wait<0>();
+        pin(acc);
+        if (prev >= 0 && lane == 0)
+            hp_mbar_arrive(smem_u32(&empty[prev]));
+        moe_sync<WS_BAR, WS_CONSUMERS>(); /* t's rows are written */
+        ws_epilogue<GATE>(p, t, acc, red, ctid); /* red is free until the reduction */
+        if (!GATE && p.fuse)
+            moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, red, WS_RED_FLOATS);
+    }
+}
+#endif
+
+template <bool F16, bool GATE>
+__global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_constant__ MoeWsParams P)
+{
+#ifdef MOE_WGMMA_DEVICE
+    extern __shared__ uint4 smem_raw[];
+    __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
+    __shared__ MoeTileSmem t; /* the consumers' */
+    const MoeGemm &p = P.g;
+    /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    float *red = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
+                           WS_STAGES * WS_STAGE_BYTES);
+    const long long KT = (p.depth + MOE_BK - 1) / MOE_BK;
+
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < WS_STAGES; st++) {
+            hp_mbar_init(smem_u32(&full[st]), WS_FULL_ARRIVALS);
+            hp_mbar_init(smem_u32(&empty[st]), WS_EMPTY_ARRIVALS);
+        }
+        hp_mbar_init_fence();
+    }
+    if (threadIdx.x == 32)
+        hp_tma_prefetch(&P.map_w);
+    __syncthreads();
+    if (p.trigger)
+        mf_pdl_trigger(); /* the final may launch once every block of this grid started */
+    if (threadIdx.x < 128) {
+        hp_regs_dec<56>();
+        ws_produce<GATE>(P, sbase, full, empty, KT);
+    } else {
+        hp_regs_inc<224>();
+        ws_consume<F16, GATE>(p, sbase, full, empty, t, red, KT);
+    }
+#else
+    (void)P; /* never launched: the host checks for sm_90a first */
+#endif
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/*
+ * The weights as a 3-D tensor map [E, rows, depth] (rows: 2 I for the gate's
+ * w1, K for the final's w2), boxes of 128 rows x 64 elements in the 128-byte
+ * swizzle. 0 when the driver refuses them (strides TMA cannot take).
+ */
+static int encode_weights(const cuda_state *s, const MoeGemm *p, int gate, int f16,
+                          CUtensorMap *map)
+{
+    const int64_t rows = gate ? 2 * p->ncols : p->ncols;
+    if (!s->tensor_map_encode || p->depth >= INT_MAX || rows >= INT_MAX || p->rt.E >= INT_MAX ||
+        p->w_s1 <= 0 || p->w_s0 <= 0)
+        return 0;
+    const cuuint64_t dims[3] = {(cuuint64_t)p->depth, (cuuint64_t)rows, (cuuint64_t)p->rt.E};
+    const cuuint64_t strides[2] = {(cuuint64_t)p->w_s1 * 2, (cuuint64_t)p->w_s0 * 2};
+    const cuuint32_t box[3] = {MOE_BK, 128, 1}, estride[3] = {1, 1, 1};
+    encode_tiled_fn encode = (encode_tiled_fn)s->tensor_map_encode;
+    return encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                  (void *)p->w, dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <bool F16, bool GATE>
+static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op, const MoeGemm *p)
+{
+    void (*kern)(const MoeWsParams) = moe_ws_kernel<F16, GATE>;
+    /* the fallback (moe_wgmma.cu) must be ready too: a call may need it */
+    MF_TRY(moe_launch_wgmma(ctx, s, op, GATE, F16, NULL));
+    const uint32_t bit = (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0));
+    if (!(s->ws_smem_raised & bit)) {
+        if ((size_t)WS_SMEM > s->smem_optin)
+            return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                            "%s: the tile needs %d bytes of shared memory; the device allows %zu",
+                            op, WS_SMEM, s->smem_optin);
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             WS_SMEM);
+        if (e != cudaSuccess)
+            return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_ws_kernel)");
+        s->ws_smem_raised |= bit;
+    }
+    if (!p)
+        return MOEFUSE_OK; /* only made ready */
+    MoeWsParams P;
+    memset(&P, 0, sizeof P);
+    if (p->rt.direct || !p->vec_a || !p->vec_b || !encode_weights(s, p, GATE, F16, &P.map_w))
+        return moe_launch_wgmma(ctx, s, op, GATE, F16, p); /* same tile, same bits */
+    P.g = *p;
+    const long long tiles = p->lin_bound;
+    const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
+    mf_launch_pdl(kern, dim3(grid > 0 ? grid : 1), WS_THREADS, WS_SMEM, s->stream, p->pdl, P);
+    return mf_cuda_launched(ctx, op, GATE ? "moe_ws_kernel (gate)" : "moe_ws_kernel (final)");
+}
+
+int moe_ws_usable(const cuda_state *s)
+{
+    return moe_wgmma_usable(s) && s->tensor_map_encode && (size_t)WS_SMEM <= s->smem_optin;
+}
+
+moefuse_status moe_launch_ws(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
+                             int f16, const MoeGemm *p)
+{
+    if (f16)
+        return gate ? launch<true, true>(ctx, s, op, p) : launch<true, false>(ctx, s, op, p);
+    return gate ? launch<false, true>(ctx, s, op, p) : launch<false, false>(ctx, s, op, p);
+}
