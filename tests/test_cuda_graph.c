@@ -9,6 +9,9 @@
  *    error of 8e-3; every other element byte equal. So an eager call and a graph that both write nothing, or both
  *    compute the same wrong thing, fail;
  *  - the stream is attached while it is capturing, as torch.cuda.graph does;
+ *  - a whole decode layer (the router's topk_softmax, then moe_forward on its
+ *    ids and weights) captured as one graph replays as the eager calls do, with
+ *    its inputs rewritten by cudaMemcpyAsync on the stream before each replay;
  *  - calls alternating between streams, with no host wait between them, give
  *    the results of calls on one stream (the scratch orders itself).
  * Outputs are poisoned again before each replay, so a replay that writes
@@ -480,6 +483,139 @@ START_TEST(row_ops_in_a_graph)
 }
 END_TEST
 
+/* ---------------------------------------------------------- a decode layer */
+
+/* Router then MoE layer, as a decode step runs them: one graph for both. */
+typedef struct {
+    int64_t M, E, k, K, I;
+    tbuf *lg, *x, *w1, *w2;                     /* inputs, with twins on the cpu */
+    tbuf *ids[SIDES], *wts[SIDES], *out[SIDES]; /* the router's result feeds the layer */
+    moefuse_routing R[SIDES];
+} decode;
+
+static moefuse_status decode_run(decode *D, int side)
+{
+    moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
+    moefuse_status st =
+        moefuse_topk_softmax(ctx, T(in(D->lg, side)), 1, T(D->ids[side]), T(D->wts[side]));
+    if (st == MOEFUSE_OK)
+        st = moefuse_moe_forward(ctx, T(in(D->x, side)), T(in(D->w1, side)), T(in(D->w2, side)),
+                                 NULL, NULL, &D->R[side], T(D->out[side]), NULL);
+    return st;
+}
+
+static moefuse_status decode_issue(void *arg, int graph)
+{
+    return decode_run(arg, graph ? GRAPH : EAGER);
+}
+
+static decode decode_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
+{
+    static const char *side[2] = {"eager", "graph"};
+    decode D;
+    memset(&D, 0, sizeof D);
+    D.M = M, D.E = E, D.k = k, D.K = K, D.I = I;
+    D.lg = tb_new2("logits", MOEFUSE_F32, M, E, 0, 1);
+    D.x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
+    D.w1 = tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1);
+    D.w2 = tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1);
+    tbuf *inputs[] = {D.lg, D.x, D.w1, D.w2};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) tb_twin(inputs[i], g_ref);
+    for (int g = 0; g < 2; g++) {
+        char n[48];
+#define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
+        D.ids[g] = tb_new2(NAME("ids"), MOEFUSE_I32, M, k, 0, 0);
+        D.wts[g] = tb_new2(NAME("weights"), MOEFUSE_F32, M, k, 0, 0);
+        D.out[g] = tb_new2(NAME("out"), MOEFUSE_BF16, M, K, 0, 0);
+#undef NAME
+    }
+    D.ids[CPU] = cpu_output(D.ids[EAGER], "ids");
+    D.wts[CPU] = cpu_output(D.wts[EAGER], "weights");
+    D.out[CPU] = cpu_output(D.out[EAGER], "out");
+    for (int d = 0; d < SIDES; d++) {
+        memset(&D.R[d], 0, sizeof D.R[d]);
+        D.R[d].topk_ids = D.ids[d]->t;
+        D.R[d].topk_weights = D.wts[d]->t;
+    }
+    tb_fill_unif(D.lg, -4.0, 4.0);
+    tb_fill_unif(D.x, -1.0, 1.0);
+    tb_fill_unif(D.w1, -0.1, 0.1);
+    tb_fill_unif(D.w2, -0.1, 0.1);
+    tb_upload(D.lg);
+    tb_upload(D.x);
+    tb_upload(D.w1);
+    tb_upload(D.w2);
+    return D;
+}
+
+/* New contents for an input, copied to the device by cudaMemcpyAsync on stream cs, so that
+ * they arrive in order with what cs runs next (no host wait); the cpu twin gets them too. */
+static void refill_on_stream(tbuf *tb, double lo, double hi, cudaStream_t cs)
+{
+    tb_fill_unif(tb, lo, hi);
+    CU(cudaMemcpyAsync(tb->buf, tb->full, tb->total, cudaMemcpyHostToDevice, cs));
+    memcpy(tb->shadow, tb->full, tb->total); /* uploaded: h_check_all holds the input to it */
+    memcpy(tb->twin->full, tb->full, tb->total);
+    tb_upload(tb->twin);
+}
+
+/* The router's ids and weights bit-equal to the cpu's, and the layer's output within
+ * NUMERICS.md's agreement bound, for the eager calls and the replay. */
+static void decode_vs_cpu(decode *D, const char *when)
+{
+    static const char *const side_name[2] = {"eager", "graph replay"};
+    char what[96];
+    for (int d = EAGER; d <= GRAPH; d++) {
+        versus v = versus_new(D->ids[d], D->ids[CPU],
+                              h_fmt("decode layer topk ids, %s, %s", side_name[d], when));
+        versus_end(&v);
+        v = versus_new(D->wts[d], D->wts[CPU],
+                       h_fmt("decode layer topk weights, %s, %s", side_name[d], when));
+        cmp_topk_weights(&v, D->M, D->E, D->k);
+        versus_end(&v);
+        snprintf(what, sizeof what, "decode layer out, %s, %s", side_name[d], when);
+        cmp_gemm(D->out[d], D->out[CPU], D->M, D->K, what);
+    }
+}
+
+/* M = 1: the router and the direct (decode) path; M = 64: 128 slots, routed. One graph holds
+ * both calls; captured before any eager call, replayed twice on new x and logits. */
+START_TEST(decode_layer_in_a_graph)
+{
+    static const int64_t Ms[] = {1, 64};
+    const int64_t M = Ms[_i];
+    cudaStream_t cs;
+    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    decode D = decode_new(M, 8, 2, 256, 512);
+    cudaGraphExec_t exec = capture(cs, decode_issue, &D);
+    for (int r = 0; r < 2; r++) {
+        char when[48];
+        snprintf(when, sizeof when, "replay %d on new x and logits", r + 1);
+        repoison(D.ids[GRAPH]);
+        repoison(D.wts[GRAPH]);
+        repoison(D.out[GRAPH]);
+        refill_on_stream(D.lg, -4.0, 4.0, cs);
+        refill_on_stream(D.x, -1.0, 1.0, cs);
+        replay(exec, cs); /* launched behind the copies on cs, no wait in between */
+        repoison(D.ids[EAGER]);
+        repoison(D.wts[EAGER]);
+        repoison(D.out[EAGER]);
+        OK(decode_issue(&D, 0));
+        OK(moefuse_synchronize(g_ctx));
+        moefuse_status st = decode_run(&D, CPU);
+        HCHECK(st == MOEFUSE_OK, "decode layer on the cpu: %s", moefuse_last_error(g_ref));
+        h_check_all(0);
+        same_bytes(D.ids[GRAPH], D.ids[EAGER], when);
+        same_bytes(D.wts[GRAPH], D.wts[EAGER], when);
+        same_bytes(D.out[GRAPH], D.out[EAGER], when);
+        decode_vs_cpu(&D, when);
+    }
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaStreamDestroy(cs));
+    tb_free_all();
+}
+END_TEST
+
 /* ------------------------------------------------------------ two streams */
 
 /* A large call on stream a, a small one on stream b right after (same scratch,
@@ -532,6 +668,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, moe_forward_in_a_graph, 0, 2);
     tcase_add_test(tc, row_ops_in_a_graph);
+    tcase_add_loop_test(tc, decode_layer_in_a_graph, 0, 2);
     tcase_add_test(tc, streams_switch_without_waiting);
     suite_add_tcase(s, tc);
     return s;

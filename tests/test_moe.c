@@ -11,6 +11,7 @@ typedef struct {
     int use_map, bias, reduce, act, order;
     float limit;
     int invalid; /* inject -1 and >= Eg ids */
+    int dense;   /* no row padding: rows stay 16-byte aligned when K and I are multiples of 8 */
 } cfg;
 
 static double *get_all(tbuf *tb, int64_t n0, int64_t n1, int64_t n2)
@@ -55,11 +56,12 @@ static void cmp_norm(const char *what, const cfg *c, tbuf *out, const double *re
 static void run(cfg c)
 {
     int64_t M = c.M, K = c.K, I = c.I, E = c.E, k = c.k, Eg = c.use_map ? c.Eg : E;
+#define RP(n) (c.dense ? 0 : (n)) /* a tensor's row padding */
     double sx = 1.0, sw = 1.0 / sqrt((double)K), sw2 = 1.0 / sqrt((double)I);
-    tbuf *x = tb_new2("x", c.xdt, M, K, 3, 1);
+    tbuf *x = tb_new2("x", c.xdt, M, K, RP(3), 1);
     tb_fill_unif(x, -sx, sx);
     tb_upload(x);
-    tbuf *w1 = tb_new3("w1", c.xdt, E, 2 * I, K, 1, 1);
+    tbuf *w1 = tb_new3("w1", c.xdt, E, 2 * I, K, RP(1), 1);
     tb_fill_unif(w1, -2 * sw, 2 * sw);
     tb_upload(w1);
     tbuf *w2 = tb_new3("w2", c.hdt, E, K, I, 0, 1);
@@ -67,14 +69,14 @@ static void run(cfg c)
     tb_upload(w2);
     tbuf *b1 = NULL, *b2 = NULL;
     if (c.bias) {
-        b1 = tb_new2("b1", c.xdt, E, 2 * I, 2, 1);
+        b1 = tb_new2("b1", c.xdt, E, 2 * I, RP(2), 1);
         tb_fill_unif(b1, -0.5, 0.5);
         tb_upload(b1);
         b2 = tb_new2("b2", c.hdt, E, K, 0, 1);
         tb_fill_unif(b2, -0.5, 0.5);
         tb_upload(b2);
     }
-    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 1, 1);
+    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, RP(1), 1);
     tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++) {
@@ -121,7 +123,7 @@ static void run(cfg c)
     or_moe_gate(M, K, I, E, k, xd, w1d, b1d, idv, mapv, Eg, &ao, href, valid);
 
     /* gate */
-    tbuf *h = tb_new3("h", c.hdt, M, k, I, 1, 0);
+    tbuf *h = tb_new3("h", c.hdt, M, k, I, RP(1), 0);
     moefuse_status st = CALL(moefuse_moe_gate(g_ctx, T(x), T(w1), T(b1), &R, T(h), &o));
     HCHECK(st == MOEFUSE_OK, "moe_gate: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
     cmp_norm("moe_gate h", &c, h, href, M, k, I, valid, 1);
@@ -130,7 +132,7 @@ static void run(cfg c)
     double *hd = get_all(h, M, k, I);
     double *yref = malloc(sizeof(double) * (size_t)(M * k * K + 1)), *oref = malloc(sizeof(double) * (size_t)(M * K + 1));
     or_moe_final(M, K, I, E, k, hd, w2d, b2d, valid, wd, yref, oref);
-    tbuf *out = c.reduce ? tb_new2("out", c.odt, M, K, 2, 0) : tb_new3("y", c.odt, M, k, K, 2, 0);
+    tbuf *out = c.reduce ? tb_new2("out", c.odt, M, K, RP(2), 0) : tb_new3("y", c.odt, M, k, K, RP(2), 0);
     st = CALL(moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(out), &o));
     HCHECK(st == MOEFUSE_OK, "moe_final: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
     if (c.reduce) {
@@ -148,7 +150,7 @@ static void run(cfg c)
 
     /* forward == gate (h in x's dtype) then final, bitwise */
     if (c.hdt == c.xdt && c.reduce) {
-        tbuf *fo = tb_new2("fwd_out", c.odt, M, K, 1, 0);
+        tbuf *fo = tb_new2("fwd_out", c.odt, M, K, RP(1), 0);
         st = CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), T(b1), T(b2), &R, T(fo), &o));
         HCHECK(st == MOEFUSE_OK, "moe_forward: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
         for (int64_t m = 0; m < M; m++)
@@ -167,11 +169,12 @@ static void run(cfg c)
     free(xd); free(w1d); free(w2d); free(b1d); free(b2d); free(idv); free(wd); free(href); free(valid);
     free(hd); free(yref); free(oref); free(mapv);
     tb_free_all();
+#undef RP
 }
 
 static cfg base(moefuse_dtype dt)
 {
-    cfg c = {dt, dt, dt, 5, 37, 45, 4, 2, 6, 0, 0, 1, 0, 0, 0.0f, 0};
+    cfg c = {dt, dt, dt, 5, 37, 45, 4, 2, 6, 0, 0, 1, 0, 0, 0.0f, 0, 0};
     return c;
 }
 
@@ -266,6 +269,38 @@ START_TEST(t_medium_random)
 }
 END_TEST
 
+/*
+ * Shapes for the large-tile GEMM paths (CUDA mma_l, wgmma, ws; MOEFUSE_CUDA_GEMM forces each):
+ * many slots per expert (M = 320, k = 2, E = 8, a third of the slots invalid: about 53 valid
+ * slots an expert, ragged against any tile), depth beyond the deepest pipeline (64 of depth a
+ * stage, at most 6 stages: over 384; the gate's depth is K, the final's I), ragged N and depth.
+ * K, I = 584, 328 and 456, 392: multiples of 8, not of 64, rows unpadded, so 16-byte loads stay
+ * allowed (392 makes the final GEMM deep too); 523, 301 with padded rows: odd, the scalar
+ * fallback. Biases on; both output forms across the cases.
+ */
+START_TEST(t_deep_ragged)
+{
+    static const int64_t KI[3][2] = {{584, 328}, {523, 301}, {456, 392}};
+    moefuse_dtype dts[2] = {MOEFUSE_BF16, MOEFUSE_F16};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++) {
+            cfg c = base(dts[d]);
+            c.M = 320;
+            c.E = 8;
+            c.k = 2;
+            c.K = KI[s][0];
+            c.I = KI[s][1];
+            c.dense = c.K % 8 == 0 && c.I % 8 == 0;
+            c.bias = 1;
+            c.invalid = 1;
+            c.reduce = (d + s) % 2 == 0;
+            c.act = s % 3;
+            c.order = d;
+            run(c);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("moe");
@@ -277,6 +312,7 @@ int main(void)
     tcase_add_test(tc, t_clamp_acts);
     tcase_add_test(tc, t_mixed_dtypes);
     tcase_add_test(tc, t_medium_random);
+    tcase_add_test(tc, t_deep_ragged);
     suite_add_tcase(s, tc);
     return h_run(s);
 }
