@@ -226,6 +226,81 @@ static __device__ __forceinline__ bool moe_reduce_valid(const MoeRed &q, long lo
 }
 
 /*
+ * The sums of the fused reduction without shared memory (sm_floats = 0): for
+ * a kernel whose shared memory is busy with its producer's stages. A thread
+ * takes 4 columns of RED_ITEMS (token, column quad) items at a time and
+ * loads all their k rows (16 bytes each, through L2) before it adds any, so
+ * that RED_ITEMS * k loads a thread are in flight; the sums keep the order
+ * j = 0..k-1 (the registers the accumulators left are plenty at this point).
+ */
+#define RED_ITEMS 2
+#define RED_KB 8 /* slots loaded per batch; k > RED_KB takes several batches, in order */
+template <int THREADS>
+static __device__ __forceinline__ void moe_reduce_direct(const MoeRed &q, const MoeTileSmem &t,
+                                                         int n, long long c0, int width, int tid)
+{
+    const long long k = q.k, K = q.K;
+    const bool vec = (K & 3) == 0; /* every row piece 16-byte aligned (c0 is a multiple of 4) */
+    const long long quads = (width + 3) / 4, items = (long long)n * quads;
+    for (long long it0 = tid; it0 < items; it0 += (long long)THREADS * RED_ITEMS) {
+        long long m[RED_ITEMS], c[RED_ITEMS];
+        float acc[RED_ITEMS][4];
+#pragma unroll
+        for (int u = 0; u < RED_ITEMS; u++) {
+            const long long it = it0 + (long long)u * THREADS;
+            m[u] = it < items ? t.last[it / quads] : -1;
+            c[u] = c0 + 4 * (it % quads);
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                acc[u][x] = 0.0f;
+        }
+        for (long long j0 = 0; j0 < k; j0 += RED_KB) {
+            float4 yv[RED_ITEMS][RED_KB];
+            float w[RED_ITEMS][RED_KB];
+            bool ok[RED_ITEMS][RED_KB];
+#pragma unroll
+            for (int u = 0; u < RED_ITEMS; u++)
+#pragma unroll
+                for (int b = 0; b < RED_KB; b++) {
+                    const long long j = j0 + b;
+                    ok[u][b] = m[u] >= 0 && j < k && moe_reduce_valid(q, m[u], j);
+                    w[u][b] = ok[u][b] ? q.tw[m[u] * q.tw_s0 + j] : 0.0f;
+                    yv[u][b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (!ok[u][b])
+                        continue;
+                    const float *row = q.y + (m[u] * k + j) * K + c[u];
+                    if (vec && c[u] + 4 <= K) {
+                        yv[u][b] = __ldcg((const float4 *)row);
+                    } else {
+                        float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        for (int x = 0; x < 4 && c[u] + x < K; x++)
+                            e[x] = __ldcg(row + x);
+                        yv[u][b] = make_float4(e[0], e[1], e[2], e[3]);
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < RED_ITEMS; u++)
+#pragma unroll
+                for (int b = 0; b < RED_KB; b++) {
+                    if (!ok[u][b])
+                        continue; /* an invalid slot adds nothing, not even a signed zero */
+                    acc[u][0] = __fadd_rn(acc[u][0], __fmul_rn(w[u][b], yv[u][b].x));
+                    acc[u][1] = __fadd_rn(acc[u][1], __fmul_rn(w[u][b], yv[u][b].y));
+                    acc[u][2] = __fadd_rn(acc[u][2], __fmul_rn(w[u][b], yv[u][b].z));
+                    acc[u][3] = __fadd_rn(acc[u][3], __fmul_rn(w[u][b], yv[u][b].w));
+                }
+        }
+#pragma unroll
+        for (int u = 0; u < RED_ITEMS; u++) {
+            if (m[u] < 0)
+                continue;
+            for (int x = 0; x < 4 && c[u] + x < c0 + width; x++)
+                mfm_store(q.rout, q.rout_dt, m[u] * q.rout_s0 + c[u] + x, acc[u][x]);
+        }
+    }
+}
+
+/*
  * Fused top-k reduction, after the block wrote its y rows (f32, p.out, row of
  * slot s at s * K) for columns [c0, c0 + cols). Each row counts one arrival
  * for its (token, column block); the block that brings the last one sums the
@@ -237,7 +312,8 @@ static __device__ __forceinline__ bool moe_reduce_valid(const MoeRed &q, long lo
  * other blocks' rows through L2 (cp.async.cg / __ldcg).
  * The reads are all in flight at once: per group of tokens, validity and
  * weights, then the k row pieces by cp.async into sm (sm_floats floats of
- * free shared memory, 16-byte aligned), one wait, then the ordered sums.
+ * free shared memory, 16-byte aligned), one wait, then the ordered sums;
+ * with sm NULL, straight into registers (moe_reduce_direct).
  * Run by THREADS threads, threadIdx.x FIRST onwards, that meet at moe_sync<BAR>.
  * Out of line: once per tile, and it keeps its registers out of the main loop's.
  */
@@ -280,6 +356,10 @@ static __device__ __noinline__ void moe_fused_reduce(const MoeGemm &p, MoeTileSm
     const float *y = q.y;
     /* per token: k weights, k validity words, k row pieces (+ 3 floats to align the pieces) */
     const long long per_tok = k * (2 + (long long)ws);
+    if (!sm) {
+        moe_reduce_direct<THREADS>(q, t, n, c0, width, tid);
+        return;
+    }
     const int G = per_tok + 4 <= sm_floats ? (int)((sm_floats - 4) / per_tok) : 0;
     if (G == 0) { /* k too large to stage: direct loads (correct, slow; not a model shape) */
         for (long long it = tid; it < (long long)n * width; it += THREADS) {
