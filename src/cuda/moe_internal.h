@@ -68,6 +68,7 @@ typedef struct MoeGemm {
     void *rout;            /* out [M, K] */
     int64_t rout_s0;
     int rout_dt;
+    unsigned *tile_ctr;    /* moe_ws.cu: next tile to hand out (zeroed before the launch) */
     unsigned *zero_cnt;    /* gate of a direct-mode forward: zero these counters first */
     long long zero_cnt_n;
     /*
@@ -129,7 +130,9 @@ typedef struct MoeRouteBufs {
     long long *list;           /* [S] */
     int *expert_of;            /* [S] */
     unsigned *cnt;             /* [M, nblk] fused-reduction arrivals (zeroed with count) */
-    size_t cnt_n;
+    size_t cnt_n;              /* with the tile counters, when there are any */
+    unsigned *tile_ctr;        /* [2] tile counters of moe_ws.cu, gate and final, or NULL:
+                                * the last two of cnt, zeroed with it */
     int *tok_valid;            /* [M] valid slots per token */
 } MoeRouteBufs;
 

@@ -8,7 +8,8 @@
  * same decisions as moe_gate then moe_final and gives the same bits:
  *  - f32 operands: FMA kernels (moe_simt.cu); bf16 / f16: tensor cores,
  *    mma.sync (moe_mma.cu) or, for the 128-slot tiles on sm_90a, wgmma
- *    (moe_wgmma.cu, or warp-specialised and persistent, moe_ws.cu);
+ *    (moe_wgmma.cu); on sm_90a, routed calls with large experts take the
+ *    warp-specialised persistent kernel (moe_ws.cu) at every tile height;
  *  - MOEFUSE_CUDA_GEMM (read at context creation) forces a configuration for
  *    routed calls, where it fits the dtype and the device (forced_cfg);
  *  - tile height from the average slots per touched expert, S / min(E, S):
@@ -77,6 +78,25 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
     return f;
 }
 
+static int vec_ok(const void *base, int64_t s0, int64_t s1);
+
+/* Elements of one expert's weight matrix (K x I) from which routed calls take moe_ws.cu:
+ * on the H100 it wins from here (Mixtral, DeepSeek-V3) and loses below (Qwen3-30B-A3B's
+ * 2048 x 768, where moe_wgmma.cu and the mma.sync tiles are faster). */
+#define MOE_WS_MIN_EXPERT ((int64_t)1 << 22)
+
+/* The operands moe_ws.cu reads are laid out for it (else a launch would fall back). */
+static int ws_operands_ok(const mf_moe_args *a)
+{
+    const moefuse_tensor *t[4] = {&a->x, &a->h, &a->w1, &a->w2};
+    for (int i = 0; i < 4; i++) {
+        const moefuse_tensor *u = t[i];
+        if (u->data && !vec_ok(mf_cuda_base(u), u->stride[0], u->rank > 2 ? u->stride[1] : 0))
+            return 0;
+    }
+    return 1;
+}
+
 /* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
 #define MOE_DIRECT_MAX_SLOTS 16
 
@@ -87,6 +107,7 @@ typedef struct moe_plan {
     size_t off_count, off_cnt, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of;
     size_t off_list, off_tok_valid, off_y, bytes;
     size_t cnt_n;
+    int tile_ctrs; /* 2: the warp-specialised kernels' tile counters follow the arrival counters */
 } moe_plan;
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -94,7 +115,7 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 /*
  * Configuration and scratch layout. reduce: the reduced final runs in this
  * call (f32 y [S, K], arrival counters [M, nblk]).
- * Routed mode: count u64 [E] | cnt u32 [M, nblk] (one memset zeroes both) |
+ * Routed mode: count u64 [E] | cnt u32 [M, nblk] + tile counters [2] (one memset zeroes both) |
  * fill [E] | offs [E+1] | tiles [E+1] | tile_expert [S/bm + min(E,S)] |
  * expert_of [S] | list [S] | tok_valid [M] | y. Direct mode: cnt | y.
  */
@@ -117,6 +138,12 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
         pl->cfg = avg <= 8 ? MOE_MMA_S : (avg <= 48 ? MOE_MMA_M : MOE_MMA_L);
         if (pl->cfg == MOE_MMA_L && moe_wgmma_usable(s))
             pl->cfg = MOE_WGMMA_L;
+        /* large experts: the warp-specialised kernel whatever the slots per expert; its TMA
+         * streams the weights at copy bandwidth even when most of a 128-row tile is padding,
+         * and the padding's tensor work hides under that stream (docs/PERFORMANCE.md) */
+        if ((int64_t)a->model_dim * a->inter_dim >= MOE_WS_MIN_EXPERT && moe_ws_usable(s) &&
+            ws_operands_ok(a))
+            pl->cfg = MOE_WS_L;
     }
     if (!pl->direct)
         pl->cfg = forced_cfg(s, pl->simt, pl->cfg);
@@ -125,7 +152,8 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
     pl->tiles_bound = S / pl->bm + busy;
     const int64_t cols = moe_cfg_cols(pl->cfg, 0);
     pl->nblk_final = (K + cols - 1) / cols;
-    pl->cnt_n = reduce ? (size_t)M * (size_t)pl->nblk_final : 0;
+    pl->tile_ctrs = !pl->direct && pl->cfg == MOE_WS_L ? 2 : 0;
+    pl->cnt_n = (reduce ? (size_t)M * (size_t)pl->nblk_final : 0) + (size_t)pl->tile_ctrs;
 
     size_t at = 0;
     if (!pl->direct) {
@@ -164,6 +192,8 @@ static MoeRouteBufs route_bufs(const moe_plan *pl, char *scratch)
     if (pl->cnt_n) {
         b.cnt = (unsigned *)(scratch + pl->off_cnt);
         b.cnt_n = pl->cnt_n;
+        if (pl->tile_ctrs)
+            b.tile_ctr = b.cnt + pl->cnt_n - pl->tile_ctrs;
     }
     if (pl->direct)
         return b;
@@ -312,6 +342,7 @@ static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeR
     g.vec_a = vec_ok(g.a, g.a_s0, g.a_s1);
     g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
     g.lin_bound = lin_bound(pl, g.nblk);
+    g.tile_ctr = b->tile_ctr ? b->tile_ctr + 1 : NULL;
     return g;
 }
 
@@ -402,7 +433,8 @@ extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, co
     MoeRoute rt;
     MF_TRY(ready_gemm(ctx, s, op, &pl, 1));
     MF_TRY(prepare(ctx, s, op, a, &pl, &z, &none, &b, &scratch, &rt));
-    const MoeGemm g = gate_params(a, &pl, &rt, &a->h, 1);
+    MoeGemm g = gate_params(a, &pl, &rt, &a->h, 1);
+    g.tile_ctr = b.tile_ctr;
     return launch_gemm(ctx, s, op, &pl, 1, &g);
 }
 
@@ -477,6 +509,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     /* sm_90, tensor cores: the final launches while the gate runs and streams its weights */
     const int pdl = s->pdl && !pl.simt;
     MoeGemm gg = gate_params(a, &pl, &rt, &h, 0);
+    gg.tile_ctr = b.tile_ctr;
     if (pl.direct) {
         gg.zero_cnt = b.cnt;
         gg.zero_cnt_n = (long long)b.cnt_n;

@@ -1,7 +1,9 @@
 /*
- * Hopper (sm_90a) MoE GEMM, warp-specialised and persistent: the path for the
- * compute-bound shapes (128-slot tiles), same tile and same bits as
- * moe_wgmma.cu, built so that the tensor cores never wait for a copy.
+ * Hopper (sm_90a) MoE GEMM, warp-specialised and persistent: same tile and
+ * same bits as moe_wgmma.cu, built so that the tensor cores never wait for a
+ * copy the producer could have issued earlier. moe_ops.cu takes it for large
+ * experts at any number of slots per expert: its TMA streams the weights at
+ * copy bandwidth even where most of a tile is padding (decode-sized batches).
  *
  * Roles (384 threads, one block per SM):
  *  - producer, warpgroup 0 (56 registers a thread after setmaxnreg): fills a
@@ -16,14 +18,16 @@
  *    with wgmma m64n256k16, one wgmma group in flight while the next stage is
  *    waited for; a stage is released as soon as the wgmma that read it is done.
  *    Epilogue straight from the accumulators (gate: activation; final: y, or
- *    y in f32 and the fused top-k reduction, moe_tiles.cuh), synchronised
- *    among the consumers alone (named barrier WS_BAR), while the producer
- *    already loads the next tile.
- * Scheduler: grid = min(tiles, SMs); block b takes tiles b, b + grid, ...
- * in the route's order (expert, column block, m-tile fastest), so the blocks
- * at work at any time share an expert's weight rows through L2. Both roles
- * walk the same sequence and read each tile's description themselves: no
- * hand-over between them but the stages.
+ *    y in f32 and the fused top-k reduction, moe_tiles.cuh, its loads staged
+ *    in registers: the stages belong to the producer), synchronised among the
+ *    consumers alone (named barrier WS_BAR), while the producer already loads
+ *    the next tile.
+ * Scheduler: grid = min(tiles, SMs); each block takes its next tile from a
+ * counter (ws_take_tile), in the route's order (expert, column block, m-tile
+ * fastest), so the blocks at work at any time share an expert's weight rows
+ * through L2. The producer reads each tile's slot list for its gather anyway
+ * and leaves the rows' output offsets in the tile's slot for the consumers,
+ * who thus start a tile without a global load.
  *
  * Numerics: the four k16 steps of a depth tile in order, tiles in order,
  * with the same instruction as moe_wgmma.cu: the same bits (NUMERICS.md).
@@ -51,10 +55,26 @@
 #define WS_FULL_ARRIVALS (128 + 1) /* producer threads' cp.async, and the TMA announcement */
 #define WS_EMPTY_ARRIVALS 8        /* consumer warps */
 #define WS_BAR 1                   /* named barrier of the consumers */
-/* fused reduction staging (floats): k = 8 tokens' 256-column row pieces, three tokens at once;
- * before it, the epilogue's chunks (WS_CHUNK floats a consumer thread) */
-#define WS_RED_FLOATS 6912
-#define WS_SMEM (WS_STAGES * WS_STAGE_BYTES + 1024 + WS_RED_FLOATS * 4)
+#define WS_BAR_PRODUCER 2          /* and of the producer warpgroup */
+#define WS_TILE_SLOTS 2            /* tiles taken ahead of the consumers */
+#define WS_TILE_FILLERS 128        /* producer threads that write a slot */
+/* the epilogue's chunks: WS_CHUNK floats a consumer thread */
+#define WS_CHUNK 16
+#define WS_BUF_FLOATS (WS_CHUNK * WS_CONSUMERS)
+#define WS_SMEM (WS_STAGES * WS_STAGE_BYTES + 1024 + WS_BUF_FLOATS * 4)
+
+/*
+ * Tiles taken by the producer, waiting for the consumers (ws_take_tile), with
+ * what the consumers' epilogue needs of each row, which the producer reads
+ * anyway for its gather: the consumers start a tile without a global load.
+ */
+struct WsTiles {
+    uint64_t full[WS_TILE_SLOTS];  /* WS_TILE_FILLERS arrivals: tile and rows written */
+    uint64_t empty[WS_TILE_SLOTS]; /* 1 arrival: the consumers copied the slot */
+    MoeTileAt at[WS_TILE_SLOTS];
+    long long orow[WS_TILE_SLOTS][WS_BM], tok[WS_TILE_SLOTS][WS_BM];
+    int tokvalid[WS_TILE_SLOTS][WS_BM];
+};
 
 typedef struct MoeWsParams {
     CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
@@ -63,13 +83,30 @@ typedef struct MoeWsParams {
 
 #ifdef MOE_WGMMA_DEVICE
 /*
+ * Tile scheduler: blocks take tiles from a counter in the route's scratch
+ * (atomicAdd), in the route's order, as they get free. Unlike a fixed stride
+ * per block, the tiles at work stay a contiguous range of that order, so the
+ * blocks reading an expert's weight rows run at the same time and share them
+ * in L2 however unevenly blocks progress. Producer thread 0 takes each tile
+ * and hands its description to the consumers through a ring of slots.
+ */
+static __device__ __forceinline__ void ws_take_tile(const MoeGemm &p, WsTiles &sl,
+                                                    const HpPipe<WS_TILE_SLOTS> &ts)
+{
+    hp_mbar_wait(smem_u32(&sl.empty[ts.stage]), ts.phase ^ 1u);
+    const long long lin = (long long)atomicAdd(p.tile_ctr, 1u);
+    sl.at[ts.stage] = moe_tile_at<WS_BM>(p, lin);
+}
+
+/*
  * Producer: for every tile of this block and every depth tile, wait for the
  * stage to be free, announce and issue the two weight boxes, gather the A
  * rows, and let the stage's full barrier count this thread's copies.
  */
 template <bool GATE>
 static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t sbase,
-                                                  uint64_t *full, uint64_t *empty, long long KT)
+                                                  uint64_t *full, uint64_t *empty, WsTiles &sl,
+                                                  long long KT)
 {
     const MoeGemm &p = P.g;
     const int tid = threadIdx.x; /* 0..127 */
@@ -77,23 +114,33 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
     const uint32_t dst = (uint32_t)crow * 128u + (uint32_t)((chunk ^ (crow & 7)) << 4);
     constexpr int ROWS = WS_BM / 16; /* A rows per thread: crow + 16 i */
     HpPipe<WS_STAGES> ps = {0, 0u};
+    HpPipe<WS_TILE_SLOTS> ts = {0, 0u};
     if (p.pdl)
         mf_pdl_wait(); /* the final reads h, which the gate writes */
-    for (long long lin = blockIdx.x;; lin += gridDim.x) {
-        const MoeTileAt at = moe_tile_at<WS_BM>(p, lin);
-        if (at.e < 0)
-            break;
+    for (;;) {
+        if (tid == 0) /* the next tile for this block, announced to the consumers */
+            ws_take_tile(p, sl, ts);
+        hp_bar_sync(WS_BAR_PRODUCER, 128);
+        const int slot = ts.stage;
+        const MoeTileAt at = sl.at[slot];
+        ts.advance();
         const char *arow[ROWS];
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             const int r = crow + 16 * i;
-            arow[i] = nullptr;
-            if (r < at.count) {
-                long long ar, orr;
-                moe_row_offsets(p, p.rt.list[at.first + r], &ar, &orr);
-                arow[i] = (const char *)p.a + ar * 2;
+            long long ar = -1, orr = -1, m = -1;
+            if (r < at.count) /* none past the last tile: e < 0 has count 0 */
+                m = moe_row_offsets(p, p.rt.list[at.first + r], &ar, &orr);
+            arow[i] = m >= 0 ? (const char *)p.a + ar * 2 : nullptr;
+            if (chunk == 0) {
+                sl.orow[slot][r] = orr;
+                sl.tok[slot][r] = m;
+                sl.tokvalid[slot][r] = (m >= 0 && p.fuse) ? p.tok_valid[m] : 0;
             }
         }
+        hp_mbar_arrive(smem_u32(&sl.full[slot])); /* release: this thread's writes are visible */
+        if (at.e < 0)
+            break;
         const int b0 = (int)(GATE ? p.gate_row + at.nb * (WS_BN / 2) : at.nb * WS_BN);
         const int b1 = (int)(GATE ? p.up_row + at.nb * (WS_BN / 2) : at.nb * WS_BN + 128);
         for (long long kt = 0; kt < KT; kt++) {
@@ -122,34 +169,33 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
 }
 
 /*
- * The consumers' description of their tile (for the epilogue and the
- * reduction): written by consumer 0 and the row owners between barriers.
+ * The consumers' copy of their next tile (for the epilogue and the
+ * reduction), taken from the producer's slot between two barriers.
  */
-static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, long long lin, MoeTileSmem &t,
-                                               int ctid)
+static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
+                                               HpPipe<WS_TILE_SLOTS> &ts, MoeTileSmem &t, int ctid)
 {
     moe_sync<WS_BAR, WS_CONSUMERS>(); /* the previous tile's epilogue is done with t */
+    const int slot = ts.stage;
+    hp_mbar_wait(smem_u32(&sl.full[slot]), ts.phase);
+    ts.advance();
     if (ctid == 0) {
-        const MoeTileAt at = moe_tile_at<WS_BM>(p, lin);
+        const MoeTileAt at = sl.at[slot];
         t.e = at.e;
         t.nb = at.nb;
         t.count = at.count;
         t.first = at.first;
         t.zero_mask = t.zero_tok_mask = t.valid_mask = 0u;
     }
-    moe_sync<WS_BAR, WS_CONSUMERS>();
-    if (t.e < 0)
-        return false;
     if (ctid < WS_BM) {
-        long long ar = -1, orr = -1, m = -1;
-        if (ctid < t.count)
-            m = moe_row_offsets(p, p.rt.list[t.first + ctid], &ar, &orr);
-        t.arow[ctid] = ar;
-        t.orow[ctid] = orr;
-        t.tok[ctid] = m;
-        t.tokvalid[ctid] = (m >= 0 && p.fuse) ? p.tok_valid[m] : 0;
+        t.orow[ctid] = sl.orow[slot][ctid];
+        t.tok[ctid] = sl.tok[slot][ctid];
+        t.tokvalid[ctid] = sl.tokvalid[slot][ctid];
     }
-    return true; /* the rows are read after the next barrier */
+    moe_sync<WS_BAR, WS_CONSUMERS>();
+    if (ctid == 0)
+        hp_mbar_arrive(smem_u32(&sl.empty[slot])); /* copied: the producer may take the next */
+    return t.e >= 0;
 }
 
 /*
@@ -164,8 +210,6 @@ static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, long long lin, 
  * thread's own column of `buf` (stride WS_CONSUMERS floats: no bank conflict,
  * no barrier), and a rolled loop turns each chunk into outputs.
  */
-#define WS_CHUNK 16
-
 /* One chunk, rolled: pairs q of (gate: 2 gate + 2 up values, final: 2 values) per row h. */
 template <bool GATE>
 static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long long (&orow)[2],
@@ -207,8 +251,7 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
     const long long c0 = t.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
     float *mine = buf + ctid;
     constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
-    static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK && WS_CHUNK * WS_CONSUMERS <= WS_RED_FLOATS,
-                  "a chunk fills the thread's column of buf");
+    static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
 #pragma unroll
     for (int ch = 0; ch < (GATE ? 16 : 32) / PER; ch++) {
 #pragma unroll
@@ -231,14 +274,15 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
 /* Consumers: wait for a stage, four wgmma on it, release the stage the previous group read. */
 template <bool F16, bool GATE>
 static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sbase,
-                                                  uint64_t *full, uint64_t *empty,
-                                                  MoeTileSmem &t, float *red, long long KT)
+                                                  uint64_t *full, uint64_t *empty, WsTiles &sl,
+                                                  MoeTileSmem &t, float *buf, long long KT)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, lane = ctid & 31;
     HpPipe<WS_STAGES> ps = {0, 0u};
-    for (long long lin = blockIdx.x;; lin += gridDim.x) {
-        if (!ws_tile(p, lin, t, ctid))
+    HpPipe<WS_TILE_SLOTS> ts = {0, 0u};
+    for (;;) {
+        if (!ws_tile(p, sl, ts, t, ctid))
             break;
         float acc[128];
 #pragma unroll
@@ -273,9 +317,9 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));
         moe_sync<WS_BAR, WS_CONSUMERS>(); /* t's rows are written */
-        ws_epilogue<GATE>(p, t, acc, red, ctid); /* red is free until the reduction */
+        ws_epilogue<GATE>(p, t, acc, buf, ctid);
         if (!GATE && p.fuse)
-            moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, red, WS_RED_FLOATS);
+            moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, nullptr, 0);
     }
 }
 #endif
@@ -286,11 +330,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
 #ifdef MOE_WGMMA_DEVICE
     extern __shared__ uint4 smem_raw[];
     __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
+    __shared__ WsTiles sl;
     __shared__ MoeTileSmem t; /* the consumers' */
     const MoeGemm &p = P.g;
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    float *red = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
+    float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
                            WS_STAGES * WS_STAGE_BYTES);
     const long long KT = (p.depth + MOE_BK - 1) / MOE_BK;
 
@@ -298,6 +343,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
         for (int st = 0; st < WS_STAGES; st++) {
             hp_mbar_init(smem_u32(&full[st]), WS_FULL_ARRIVALS);
             hp_mbar_init(smem_u32(&empty[st]), WS_EMPTY_ARRIVALS);
+        }
+        for (int st = 0; st < WS_TILE_SLOTS; st++) {
+            hp_mbar_init(smem_u32(&sl.full[st]), WS_TILE_FILLERS);
+            hp_mbar_init(smem_u32(&sl.empty[st]), 1); /* consumer 0, once it has read the slot */
         }
         hp_mbar_init_fence();
     }
@@ -308,10 +357,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
     if (threadIdx.x < 128) {
         hp_regs_dec<56>();
-        ws_produce<GATE>(P, sbase, full, empty, KT);
+        ws_produce<GATE>(P, sbase, full, empty, sl, KT);
     } else {
         hp_regs_inc<224>();
-        ws_consume<F16, GATE>(p, sbase, full, empty, t, red, KT);
+        ws_consume<F16, GATE>(p, sbase, full, empty, sl, t, buf, KT);
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
@@ -367,7 +416,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
         return MOEFUSE_OK; /* only made ready */
     MoeWsParams P;
     memset(&P, 0, sizeof P);
-    if (p->rt.direct || !p->vec_a || !p->vec_b || !encode_weights(s, p, GATE, F16, &P.map_w))
+    if (p->rt.direct || !p->tile_ctr || !p->vec_a || !p->vec_b ||
+        !encode_weights(s, p, GATE, F16, &P.map_w))
         return moe_launch_wgmma(ctx, s, op, GATE, F16, p); /* same tile, same bits */
     P.g = *p;
     const long long tiles = p->lin_bound;
