@@ -1,7 +1,7 @@
 /*
  * Hopper (sm_90) asynchronous-copy primitives for the warp-specialised GEMM
  * (moe_ws.cu): mbarriers, TMA tensor loads, cp.async arrivals on mbarriers,
- * the proxy fence, register reallocation and named barriers, plus HpPipe, the
+ * the proxy fence and register reallocation, plus HpPipe, the
  * position (stage, phase) of a role in a ring of shared-memory stages.
  *
  * Only sm_90 device code uses them; in other device passes they compile to
@@ -106,12 +106,6 @@ template <int N> static __device__ __forceinline__ void hp_regs_dec(void)
 template <int N> static __device__ __forceinline__ void hp_regs_inc(void)
 {
     HP_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-/* Barrier `id` (1..15) among `threads` threads, whole warps: a subset of the block. */
-static __device__ __forceinline__ void hp_bar_sync(int id, int threads)
-{
-    HP_ASM("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 /*

@@ -74,7 +74,8 @@ typedef struct MoeGemm {
     /*
      * Programmatic dependent launch (sm_90, moe_forward): the gate lets the
      * final launch early (trigger); the final (pdl) fetches its tile and
-     * prefetches its weight stages, then waits for the gate before reading h.
+     * prefetches its weight stages, then waits for the gate before reading h
+     * (moe_ws.cu's producer waits first, before its first tile).
      */
     int trigger, pdl;
 } MoeGemm;

@@ -1,6 +1,6 @@
 /*
  * Staging of GEMM operands shared by the tensor-core kernels (moe_mma.cu,
- * moe_wgmma.cu): cp.async copies into 128-byte shared-memory rows with the
+ * moe_wgmma.cu; moe_ws.cu takes the epilogue helpers and the fused reduction): cp.async copies into 128-byte shared-memory rows with the
  * 128-byte XOR swizzle (the layout wgmma reads and ldmatrix reads without
  * bank conflicts), and the epilogue that turns the block's f32 tile into h
  * or y. 2-byte elements (bf16 / f16) only.
@@ -203,7 +203,7 @@ static __device__ __noinline__ void moe_epilogue(const MoeGemm &p, const MoeTile
  */
 template <int BAR, int THREADS> static __device__ __forceinline__ void moe_sync(void)
 {
-    if (BAR == 0)
+    if constexpr (BAR == 0)
         __syncthreads();
     else
         asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(THREADS) : "memory");

@@ -76,6 +76,9 @@ struct WsTiles {
     int tokvalid[WS_TILE_SLOTS][WS_BM];
 };
 
+/* Static shared memory of the kernel, bounded from above (the barriers, slots and tile). */
+#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 256)
+
 typedef struct MoeWsParams {
     CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
     MoeGemm g;
@@ -120,7 +123,7 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
     for (;;) {
         if (tid == 0) /* the next tile for this block, announced to the consumers */
             ws_take_tile(p, sl, ts);
-        hp_bar_sync(WS_BAR_PRODUCER, 128);
+        moe_sync<WS_BAR_PRODUCER, 128>();
         const int slot = ts.stage;
         const MoeTileAt at = sl.at[slot];
         ts.advance();
@@ -316,7 +319,6 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         pin(acc);
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));
-        moe_sync<WS_BAR, WS_CONSUMERS>(); /* t's rows are written */
         ws_epilogue<GATE>(p, t, acc, buf, ctid);
         if (!GATE && p.fuse)
             moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, nullptr, 0);
@@ -381,7 +383,9 @@ static int encode_weights(const cuda_state *s, const MoeGemm *p, int gate, int f
                           CUtensorMap *map)
 {
     const int64_t rows = gate ? 2 * p->ncols : p->ncols;
-    if (!s->tensor_map_encode || p->depth >= INT_MAX || rows >= INT_MAX || p->rt.E >= INT_MAX ||
+    /* the kernel's coordinates reach 255 rows and 63 elements past the tensor (zeros) */
+    if (!s->tensor_map_encode || p->depth >= INT_MAX - 512 || rows >= INT_MAX - 512 ||
+        p->rt.E >= INT_MAX ||
         p->w_s1 <= 0 || p->w_s0 <= 0)
         return 0;
     const cuuint64_t dims[3] = {(cuuint64_t)p->depth, (cuuint64_t)rows, (cuuint64_t)p->rt.E};
@@ -402,10 +406,10 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     MF_TRY(moe_launch_wgmma(ctx, s, op, GATE, F16, NULL));
     const uint32_t bit = (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0));
     if (!(s->ws_smem_raised & bit)) {
-        if ((size_t)WS_SMEM > s->smem_optin)
+        if ((size_t)WS_SMEM + WS_STATIC_SMEM > s->smem_optin)
             return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                            "%s: the tile needs %d bytes of shared memory; the device allows %zu",
-                            op, WS_SMEM, s->smem_optin);
+                            "%s: the tile needs %zu bytes of shared memory; the device allows %zu",
+                            op, (size_t)WS_SMEM + WS_STATIC_SMEM, s->smem_optin);
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              WS_SMEM);
         if (e != cudaSuccess)
@@ -428,7 +432,9 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
 
 int moe_ws_usable(const cuda_state *s)
 {
-    return moe_wgmma_usable(s) && s->tensor_map_encode && (size_t)WS_SMEM <= s->smem_optin;
+    /* the opt-in limit counts a block's static and dynamic shared memory together */
+    return moe_wgmma_usable(s) && s->tensor_map_encode &&
+           (size_t)WS_SMEM + WS_STATIC_SMEM <= s->smem_optin;
 }
 
 moefuse_status moe_launch_ws(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
