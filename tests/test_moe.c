@@ -301,6 +301,31 @@ START_TEST(t_deep_ragged)
 }
 END_TEST
 
+/*
+ * More tiles than a GPU has multiprocessors (128 experts of a few slots, two column blocks):
+ * a persistent kernel's blocks each take several tiles, so the hand-over of tiles and the
+ * pipeline's phases carry from one tile to the next (MOEFUSE_CUDA_GEMM=ws).
+ */
+START_TEST(t_many_tiles)
+{
+    for (int r = 0; r < 2; r++) {
+        cfg c = base(MOEFUSE_BF16);
+        c.M = 48;
+        c.E = 128;
+        c.Eg = 128;
+        c.k = 8;
+        c.K = r ? 392 : 256;
+        c.I = 136;
+        c.dense = 1;
+        c.bias = 1;
+        c.invalid = 1;
+        c.reduce = r == 0;
+        c.act = r;
+        run(c);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("moe");
@@ -313,6 +338,7 @@ int main(void)
     tcase_add_test(tc, t_mixed_dtypes);
     tcase_add_test(tc, t_medium_random);
     tcase_add_test(tc, t_deep_ragged);
+    tcase_add_test(tc, t_many_tiles);
     suite_add_tcase(s, tc);
     return h_run(s);
 }
