@@ -31,6 +31,8 @@
 
 #include <limits.h>
 
+static_assert(MOE_BK == 16 * WG_K16_STEPS, "a stage holds the k16 steps of wgmma_tile");
+
 #define WG_BM 128
 #define WG_BN 256
 #define WG_THREADS 256
@@ -100,19 +102,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_c
                         kt + WG_STAGES - 2);
             cp_async_commit();
             const uint32_t sa = sbase + (uint32_t)((kt % WG_STAGES) * WG_STAGE_BYTES);
-            const uint32_t a0 = sa + (uint32_t)(wg * 64 * 128), b0 = sa + WG_BM * 128;
-            uint64_t da[MOE_BK / 16], db[MOE_BK / 16]; /* k16 steps: 32 bytes along the rows */
-#pragma unroll
-            for (int kk = 0; kk < MOE_BK / 16; kk++) {
-                da[kk] = wg_desc(a0 + kk * 32);
-                db[kk] = wg_desc(b0 + kk * 32);
-            }
             /* no padding skip here: a branch around wgmma makes ptxas serialize them (C7520) */
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < MOE_BK / 16; kk++)
-                wgmma_m64n256k16<F16>(acc, da[kk], db[kk]);
-            wgmma_commit();
+            wgmma_tile<F16>(acc, sa + (uint32_t)(wg * 64 * 128), sa + WG_BM * 128);
             wgmma_wait<1>();
         }
         wgmma_wait<0>();

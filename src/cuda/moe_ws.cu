@@ -44,6 +44,8 @@
 #include <limits.h>
 #include <string.h>
 
+static_assert(MOE_BK == 16 * WG_K16_STEPS, "a stage holds the k16 steps of wgmma_tile");
+
 #define WS_BM 128
 #define WS_BN 256
 #define WS_STAGES 4
@@ -297,18 +299,7 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
-            const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + WS_A_BYTES;
-            uint64_t da[MOE_BK / 16], db[MOE_BK / 16];
-#pragma unroll
-            for (int kk = 0; kk < MOE_BK / 16; kk++) {
-                da[kk] = wg_desc(a0 + kk * 32);
-                db[kk] = wg_desc(b0 + kk * 32);
-            }
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < MOE_BK / 16; kk++)
-                wgmma_m64n256k16<F16>(acc, da[kk], db[kk]);
-            wgmma_commit();
+            wgmma_tile<F16>(acc, sa + (uint32_t)(cw * 64 * 128), sa + WS_A_BYTES);
             wgmma_wait<1>(); /* the group of depth tile kt - 1 is done: its stage is free */
             if (prev >= 0 && lane == 0)
                 hp_mbar_arrive(smem_u32(&empty[prev]));

@@ -94,6 +94,30 @@ template <int N> static __device__ __forceinline__ void wgmma_wait(void)
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+/* k16 steps of one staged depth tile: 64 elements (128 bytes) of every row. */
+#define WG_K16_STEPS 4
+
+/*
+ * One depth tile as one commit group: d += A (64 rows, K-major at shared
+ * address a0) x B (256 rows at b0), its k16 steps in order. The caller waits
+ * for the group (wgmma_wait) before it reuses the stage.
+ */
+template <bool F16>
+static __device__ __forceinline__ void wgmma_tile(float (&d)[128], uint32_t a0, uint32_t b0)
+{
+    uint64_t da[WG_K16_STEPS], db[WG_K16_STEPS]; /* k16 steps: 32 bytes along the rows */
+#pragma unroll
+    for (int kk = 0; kk < WG_K16_STEPS; kk++) {
+        da[kk] = wg_desc(a0 + kk * 32);
+        db[kk] = wg_desc(b0 + kk * 32);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_K16_STEPS; kk++)
+        wgmma_m64n256k16<F16>(d, da[kk], db[kk]);
+    wgmma_commit();
+}
+
 /* Keeps the compiler from moving accumulator accesses across wgmma fences and waits. */
 static __device__ __forceinline__ void pin(float (&d)[128])
 {
