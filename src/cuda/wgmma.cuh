@@ -16,6 +16,9 @@
 #define MOE_WGMMA_DEVICE 1
 #endif
 
+/* k16 steps of one staged depth tile: 64 elements (128 bytes) of every row. */
+#define WG_K16_STEPS 4
+
 #ifdef MOE_WGMMA_DEVICE
 /*
  * Shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte
@@ -93,9 +96,6 @@ template <int N> static __device__ __forceinline__ void wgmma_wait(void)
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-
-/* k16 steps of one staged depth tile: 64 elements (128 bytes) of every row. */
-#define WG_K16_STEPS 4
 
 /*
  * One depth tile as one commit group: d += A (64 rows, K-major at shared
