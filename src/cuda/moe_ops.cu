@@ -78,28 +78,10 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
     return f;
 }
 
-static int vec_ok(const void *base, int64_t s0, int64_t s1);
-
 /* Elements of one expert's weight matrix (K x I) from which routed calls take moe_ws.cu:
  * on the H100 it wins from here (Mixtral, DeepSeek-V3) and loses below (Qwen3-30B-A3B's
  * 2048 x 768, where moe_wgmma.cu and the mma.sync tiles are faster). */
 #define MOE_WS_MIN_EXPERT ((int64_t)1 << 22)
-
-/* The operands a call reads (plan_call's `reads`). */
-enum { READS_X = 1, READS_H = 2, READS_W1 = 4, READS_W2 = 8 };
-
-/* The operands moe_ws.cu would read are laid out for it (else a launch would fall back). */
-static int ws_operands_ok(const mf_moe_args *a, unsigned reads)
-{
-    const moefuse_tensor *t[4] = {&a->x, &a->h, &a->w1, &a->w2};
-    for (int i = 0; i < 4; i++) {
-        const moefuse_tensor *u = t[i];
-        if ((reads >> i & 1u) && u->data &&
-            !vec_ok(mf_cuda_base(u), u->stride[0], u->rank > 2 ? u->stride[1] : 0))
-            return 0;
-    }
-    return 1;
-}
 
 /* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
 #define MOE_DIRECT_MAX_SLOTS 16
@@ -118,15 +100,13 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 /*
  * Configuration and scratch layout. reduce: the reduced final runs in this
- * call (f32 y [S, K], arrival counters [M, nblk]); reads: the operands it
- * reads (READS_*; moe_forward's h is its own).
+ * call (f32 y [S, K], arrival counters [M, nblk]).
  * Routed mode: count u64 [E] | cnt u32 [M, nblk] + tile counters [2] (one memset zeroes both) |
  * fill [E] | offs [E+1] | tiles [E+1] | tile_expert [S/bm + min(E,S)] |
  * expert_of [S] | list [S] | tok_valid [M] | y. Direct mode: cnt | y.
  */
 static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const char *op,
-                                const mf_moe_args *a, moefuse_dtype a_dt, int reduce,
-                                unsigned reads, moe_plan *pl)
+                                const mf_moe_args *a, moefuse_dtype a_dt, int reduce, moe_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     const int64_t M = a->tokens, S = a->tokens * a->topk, E = a->experts, K = a->model_dim;
@@ -146,9 +126,10 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
             pl->cfg = MOE_WGMMA_L;
         /* large experts: the warp-specialised kernel whatever the slots per expert; its TMA
          * streams the weights at copy bandwidth even when most of a 128-row tile is padding,
-         * and the padding's tensor work hides under that stream (docs/PERFORMANCE.md) */
-        if ((int64_t)a->model_dim * a->inter_dim >= MOE_WS_MIN_EXPERT && moe_ws_usable(s) &&
-            ws_operands_ok(a, reads))
+         * and the padding's tensor work hides under that stream (docs/PERFORMANCE.md). From
+         * the shapes alone, so that moe_forward decides as moe_gate and moe_final do: operands
+         * it cannot load (unaligned rows) send a launch to moe_wgmma.cu, which gives its bits */
+        if ((int64_t)a->model_dim * a->inter_dim >= MOE_WS_MIN_EXPERT && moe_ws_usable(s))
             pl->cfg = MOE_WS_L;
     }
     if (!pl->direct)
@@ -428,7 +409,7 @@ extern "C" moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, co
     static const char op[] = "moe_gate";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 0, READS_X | READS_W1, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 0, &pl));
     if (pl.S == 0)
         return MOEFUSE_OK; /* h is [M, k, I] with M * k = 0: nothing to write */
     const MoeZero z = {mf_cuda_base(&a->h), a->h.stride[0], a->h.stride[1], a->inter_dim,
@@ -449,7 +430,7 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
     static const char op[] = "moe_final";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MF_TRY(plan_call(ctx, s, op, a, a->h.dtype, a->reduce, READS_H | READS_W2, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->h.dtype, a->reduce, &pl));
     if (pl.S == 0)
         return a->reduce ? zero_output(ctx, s, op, a) : MOEFUSE_OK;
     MoeZero z = {NULL, 0, 0, 0, 0}, ztok = {NULL, 0, 0, 0, 0};
@@ -490,7 +471,7 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     static const char op[] = "moe_forward";
     cuda_state *s = (cuda_state *)state;
     moe_plan pl;
-    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, READS_X | READS_W1 | READS_W2, &pl));
+    MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, &pl));
     if (pl.S == 0)
         return zero_output(ctx, s, op, a);
     /* h [M, k, I] in x's dtype lives in the same scratch, after the rest: the core
