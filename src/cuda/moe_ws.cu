@@ -123,7 +123,8 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
     if (p.pdl)
         mf_pdl_wait(); /* the final reads h, which the gate writes */
     for (;;) {
-        if (tid == 0) /* the next tile for this block, announced to the consumers */
+        if (tid == 0) /* the next tile for this block; the slot's full barrier announces it to
+                       * the consumers once every producer thread has written its rows */
             ws_take_tile(p, sl, ts);
         moe_sync<WS_BAR_PRODUCER, 128>();
         const int slot = ts.stage;
