@@ -84,32 +84,28 @@ static void cuda_release(void *state)
         cudaSetDevice(previous);
 }
 
+/* A driver API function through the runtime (the library does not link libcuda), or NULL. */
+static void *driver_entry(const char *name)
+{
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    cudaGetLastError();
+    return fn;
+}
+
 /* Driver entry points. Without the first two, tensors are not checked against their
  * allocation's end, as on the cpu; without the encoder, no TMA (moe_ws.cu). */
 static void resolve_address_range(cuda_state *s)
 {
-    void *fn = NULL;
-    enum cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-        fn = NULL;
-    cudaGetLastError();
-    s->address_range = (int (*)(unsigned long long *, size_t *, unsigned long long))fn;
-    fn = NULL;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-        fn = NULL;
-    cudaGetLastError();
-    s->pointer_attributes = (int (*)(unsigned, int *, void **, unsigned long long))fn;
-    fn = NULL;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-        fn = NULL;
-    cudaGetLastError();
-    s->tensor_map_encode = (void (*)(void))fn;
+    s->address_range = (int (*)(unsigned long long *, size_t *,
+                                unsigned long long))driver_entry("cuMemGetAddressRange");
+    s->pointer_attributes = (int (*)(unsigned, int *, void **,
+                                     unsigned long long))driver_entry("cuPointerGetAttributes");
+    s->tensor_map_encode = (void (*)(void))driver_entry("cuTensorMapEncodeTiled");
 }
 
 static moefuse_status init_state(moefuse_context *ctx, void **state)

@@ -109,9 +109,10 @@ template <int N> static __device__ __forceinline__ void hp_regs_inc(void)
 }
 
 /*
- * Where a role stands in a ring of STAGES stages: the stage it uses next and
- * the parity of that stage's barrier phase it waits for. Producer and
- * consumers each keep one and advance it once per depth tile, across tiles.
+ * Where a role stands in a ring of STAGES entries: the entry it uses next and
+ * the parity of that entry's barrier phase it waits for. Producer and
+ * consumers each keep one per ring (moe_ws.cu: the operand stages, advanced
+ * once per depth tile across tiles, and the tile slots, once per tile).
  */
 template <int STAGES> struct HpPipe {
     int stage;

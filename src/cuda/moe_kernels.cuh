@@ -56,6 +56,32 @@ static inline void moe_launch(void (*kern)(const MoeGemm), dim3 grid, unsigned t
     mf_launch_pdl(kern, grid, threads, smem, stream, p->pdl, *p);
 }
 
+/*
+ * Make a GEMM kernel launchable with `dyn` bytes of dynamic shared memory
+ * (`total` with its static part): once per context, remembered as `bit` in
+ * *raised, so threads with contexts of their own share no state. A device
+ * whose opt-in limit is below `total` refuses with UNSUPPORTED.
+ */
+template <typename Kernel>
+static inline moefuse_status moe_ready_smem(moefuse_context *ctx, const cuda_state *s,
+                                            const char *op, Kernel kern, size_t dyn,
+                                            size_t total, uint32_t *raised, uint32_t bit,
+                                            const char *call)
+{
+    if (*raised & bit)
+        return MOEFUSE_OK;
+    if (total > s->smem_optin)
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "%s: the tile needs %zu bytes of shared memory; the device allows %zu", op,
+                        total, s->smem_optin);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)dyn);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, op, call);
+    *raised |= bit;
+    return MOEFUSE_OK;
+}
+
 /* Local expert of slot (m, j), or -1 when the slot is invalid (NUMERICS.md, MoE). */
 static __device__ __forceinline__ int64_t moe_slot_expert(const MoeRoute &rt, int64_t m, int64_t j)
 {

@@ -200,19 +200,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
 {
     void (*kern)(const MoeGemm) = moe_mma_kernel<BM, BN, WM, WN, STAGES, MINB, F16, GATE>;
     const size_t smem = (size_t)STAGES * (BM + BN) * 128;
-    /* the dynamic shared-memory limit is raised once per context: no state shared by threads */
-    const uint32_t bit = smem_bit(cfg, F16, GATE);
-    if (!(s->mma_smem_raised & bit)) {
-        if (smem > s->smem_optin)
-            return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                            "%s: the tile needs %zu bytes of shared memory; the device allows %zu",
-                            op, smem, s->smem_optin);
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess)
-            return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_mma_kernel)");
-        s->mma_smem_raised |= bit;
-    }
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, smem, smem, &s->mma_smem_raised,
+                          smem_bit(cfg, F16, GATE), "cudaFuncSetAttribute(moe_mma_kernel)"));
     if (!p)
         return MOEFUSE_OK; /* only made ready */
     dim3 grid;

@@ -140,20 +140,10 @@ template <bool F16, bool GATE>
 static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op, const MoeGemm *p)
 {
     void (*kern)(const MoeGemm) = moe_wgmma_kernel<F16, GATE>;
-    /* the dynamic shared-memory limit is raised once per context: no state shared by
-     * threads; a bit per kernel in s->wgmma_smem_raised: (f16, bf16) x (gate, final) */
-    const uint32_t bit = (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0));
-    if (!(s->wgmma_smem_raised & bit)) {
-        if ((size_t)WG_SMEM > s->smem_optin)
-            return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                            "%s: the tile needs %d bytes of shared memory; the device allows %zu",
-                            op, WG_SMEM, s->smem_optin);
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             WG_SMEM);
-        if (e != cudaSuccess)
-            return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_wgmma_kernel)");
-        s->wgmma_smem_raised |= bit;
-    }
+    /* a bit per kernel in s->wgmma_smem_raised: (f16, bf16) x (gate, final) */
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, WG_SMEM, WG_SMEM, &s->wgmma_smem_raised,
+                          (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0)),
+                          "cudaFuncSetAttribute(moe_wgmma_kernel)"));
     if (!p)
         return MOEFUSE_OK; /* only made ready */
     dim3 grid;

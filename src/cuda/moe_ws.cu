@@ -396,18 +396,9 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     void (*kern)(const MoeWsParams) = moe_ws_kernel<F16, GATE>;
     /* the fallback (moe_wgmma.cu) must be ready too: a call may need it */
     MF_TRY(moe_launch_wgmma(ctx, s, op, GATE, F16, NULL));
-    const uint32_t bit = (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0));
-    if (!(s->ws_smem_raised & bit)) {
-        if ((size_t)WS_SMEM + WS_STATIC_SMEM > s->smem_optin)
-            return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                            "%s: the tile needs %zu bytes of shared memory; the device allows %zu",
-                            op, (size_t)WS_SMEM + WS_STATIC_SMEM, s->smem_optin);
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             WS_SMEM);
-        if (e != cudaSuccess)
-            return mf_cuda_fail(ctx, e, op, "cudaFuncSetAttribute(moe_ws_kernel)");
-        s->ws_smem_raised |= bit;
-    }
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, WS_SMEM, WS_SMEM + WS_STATIC_SMEM,
+                          &s->ws_smem_raised, (uint32_t)1 << ((F16 ? 2 : 0) + (GATE ? 1 : 0)),
+                          "cudaFuncSetAttribute(moe_ws_kernel)"));
     if (!p)
         return MOEFUSE_OK; /* only made ready */
     MoeWsParams P;
