@@ -2,7 +2,8 @@
  * Hopper (sm_90) asynchronous-copy primitives for the warp-specialised GEMM
  * (moe_ws.cu): mbarriers, TMA tensor loads, cp.async arrivals on mbarriers,
  * the proxy fence and register reallocation, plus HpPipe, the
- * position (stage, phase) of a role in a ring of shared-memory stages.
+ * position (stage, phase) of a role in a ring of shared-memory stages; and
+ * the thread-block-cluster pieces of the split-depth decode (moe_mma.cu).
  *
  * Only sm_90 device code uses them; in other device passes they compile to
  * nothing, and the host never launches their callers there.
@@ -126,5 +127,35 @@ template <int STAGES> struct HpPipe {
         }
     }
 };
+
+/*
+ * Thread block clusters (sm_90): every thread of every block of the cluster
+ * arrives, then waits for all; release / acquire order the shared-memory
+ * writes before the barrier with the reads of other blocks after it.
+ */
+static __device__ __forceinline__ void hp_cluster_sync(void)
+{
+    HP_ASM("barrier.cluster.arrive.release.aligned;\n"
+           "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* The address in block `rank` of the cluster of this block's shared address `addr`. */
+static __device__ __forceinline__ uint32_t hp_cluster_map(uint32_t addr, unsigned rank)
+{
+    uint32_t out = 0;
+    HP_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+
+/* Four floats from another block's shared memory (an address from hp_cluster_map). */
+static __device__ __forceinline__ float4 hp_cluster_ld4(uint32_t addr)
+{
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    HP_ASM("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+           : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+           : "r"(addr)
+           : "memory");
+    return v;
+}
 
 #endif /* MOEFUSE_CUDA_HOPPER_CUH */

@@ -25,13 +25,14 @@ static __device__ __forceinline__ void mf_pdl_trigger(void)
 
 /*
  * Launches kernel k(p) on stream, with the programmatic-dependent-launch attribute when pdl
- * (the kernel then calls mf_pdl_wait). Errors are left for mf_cuda_launched.
+ * (the kernel then calls mf_pdl_wait) and in clusters of `cluster` blocks along x when it is
+ * above 1 (sm_90; gridDim.x a multiple of it). Errors are left for mf_cuda_launched.
  */
 template <typename P>
 static inline void mf_launch_pdl(void (*k)(P), dim3 grid, unsigned threads, size_t smem,
-                                 cudaStream_t stream, int pdl, const P &p)
+                                 cudaStream_t stream, int pdl, const P &p, unsigned cluster = 1)
 {
-    if (!pdl) {
+    if (!pdl && cluster <= 1) {
         k<<<grid, threads, smem, stream>>>(p);
         return;
     }
@@ -40,11 +41,22 @@ static inline void mf_launch_pdl(void (*k)(P), dim3 grid, unsigned threads, size
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2] = {};
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = cluster;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        n++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     (void)cudaLaunchKernelEx(&cfg, k, p);
 }
 
