@@ -13,7 +13,9 @@
  *    ids and weights) captured as one graph replays as the eager calls do, with
  *    its inputs rewritten by cudaMemcpyAsync on the stream before each replay;
  *  - calls alternating between streams, with no host wait between them, give
- *    the results of calls on one stream (the scratch orders itself).
+ *    the results of calls on one stream (the scratch orders itself);
+ *  - the testing switches MOEFUSE_CUDA_GEMM and MOEFUSE_CUDA_SPLIT refuse
+ *    values they do not know at context creation.
  * Outputs are poisoned again before each replay, so a replay that writes
  * nothing cannot pass on what an earlier one left. Runs on "cuda" only;
  * skipped without a device (h_run).
@@ -655,6 +657,38 @@ START_TEST(streams_switch_without_waiting)
 }
 END_TEST
 
+/* A testing switch with a value it does not know refuses context creation, naming itself;
+ * the switch's own value (a variant of this program sets one) is restored after. */
+static void refused_switch(const char *name, const char *value)
+{
+    const char *was = getenv(name);
+    char *saved = was ? strdup(was) : NULL;
+    setenv(name, value, 1);
+    moefuse_context *c = NULL;
+    const moefuse_status st = moefuse_context_create(&c, "cuda");
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == MOEFUSE_ERR_INVALID_ARGUMENT && c == NULL,
+           "%s=%s: context creation gave %s", name, value, moefuse_status_name(st));
+    HCHECK(strstr(msg, name) != NULL, "%s=%s: the message does not name it: %s", name, value,
+           msg);
+    if (c)
+        moefuse_context_destroy(c);
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
+START_TEST(unknown_switch_values_refused)
+{
+    refused_switch("MOEFUSE_CUDA_GEMM", "wgmma2");
+    refused_switch("MOEFUSE_CUDA_SPLIT", "0");
+    refused_switch("MOEFUSE_CUDA_SPLIT", "9");
+    refused_switch("MOEFUSE_CUDA_SPLIT", "2x");
+}
+END_TEST
+
 static void setup(void)
 {
     h_setup_cross(); /* g_ref: the CPU golden backend */
@@ -670,6 +704,7 @@ static Suite *suite(void)
     tcase_add_test(tc, row_ops_in_a_graph);
     tcase_add_loop_test(tc, decode_layer_in_a_graph, 0, 2);
     tcase_add_test(tc, streams_switch_without_waiting);
+    tcase_add_test(tc, unknown_switch_values_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -326,6 +326,39 @@ START_TEST(t_many_tiles)
 }
 END_TEST
 
+/*
+ * Decode (16 slots or fewer: the GEMM blocks route themselves) with a deep, ragged depth:
+ * on sm_90 the CUDA backend splits each tile's depth over a cluster of blocks (by shape, or
+ * MOEFUSE_CUDA_SPLIT), so the depth here spans several blocks' shares, one share ragged, and
+ * a forced split of 8 leaves some blocks without depth. 1, 3 and 8 tokens, invalid slots and
+ * a map, both output forms.
+ */
+START_TEST(t_decode_deep)
+{
+    static const int64_t KI[3][2] = {{1000, 584}, {1544, 1032}, {777, 459}};
+    static const int64_t Ms[3] = {1, 3, 8};
+    moefuse_dtype dts[2] = {MOEFUSE_BF16, MOEFUSE_F16};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++) {
+            cfg c = base(dts[d]);
+            c.M = Ms[s];
+            c.E = 8;
+            c.k = s == 2 ? 2 : 4;
+            c.K = KI[s][0];
+            c.I = KI[s][1];
+            c.dense = c.K % 8 == 0 && c.I % 8 == 0;
+            c.bias = (d + s) % 2;
+            c.invalid = s > 0;
+            c.use_map = s == 1;
+            c.Eg = 11;
+            c.reduce = s != 1 || d == 1;
+            c.act = s % 3;
+            c.order = d;
+            run(c);
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("moe");
@@ -339,6 +372,7 @@ int main(void)
     tcase_add_test(tc, t_medium_random);
     tcase_add_test(tc, t_deep_ragged);
     tcase_add_test(tc, t_many_tiles);
+    tcase_add_test(tc, t_decode_deep);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

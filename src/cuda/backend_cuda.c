@@ -127,6 +127,13 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
                         "mma_l, wgmma, ws",
                         getenv("MOEFUSE_CUDA_GEMM"));
     }
+    s->forced_split = mf_cuda_split_from_env();
+    if (s->forced_split < 0) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_SPLIT=%.64s is not an integer from 1 to 8",
+                        getenv("MOEFUSE_CUDA_SPLIT"));
+    }
     cudaError_t e = cudaSetDevice(s->device);
     struct cudaDeviceProp prop;
     if (e == cudaSuccess)

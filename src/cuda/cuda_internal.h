@@ -34,6 +34,7 @@ typedef struct cuda_state {
     int sm_count;              /* multiprocessors, read from the device */
     int cc_major, cc_minor;    /* compute capability */
     int pdl;                   /* launches may use programmatic dependent launch (mf_cuda_probe_pdl) */
+    int clusters;              /* kernels may run in thread block clusters (mf_cuda_probe_pdl) */
     size_t smem_optin;         /* max dynamic shared memory per block after opt-in */
     /* one bit per GEMM kernel whose dynamic shared-memory limit this context has raised
      * (moe_mma.cu, moe_wgmma.cu, moe_ws.cu): per context, so threads with contexts of their own
@@ -61,6 +62,9 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_GEMM: the MoE GEMM configuration forced for routed calls (enum moe_cfg),
      * or -1 for the choice by shape (mf_cuda_gemm_from_env) */
     int forced_gemm;
+    /* MOEFUSE_CUDA_SPLIT: blocks sharing the depth of a decode tile (1..8), or 0 for the
+     * choice by shape (mf_cuda_split_from_env) */
+    int forced_split;
     const void *checked_ptr;
     unsigned long long checked_base;
     size_t checked_size;
@@ -110,13 +114,16 @@ static inline unsigned mf_cuda_grid(const cuda_state *s, int64_t work, int64_t p
     return (unsigned)(need > 0 ? need : 1);
 }
 
-/* Sets s->pdl: the device is sm_90 or later and runs this library's code compiled for sm_90 or
- * later (not older PTX compiled at load time, whose kernels have no griddepcontrol.wait). */
+/* Sets s->pdl and s->clusters: the device is sm_90 or later and runs this library's code
+ * compiled for sm_90 or later (not older PTX compiled at load time, whose kernels have no
+ * griddepcontrol.wait and no cluster barriers). */
 void mf_cuda_probe_pdl(cuda_state *s);
 
 /* MOEFUSE_CUDA_GEMM as a configuration: -1 when unset or empty, -2 when it names none
  * (moe_ops.cu, which knows the configurations). */
 int mf_cuda_gemm_from_env(void);
+/* MOEFUSE_CUDA_SPLIT as a split count: 0 when unset or empty, -1 when not an integer in 1..8. */
+int mf_cuda_split_from_env(void);
 
 /* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);

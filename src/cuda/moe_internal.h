@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #define MOE_MAX_BM 128 /* largest tile height (slots per tile) of any configuration */
+#define MOE_BK 64      /* elements of depth per stage: 128 bytes per row */
 
 /* Where a block finds its slots; see moe_kernels.cuh. */
 typedef struct MoeRoute {
@@ -52,6 +53,13 @@ typedef struct MoeGemm {
     int vec_a, vec_b;    /* rows and strides allow 16-byte cp.async */
     int vec_out;         /* out rows start 4-element aligned: the epilogue stores 4 at once */
     int zero_invalid;    /* direct mode: zero the out rows of invalid slots */
+    /*
+     * Direct mode on sm_90 (moe_mma.cu): each (expert, column block) is a cluster of split
+     * blocks (blockIdx.x = nb * split + rank), rank r multiplying depth tiles
+     * [r * ceil(KT / split), ...); rank 0 adds the others' f32 partial tiles to its own in
+     * rank order and runs the epilogue. 0 or 1: the whole depth in one block.
+     */
+    int split;
     long long lin_bound; /* routed mode: tile indices to cover */
     /*
      * Reduced final (fuse = 1): out holds y in f32, and the last block to
@@ -87,6 +95,9 @@ typedef struct MoeGemm {
 #define MOE_S_STAGES 6
 #define MOE_S_MINB 3
 #endif
+
+/* Most blocks sharing a decode tile's depth (a cluster; 8 is the portable cluster size). */
+#define MOE_SPLIT_MAX 8
 
 /* Tile configurations; moe_ops.cu picks one per call from the shapes alone. */
 enum moe_cfg {

@@ -48,12 +48,14 @@ static __device__ unsigned long long moe_timing[4][8]; /* [kind][phase], [kind][
 /*
  * Launch a GEMM kernel on s->stream: with programmatic stream serialization
  * when p->pdl (sm_90: it may start before the previous kernel ends and waits
- * for it with griddepcontrol.wait where it needs its results).
+ * for it with griddepcontrol.wait where it needs its results), in clusters of
+ * p->split blocks when the depth is split (moe_mma.cu's decode).
  */
 static inline void moe_launch(void (*kern)(const MoeGemm), dim3 grid, unsigned threads,
                               size_t smem, cudaStream_t stream, const MoeGemm *p)
 {
-    mf_launch_pdl(kern, grid, threads, smem, stream, p->pdl, *p);
+    mf_launch_pdl(kern, grid, threads, smem, stream, p->pdl, *p,
+                  p->split > 1 ? (unsigned)p->split : 1u);
 }
 
 /*
@@ -164,6 +166,10 @@ static __device__ bool moe_fetch_tile(const MoeGemm &p, long long lin, MoeTileSm
         for (long long i = tid; i < p.zero_cnt_n; i += blockDim.x) /* M <= 16 rows (direct) */
             p.zero_cnt[i] = 0u;
     if (rt.direct) {
+        /* split depth: blocks nb * split .. nb * split + split - 1 share a tile; the first
+         * of them does the tile's writes outside the product (zeroed rows) */
+        const int split = p.split > 1 ? p.split : 1;
+        const bool head = blockIdx.x % (unsigned)split == 0u;
         if (tid < 32) {
             const int lane = tid;
             long long e_l = -2; /* -2: no slot at this lane, -1: invalid slot */
@@ -197,15 +203,15 @@ static __device__ bool moe_fetch_tile(const MoeGemm &p, long long lin, MoeTileSm
             }
             if (lane == 0) {
                 unsigned ztok = 0u;
-                if (p.fuse && r == 0)
+                if (p.fuse && r == 0 && head)
                     for (long long m = 0; m < rt.S / rt.topk; m++)
                         if ((valid & moe_token_bits(m, rt.topk)) == 0u)
                             ztok |= 1u << m;
                 t.e = e;
-                t.nb = blockIdx.x;
+                t.nb = blockIdx.x / (unsigned)split;
                 t.count = __popc(members);
                 t.first = 0;
-                t.zero_mask = (p.zero_invalid && r == 0) ? inval : 0u;
+                t.zero_mask = (p.zero_invalid && r == 0 && head) ? inval : 0u;
                 t.zero_tok_mask = ztok;
                 t.valid_mask = valid;
             }

@@ -17,6 +17,7 @@
  * The depth is walked in the same 16-element steps in every configuration,
  * so a given output gets the same bits whatever configuration computed it.
  */
+#include "cuda/hopper.cuh"
 #include "cuda/moe_tiles.cuh"
 
 #include <limits.h>
@@ -46,6 +47,30 @@ static __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/*
+ * Split depth (rank 0 of a cluster): cs += the partial tile of rank 1, then of rank 2, ...,
+ * over the tile's `rows` slot rows, each element with one rounding per addition in rank
+ * order, so the sum does not depend on which rank finished first.
+ */
+template <int BN, int THREADS, int CST>
+static __device__ __forceinline__ void moe_split_sum(float *cs, long long rows, int split)
+{
+    constexpr int Q = BN / 4; /* float4 per row */
+    const uint32_t base = smem_u32(cs);
+    for (long long i = threadIdx.x; i < rows * Q; i += THREADS) {
+        const long long off = (i / Q) * CST + (i % Q) * 4;
+        float4 v = *(float4 *)(cs + off);
+        for (int r = 1; r < split; r++) {
+            const float4 w = hp_cluster_ld4(hp_cluster_map(base + (uint32_t)(off * 4), (unsigned)r));
+            v.x = __fadd_rn(v.x, w.x);
+            v.y = __fadd_rn(v.y, w.y);
+            v.z = __fadd_rn(v.z, w.z);
+            v.w = __fadd_rn(v.w, w.w);
+        }
+        *(float4 *)(cs + off) = v;
+    }
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES, int MINB, bool F16, bool GATE>
 __global__ void __launch_bounds__(WM *WN * 32, MINB)
     moe_mma_kernel(const __grid_constant__ MoeGemm p)
@@ -70,7 +95,15 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
     const uint32_t b_frag = (uint32_t)(BM + wn * WTN + (lane & 7) + ((lane >> 4) << 3)) * 128u;
     const int a_hi = lane >> 4, b_hi = (lane >> 3) & 1, l7 = lane & 7;
     const long long cols_per_block = GATE ? BN / 2 : BN;
-    const long long KT = (p.depth + MOE_BK - 1) / MOE_BK;
+    /* this block's depth tiles: k0 .. k0 + KT - 1 (all of them unless the depth is split) */
+    const int split = p.split > 1 ? p.split : 1;
+    const int rank = (int)(blockIdx.x % (unsigned)split);
+    long long k0 = 0, KT = (p.depth + MOE_BK - 1) / MOE_BK;
+    if (split > 1) {
+        const long long per = (KT + split - 1) / split;
+        k0 = rank * per;
+        KT = k0 >= KT ? 0 : (KT - k0 < per ? KT - k0 : per);
+    }
 
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
@@ -106,13 +139,13 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++)
             if (st < KT)
-                ld.load_b(p, sbase + (uint32_t)(st * STAGE_BYTES), st);
+                ld.load_b(p, sbase + (uint32_t)(st * STAGE_BYTES), k0 + st);
         if (p.pdl)
             mf_pdl_wait();
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) {
             if (st < KT)
-                ld.load_a(p, sbase + (uint32_t)(st * STAGE_BYTES), st);
+                ld.load_a(p, sbase + (uint32_t)(st * STAGE_BYTES), k0 + st);
             cp_async_commit();
         }
         /* m16 tiles of this warp that hold a slot (the slots are the first t.count rows):
@@ -124,7 +157,7 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
             cp_async_wait<STAGES - 2>(); /* this thread's copies of tile kt have landed */
             __syncthreads();             /* everyone's have; and tile kt - 1 is consumed */
             if (kt + STAGES - 1 < KT)
-                ld.load(p, sbase + (uint32_t)(st_write * STAGE_BYTES), kt + STAGES - 1);
+                ld.load(p, sbase + (uint32_t)(st_write * STAGE_BYTES), k0 + kt + STAGES - 1);
             cp_async_commit();
             st_write = st_write + 1 == STAGES ? 0 : st_write + 1;
 
@@ -176,6 +209,16 @@ __global__ void __launch_bounds__(WM *WN * 32, MINB)
                 *(float2 *)(cs + (r + 8) * CST + c) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
             }
         __syncthreads();
+        if (split > 1) {
+            /* every rank's partial is in its cs; rank 0 adds them in rank order, and the
+             * others stay until it has read theirs (cluster shared memory) */
+            hp_cluster_sync();
+            if (rank == 0)
+                moe_split_sum<BN, THREADS, CST>(cs, t.count, split);
+            hp_cluster_sync();
+            if (rank != 0)
+                break; /* direct mode: one tile per block */
+        }
         moe_epilogue<BM, BN, THREADS, WTN, CST, GATE>(p, t, cs);
         MOE_TMARK((GATE ? 0 : 1), 2, tclk);
         if (!GATE && p.fuse)
@@ -207,7 +250,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     dim3 grid;
     if (p->rt.direct) {
         const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
-        grid = dim3((unsigned)p->nblk, (unsigned)(ranks > 0 ? ranks : 1));
+        const int64_t split = p->split > 1 ? p->split : 1;
+        grid = dim3((unsigned)(p->nblk * split), (unsigned)(ranks > 0 ? ranks : 1));
     } else {
         grid = dim3((unsigned)(p->lin_bound < INT_MAX ? p->lin_bound : INT_MAX));
     }

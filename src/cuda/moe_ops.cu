@@ -62,6 +62,16 @@ extern "C" int mf_cuda_gemm_from_env(void)
     return -2;
 }
 
+extern "C" int mf_cuda_split_from_env(void)
+{
+    const char *v = getenv("MOEFUSE_CUDA_SPLIT");
+    if (!v || !*v)
+        return 0;
+    char *end;
+    const long n = strtol(v, &end, 10);
+    return (*end == '\0' && n >= 1 && n <= MOE_SPLIT_MAX) ? (int)n : -1;
+}
+
 /*
  * The forced configuration when it fits the call: simt* for f32 operands,
  * the others for bf16 / f16, the Hopper ones on a Hopper device; else `cfg`.
@@ -86,8 +96,32 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
 /* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
 #define MOE_DIRECT_MAX_SLOTS 16
 
+/* Fewest depth tiles (MOE_BK each) a block of a split decode tile multiplies: below, the
+ * fill of its pipeline costs more than the split saves (H100: Qwen3-30B-A3B's final, 12
+ * depth tiles, and its gate split 4 ways, 8 each, both lost 15-20%). */
+#define MOE_SPLIT_MIN_TILES 16
+
+/*
+ * Blocks sharing the depth of each decode tile (direct mode, sm_90 clusters). Decode streams
+ * each weight once, so what matters is that every SM streams until the end: with `tiles`
+ * tiles and `resident` blocks in flight, the smallest split that makes at least two blocks
+ * per place, so that blocks finishing unevenly leave no SM without the next. Measured on the
+ * H100 (docs/PERFORMANCE.md): Mixtral's final (128 tiles) split 8 ways makes the M = 1 layer
+ * 12% faster; split 2 ways, the 896 tiles of Mixtral's gate and of DeepSeek-V3's final were
+ * 2% and 6% slower.
+ */
+static int decode_split(int64_t tiles, int64_t kt, int64_t resident)
+{
+    int sp = 1;
+    while (sp < MOE_SPLIT_MAX && tiles * sp < 2 * resident &&
+           (kt + 2 * sp - 1) / (2 * sp) >= MOE_SPLIT_MIN_TILES)
+        sp *= 2;
+    return sp;
+}
+
 typedef struct moe_plan {
     int cfg, bm, direct, f16, simt;
+    int split_gate, split_final; /* blocks sharing a decode tile's depth (MoeGemm.split) */
     int64_t S, tiles_bound;
     int64_t nblk_final; /* column blocks of the final GEMM (fused reduction counters) */
     size_t off_count, off_cnt, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of;
@@ -135,6 +169,17 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
     if (!pl->direct)
         pl->cfg = forced_cfg(s, pl->simt, pl->cfg);
     pl->bm = moe_cfg_bm(pl->cfg);
+    pl->split_gate = pl->split_final = 1;
+    if (pl->direct && !pl->simt && s->clusters) {
+        const int64_t resident = (int64_t)s->sm_count * MOE_S_MINB, bk = MOE_BK;
+        const int64_t gate_tiles = busy * ((a->inter_dim + MOE_S_BN / 2 - 1) / (MOE_S_BN / 2));
+        const int64_t final_tiles = busy * ((K + MOE_S_BN - 1) / MOE_S_BN);
+        pl->split_gate = s->forced_split ? s->forced_split
+                                         : decode_split(gate_tiles, (K + bk - 1) / bk, resident);
+        pl->split_final = s->forced_split
+                              ? s->forced_split
+                              : decode_split(final_tiles, (a->inter_dim + bk - 1) / bk, resident);
+    }
     /* sum over experts of ceil(n_e / bm) <= S / bm + (experts touched) */
     pl->tiles_bound = S / pl->bm + busy;
     const int64_t cols = moe_cfg_cols(pl->cfg, 0);
@@ -273,6 +318,7 @@ static MoeGemm gate_params(const mf_moe_args *a, const moe_plan *pl, const MoeRo
     g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
     g.zero_invalid = pl->direct && zero_invalid;
     g.lin_bound = lin_bound(pl, g.nblk);
+    g.split = pl->split_gate;
     return g;
 }
 
@@ -330,6 +376,7 @@ static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeR
     g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
     g.lin_bound = lin_bound(pl, g.nblk);
     g.tile_ctr = b->tile_ctr ? b->tile_ctr + 1 : NULL;
+    g.split = pl->split_final;
     return g;
 }
 
@@ -508,3 +555,4 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     gf.pdl = pdl;
     return launch_gemm(ctx, s, op, &pl, 0, &gf);
 }
+

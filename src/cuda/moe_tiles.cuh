@@ -10,7 +10,6 @@
 
 #include "cuda/moe_kernels.cuh"
 
-#define MOE_BK 64 /* elements of depth per stage: 128 bytes per row */
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {

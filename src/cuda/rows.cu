@@ -1638,6 +1638,7 @@ void mf_cuda_probe_pdl(cuda_state *s)
     s->pdl = s->cc_major >= 9 &&
              cudaFuncGetAttributes(&fa, (const void *)mf_k_act_mul_tab) == cudaSuccess &&
              fa.ptxVersion >= 90;
+    s->clusters = s->pdl; /* the same condition: code built for sm_90 on an sm_90 device */
     (void)cudaGetLastError(); /* a failed query leaves PDL off, not an error for the next call */
 }
 
