@@ -15,7 +15,8 @@
  *  - tile height from the average slots per touched expert, S / min(E, S):
  *    16 (decode: weight streaming), 64, or 128 (compute bound);
  *  - S <= 16: direct mode, the GEMM blocks route themselves (no route
- *    kernels: a decode layer is two launches, gate and final).
+ *    kernels: a decode layer is two launches, gate and final); on sm_90 the
+ *    bf16 / f16 tiles' depth may be split over a cluster (decode_split).
  * The reduced final sums the top-k slots itself (fused, moe_tiles.cuh); its
  * f32 y rows go through scratch, so the sum order is fixed (j = 0..k-1).
  */
