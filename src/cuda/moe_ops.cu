@@ -7,13 +7,13 @@
  * Per call, from the shapes (and the device) only, so moe_forward takes the
  * same decisions as moe_gate then moe_final and gives the same bits:
  *  - f32 operands: FMA kernels (moe_simt.cu); bf16 / f16: tensor cores,
- *    mma.sync (moe_mma.cu) or, for the 128-slot tiles on sm_90a, wgmma
- *    (moe_wgmma.cu); on sm_90a, routed calls with large experts take the
+ *    mma.sync (moe_mma.cu) or, for more than 8 slots per expert on sm_90a,
+ *    wgmma (moe_wgmma.cu); on sm_90a, routed calls with large experts take the
  *    warp-specialised persistent kernel (moe_ws.cu) at every tile height;
  *  - MOEFUSE_CUDA_GEMM (read at context creation) forces a configuration for
  *    routed calls, where it fits the dtype and the device (forced_cfg);
  *  - tile height from the average slots per touched expert, S / min(E, S):
- *    16 (decode: weight streaming), 64, or 128 (compute bound);
+ *    16 (decode: weight streaming), 64 (128 on sm_90a), or 128;
  *  - S <= 16: direct mode, the GEMM blocks route themselves (no route
  *    kernels: a decode layer is two launches, gate and final); on sm_90 the
  *    bf16 / f16 tiles' depth may be split over a cluster (decode_split).
@@ -157,7 +157,10 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
         pl->cfg = avg <= 8 ? MOE_SIMT16 : MOE_SIMT64;
     } else {
         pl->cfg = avg <= 8 ? MOE_MMA_S : (avg <= 48 ? MOE_MMA_M : MOE_MMA_L);
-        if (pl->cfg == MOE_MMA_L && moe_wgmma_usable(s))
+        /* sm_90a: the 128-slot wgmma tile from 9 slots per expert on, padding and all; on the
+         * H100 it beat the 64-slot mma.sync tile by 1-9% at 9 to 32 slots per expert (Qwen3-30B-A3B
+         * M = 256 and 512; 64 experts of 2048 x 1408, k = 6, M = 96 to 512) and lost 1% at 6 and 8 */
+        if ((pl->cfg == MOE_MMA_M || pl->cfg == MOE_MMA_L) && moe_wgmma_usable(s))
             pl->cfg = MOE_WGMMA_L;
         /* large experts: the warp-specialised kernel whatever the slots per expert; its TMA
          * streams the weights at copy bandwidth even when most of a 128-row tile is padding,
