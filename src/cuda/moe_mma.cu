@@ -61,7 +61,8 @@ static __device__ __forceinline__ void moe_split_sum(float *cs, long long rows, 
         const long long off = (i / Q) * CST + (i % Q) * 4;
         float4 v = *(float4 *)(cs + off);
         for (int r = 1; r < split; r++) {
-            const float4 w = hp_cluster_ld4(hp_cluster_map(base + (uint32_t)(off * 4), (unsigned)r));
+            const uint32_t theirs = hp_cluster_map(base + (uint32_t)(off * 4), (unsigned)r);
+            const float4 w = hp_cluster_ld4(theirs);
             v.x = __fadd_rn(v.x, w.x);
             v.y = __fadd_rn(v.y, w.y);
             v.z = __fadd_rn(v.z, w.z);

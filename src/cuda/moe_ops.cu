@@ -99,7 +99,7 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
 
 /* Fewest depth tiles (MOE_BK each) a block of a split decode tile multiplies: below, the
  * fill of its pipeline costs more than the split saves (H100: Qwen3-30B-A3B's final, 12
- * depth tiles, and its gate split 4 ways, 8 each, both lost 15-20%). */
+ * depth tiles split 2 ways, and its gate split 4 ways, 8 each: 14-19% slower). */
 #define MOE_SPLIT_MIN_TILES 16
 
 /*
@@ -107,9 +107,9 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
  * each weight once, so what matters is that every SM streams until the end: with `tiles`
  * tiles and `resident` blocks in flight, the smallest split that makes at least two blocks
  * per place, so that blocks finishing unevenly leave no SM without the next. Measured on the
- * H100 (docs/PERFORMANCE.md): Mixtral's final (128 tiles) split 8 ways makes the M = 1 layer
- * 12% faster; split 2 ways, the 896 tiles of Mixtral's gate and of DeepSeek-V3's final were
- * 2% and 6% slower.
+ * H100 (docs/PERFORMANCE.md): Mixtral's final (128 tiles) split 8 ways takes 11% off the
+ * M = 1 layer's time; split 2 ways, the 896 tiles of Mixtral's gate and of DeepSeek-V3's
+ * final were 2% and 6% slower.
  */
 static int decode_split(int64_t tiles, int64_t kt, int64_t resident)
 {
@@ -158,8 +158,9 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
     } else {
         pl->cfg = avg <= 8 ? MOE_MMA_S : (avg <= 48 ? MOE_MMA_M : MOE_MMA_L);
         /* sm_90a: the 128-slot wgmma tile from 9 slots per expert on, padding and all; on the
-         * H100 it beat the 64-slot mma.sync tile by 1-9% at 9 to 32 slots per expert (Qwen3-30B-A3B
-         * M = 256 and 512; 64 experts of 2048 x 1408, k = 6, M = 96 to 512) and lost 1% at 6 and 8 */
+         * H100 it beat the 64-slot mma.sync tile by 1-9% at 9 to 48 slots per expert
+         * (Qwen3-30B-A3B M = 256 and 512; 64 experts of 2048 x 1408, k = 6, M = 96 to 512),
+         * and lost 1% to the 16-slot tile at 6 and 8 */
         if ((pl->cfg == MOE_MMA_M || pl->cfg == MOE_MMA_L) && moe_wgmma_usable(s))
             pl->cfg = MOE_WGMMA_L;
         /* large experts: the warp-specialised kernel whatever the slots per expert; its TMA
@@ -559,4 +560,3 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     gf.pdl = pdl;
     return launch_gemm(ctx, s, op, &pl, 0, &gf);
 }
-
