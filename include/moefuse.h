@@ -36,9 +36,13 @@ extern "C" {
 #define MOEFUSE_API
 #endif
 
+/* The version of this header (meson.build holds the same). moefuse_version() returns the
+ * library's: a program can compare the two to find that it runs against another build. */
 #define MOEFUSE_VERSION_MAJOR 0
 #define MOEFUSE_VERSION_MINOR 1
 #define MOEFUSE_VERSION_PATCH 0
+#define MOEFUSE_VERSION                                                                            \
+    (MOEFUSE_VERSION_MAJOR * 10000 + MOEFUSE_VERSION_MINOR * 100 + MOEFUSE_VERSION_PATCH)
 
 /* ------------------------------------------------------------------ status */
 
@@ -65,6 +69,9 @@ typedef enum moefuse_status {
 
 /* "MOEFUSE_ERR_SHAPE" and so on; "unknown status" outside the enum. */
 MOEFUSE_API const char *moefuse_status_name(moefuse_status status);
+
+/* The library's MOEFUSE_VERSION (major * 10000 + minor * 100 + patch), as it was built. */
+MOEFUSE_API unsigned moefuse_version(void);
 
 /* ------------------------------------------------------------------ tensors */
 

@@ -803,6 +803,17 @@ START_TEST(t_empty_null_data)
 }
 END_TEST
 
+/* The library reports the version of the header it was built with: this build's, here. */
+START_TEST(t_version)
+{
+    HCHECK(moefuse_version() == MOEFUSE_VERSION, "moefuse_version() is %u, the header says %d",
+           moefuse_version(), MOEFUSE_VERSION);
+    HCHECK(MOEFUSE_VERSION_MINOR < 100 && MOEFUSE_VERSION_PATCH < 100,
+           "version %d.%d.%d does not fit MOEFUSE_VERSION's encoding", MOEFUSE_VERSION_MAJOR,
+           MOEFUSE_VERSION_MINOR, MOEFUSE_VERSION_PATCH);
+}
+END_TEST
+
 START_TEST(t_context)
 {
     moefuse_context *c = (moefuse_context *)0x1;
@@ -862,6 +873,7 @@ int main(void)
     tcase_add_test(tc, t_moe_byte_counts_overflow);
     tcase_add_test(tc, t_topk);
     tcase_add_test(tc, t_empty_null_data);
+    tcase_add_test(tc, t_version);
     tcase_add_test(tc, t_context);
     suite_add_tcase(s, tc);
     return h_run(s);

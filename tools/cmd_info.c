@@ -24,8 +24,8 @@ int cmd_info(int argc, char **argv)
         fprintf(stderr, "moefuse info: unknown argument '%s'\n", argv[i]);
         return 2;
     }
-    printf("moefuse %d.%d.%d\n", MOEFUSE_VERSION_MAJOR, MOEFUSE_VERSION_MINOR,
-           MOEFUSE_VERSION_PATCH);
+    const unsigned v = moefuse_version(); /* the library's, which may not be the header's */
+    printf("moefuse %u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
     const char *built = moefuse_built_backends();
     char list[256];
 

@@ -71,8 +71,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-        printf("moefuse %d.%d.%d\n", MOEFUSE_VERSION_MAJOR, MOEFUSE_VERSION_MINOR,
-               MOEFUSE_VERSION_PATCH);
+        const unsigned v = moefuse_version(); /* the library's, which may not be the header's */
+        printf("moefuse %u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
         return 0;
     }
     fprintf(stderr, "moefuse: unknown command '%s'\n\n", cmd);
