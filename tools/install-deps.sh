@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what building and testing moefuse needs on Debian 12 / Ubuntu 22.04+.
-# Compilers and Meson, Check for the tests, OpenBLAS for the benchmark ceiling,
+# Compilers, Meson and CMake (CI builds a program against the installed library
+# with it), Check for the tests, OpenBLAS for the benchmark ceiling,
 # the OpenCL headers, ICD loader and PoCL (a CPU OpenCL platform), and Python
 # with venv for the Python package (pip install .).
 set -eu
@@ -9,7 +10,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-    build-essential pkg-config meson ninja-build \
+    build-essential pkg-config meson ninja-build cmake \
     check libsubunit-dev \
     libopenblas-dev \
     ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo \
