@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#if defined(_WIN32) && defined(MOEFUSE_BUILDING_SHARED)
-#define MOEFUSE_API __declspec(dllexport)
-#elif defined(__GNUC__) && defined(MOEFUSE_BUILDING)
+/* The library exports these symbols only (it is built with hidden visibility). Windows is not
+ * a supported platform yet, so there is no dllexport / dllimport here. */
+#if defined(__GNUC__) && defined(MOEFUSE_BUILDING)
 #define MOEFUSE_API __attribute__((visibility("default")))
 #else
 #define MOEFUSE_API
