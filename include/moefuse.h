@@ -130,6 +130,15 @@ typedef struct moefuse_context moefuse_context;
  * says why (an unknown or unbuilt name lists the built backends).
  */
 MOEFUSE_API moefuse_status moefuse_context_create(moefuse_context **out, const char *backend);
+/*
+ * As moefuse_context_create, on a chosen device of `backend` ("cuda" or "opencl"; NULL and
+ * "auto" take no device, and "cpu" has one): for CUDA a device index ("0", "1", ...), for
+ * OpenCL "p:d" (platform index, device index) or a case-insensitive piece of the device or
+ * platform name. It takes the place of MOEFUSE_CUDA_DEVICE / MOEFUSE_OPENCL_DEVICE; NULL keeps
+ * them. A device that does not exist gives MOEFUSE_ERR_BACKEND_UNAVAILABLE.
+ */
+MOEFUSE_API moefuse_status moefuse_context_create_on(moefuse_context **out, const char *backend,
+                                                     const char *device);
 MOEFUSE_API void moefuse_context_destroy(moefuse_context *ctx);
 
 /* "cpu", "cuda" or "opencl". */

@@ -803,6 +803,37 @@ START_TEST(t_empty_null_data)
 }
 END_TEST
 
+/* moefuse_context_create_on: a device needs a named backend that has devices to choose. */
+static void expect_device_refused(const char *backend, const char *device, const char *needle)
+{
+    moefuse_context *c = (moefuse_context *)0x1;
+    const moefuse_status st = moefuse_context_create_on(&c, backend, device);
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == MOEFUSE_ERR_INVALID_ARGUMENT, "create_on(%s, '%s') returned %s",
+           backend ? backend : "NULL", device, moefuse_status_name(st));
+    HCHECK(c == NULL, "create_on(%s, '%s') failed but left *out set", backend ? backend : "NULL",
+           device);
+    HCHECK(strstr(msg, needle) != NULL, "create_on(%s, '%s'): message \"%s\" lacks \"%s\"",
+           backend ? backend : "NULL", device, msg, needle);
+}
+
+START_TEST(t_context_on_device)
+{
+    expect_device_refused(NULL, "0", "needs a backend name");
+    expect_device_refused("auto", "0", "needs a backend name");
+    expect_device_refused("cpu", "0", "one device");
+    expect_device_refused("cpu", "", "empty");
+    moefuse_context *c = NULL;
+    const moefuse_status st = moefuse_context_create_on(&c, "cpu", NULL);
+    HCHECK(st == MOEFUSE_OK && c != NULL, "create_on(cpu, NULL): %s", moefuse_last_error(NULL));
+    HCHECK(strcmp(moefuse_backend_name(c), "cpu") == 0, "create_on(cpu, NULL) gave %s",
+           moefuse_backend_name(c));
+    moefuse_context_destroy(c);
+    HCHECK(moefuse_context_create_on(NULL, "cpu", NULL) == MOEFUSE_ERR_NULL_POINTER,
+           "create_on(NULL out) was not refused");
+}
+END_TEST
+
 /* The library reports the version of the header it was built with: this build's, here. */
 START_TEST(t_version)
 {
@@ -874,6 +905,7 @@ int main(void)
     tcase_add_test(tc, t_topk);
     tcase_add_test(tc, t_empty_null_data);
     tcase_add_test(tc, t_version);
+    tcase_add_test(tc, t_context_on_device);
     tcase_add_test(tc, t_context);
     suite_add_tcase(s, tc);
     return h_run(s);

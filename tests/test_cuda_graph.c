@@ -15,7 +15,8 @@
  *  - calls alternating between streams, with no host wait between them, give
  *    the results of calls on one stream (the scratch orders itself);
  *  - the testing switches MOEFUSE_CUDA_GEMM and MOEFUSE_CUDA_SPLIT refuse
- *    values they do not know at context creation.
+ *    values they do not know at context creation;
+ *  - moefuse_context_create_on chooses the device by index.
  * Outputs are poisoned again before each replay, so a replay that writes
  * nothing cannot pass on what an earlier one left. Runs on "cuda" only;
  * skipped without a device (h_run).
@@ -680,6 +681,33 @@ static void refused_switch(const char *name, const char *value)
     free(saved);
 }
 
+/* moefuse_context_create_on picks the CUDA device by index over MOEFUSE_CUDA_DEVICE, and
+ * refuses an index no device has, naming it. */
+START_TEST(device_by_index)
+{
+    const char *was = getenv("MOEFUSE_CUDA_DEVICE");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("MOEFUSE_CUDA_DEVICE", "no-such-device", 1); /* the argument must win */
+    moefuse_context *c = NULL;
+    moefuse_status st = moefuse_context_create_on(&c, "cuda", "0");
+    HCHECK(st == MOEFUSE_OK && c, "create_on(cuda, 0): %s", moefuse_last_error(NULL));
+    HCHECK(strstr(moefuse_device_name(c), "CUDA device 0") != NULL, "device 0 is \"%s\"",
+           moefuse_device_name(c));
+    moefuse_context_destroy(c);
+    c = (moefuse_context *)&c;
+    st = moefuse_context_create_on(&c, "cuda", "99");
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == MOEFUSE_ERR_BACKEND_UNAVAILABLE && c == NULL, "create_on(cuda, 99) gave %s",
+           moefuse_status_name(st));
+    HCHECK(strstr(msg, "device") && strstr(msg, "99"), "create_on(cuda, 99): message \"%s\"", msg);
+    if (saved)
+        setenv("MOEFUSE_CUDA_DEVICE", saved, 1);
+    else
+        unsetenv("MOEFUSE_CUDA_DEVICE");
+    free(saved);
+}
+END_TEST
+
 START_TEST(unknown_switch_values_refused)
 {
     refused_switch("MOEFUSE_CUDA_GEMM", "wgmma2");
@@ -705,6 +733,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, decode_layer_in_a_graph, 0, 2);
     tcase_add_test(tc, streams_switch_without_waiting);
     tcase_add_test(tc, unknown_switch_values_refused);
+    tcase_add_test(tc, device_by_index);
     suite_add_tcase(s, tc);
     return s;
 }

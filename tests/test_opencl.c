@@ -41,9 +41,18 @@ static void env_restore(saved_env *s)
     s->value = NULL;
 }
 
-/* A context on "opencl" with MOEFUSE_OPENCL_DEVICE set to device (NULL: unset). */
+/*
+ * A context on "opencl" on `device`: by_arg 0 through MOEFUSE_OPENCL_DEVICE (NULL: unset);
+ * by_arg 1 through moefuse_context_create_on, with the variable naming no device at all, so
+ * that the argument must win.
+ */
+static int by_arg;
 static moefuse_status context_on(moefuse_context **c, const char *device)
 {
+    if (by_arg) {
+        setenv("MOEFUSE_OPENCL_DEVICE", "no-such-device-moefuse", 1);
+        return moefuse_context_create_on(c, "opencl", device);
+    }
     if (device)
         setenv("MOEFUSE_OPENCL_DEVICE", device, 1);
     else
@@ -72,15 +81,19 @@ static void expect_bad_device(const char *value)
     moefuse_context *c = (moefuse_context *)&c;
     moefuse_status st = context_on(&c, value);
     const char *msg = moefuse_last_error(NULL);
-    HCHECK(st == MOEFUSE_ERR_BACKEND_UNAVAILABLE, "MOEFUSE_OPENCL_DEVICE=%s gave %s, want BACKEND_UNAVAILABLE",
+    const char *via = by_arg ? "device" : "MOEFUSE_OPENCL_DEVICE";
+    HCHECK(st == MOEFUSE_ERR_BACKEND_UNAVAILABLE, "%s %s gave %s, want BACKEND_UNAVAILABLE", via,
            value, moefuse_status_name(st));
-    HCHECK(c == NULL, "MOEFUSE_OPENCL_DEVICE=%s: failed create left *out set", value);
-    HCHECK(strstr(msg, "MOEFUSE_OPENCL_DEVICE") && strstr(msg, value),
-           "MOEFUSE_OPENCL_DEVICE=%s: message \"%s\" should name the variable and its value", value, msg);
+    HCHECK(c == NULL, "%s %s: failed create left *out set", via, value);
+    HCHECK(strstr(msg, via) && strstr(msg, value),
+           "%s %s: message \"%s\" should name the %s and its value", via, value, msg,
+           by_arg ? "argument" : "variable");
 }
 
+/* _i = 0: MOEFUSE_OPENCL_DEVICE; 1: moefuse_context_create_on's device, over the variable. */
 START_TEST(t_device_selection)
 {
+    by_arg = _i;
     saved_env dev = env_save("MOEFUSE_OPENCL_DEVICE");
     char name[256];
     first_device_name(name, sizeof name);
@@ -588,7 +601,7 @@ int main(void)
     TCase *tc = tcase_create("opencl");
     tcase_add_checked_fixture(tc, h_setup, h_teardown);
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, t_device_selection);
+    tcase_add_loop_test(tc, t_device_selection, 0, 2);
     tcase_add_test(tc, t_auto_needs_gpu);
     tcase_add_test(tc, t_buffer_bounds);
     tcase_add_test(tc, t_wrong_device);

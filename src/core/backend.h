@@ -93,8 +93,10 @@ struct moefuse_backend_i {
     /* Whether a usable device exists, without creating state (for "auto" and `moefuse info`). */
     bool (*probe)(void);
 
-    /* Create the backend's state for a new context. Report failures with mf_error(ctx, ...). */
-    moefuse_status (*init)(moefuse_context *ctx, void **state);
+    /* Create the backend's state for a new context. Report failures with mf_error(ctx, ...).
+     * device: the caller's choice of device (moefuse_context_create_on, never ""), or NULL for
+     * the backend's own (its environment variable, else its default). */
+    moefuse_status (*init)(moefuse_context *ctx, const char *device, void **state);
     /* Release the state (NULL allowed). */
     void (*release)(void *state);
 

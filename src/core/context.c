@@ -15,11 +15,20 @@ static bool is_known_backend(const char *name)
     return false;
 }
 
-moefuse_status moefuse_context_create(moefuse_context **out, const char *backend)
+/* Both ways of creating a context; `op` names the call in messages. */
+static moefuse_status create(moefuse_context **out, const char *backend, const char *device,
+                             const char *op)
 {
     if (!out)
-        return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "context_create: out is NULL");
+        return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "%s: out is NULL", op);
     *out = NULL;
+    if (device && !*device)
+        return mf_error(NULL, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: device is empty (NULL: the "
+                        "backend's default)", op);
+    if (device && (!backend || strcmp(backend, "auto") == 0))
+        return mf_error(NULL, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: device '%s' needs a backend name (cuda or opencl), not %s", op,
+                        device, backend ? "auto" : "NULL");
     const char *source = "argument";
     if (!backend) {
         backend = getenv("MOEFUSE_BACKEND");
@@ -34,7 +43,7 @@ moefuse_status moefuse_context_create(moefuse_context **out, const char *backend
         chosen = mf_backend_find(backend);
         if (!chosen)
             return mf_error(NULL, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
-                            "context_create: backend '%s' (from %s) is %s; built backends: %s, or auto",
+                            "%s: backend '%s' (from %s) is %s; built backends: %s, or auto", op,
                             backend, source,
                             is_known_backend(backend) ? "not built into this library" : "unknown",
                             moefuse_built_backends());
@@ -42,18 +51,29 @@ moefuse_status moefuse_context_create(moefuse_context **out, const char *backend
 
     moefuse_context *ctx = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
-        return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "context_create: out of host memory");
+        return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
     atomic_init(&ctx->in_call, false);
     ctx->backend = chosen;
-    moefuse_status status = chosen->init(ctx, &ctx->state);
+    moefuse_status status = chosen->init(ctx, device, &ctx->state);
     if (status != MOEFUSE_OK) {
-        mf_error(NULL, status, "context_create: %s", ctx->message);
+        mf_error(NULL, status, "%s: %s", op, ctx->message);
         free(ctx);
         return status;
     }
     ctx->message[0] = '\0';
     *out = ctx;
     return MOEFUSE_OK;
+}
+
+moefuse_status moefuse_context_create(moefuse_context **out, const char *backend)
+{
+    return create(out, backend, NULL, "context_create");
+}
+
+moefuse_status moefuse_context_create_on(moefuse_context **out, const char *backend,
+                                         const char *device)
+{
+    return create(out, backend, device, "context_create_on");
 }
 
 void moefuse_context_destroy(moefuse_context *ctx)

@@ -33,8 +33,11 @@ void mf_cpu_free(void *p) { free(p); }
 
 static bool cpu_probe(void) { return true; }
 
-static moefuse_status cpu_init(moefuse_context *ctx, void **state)
+static moefuse_status cpu_init(moefuse_context *ctx, const char *device, void **state)
 {
+    if (device)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cpu: device '%s': the CPU backend has one device (pass NULL)", device);
     cpu_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (s == NULL)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of state",

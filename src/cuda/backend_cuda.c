@@ -19,8 +19,9 @@ static bool cuda_probe(void)
     return n > 0;
 }
 
-/* MOEFUSE_CUDA_DEVICE (an index), else the calling thread's current device. */
-static moefuse_status pick_device(moefuse_context *ctx, int *device)
+/* `want` (the caller's device index), else MOEFUSE_CUDA_DEVICE, else the calling thread's
+ * current device. */
+static moefuse_status pick_device(moefuse_context *ctx, const char *want, int *device)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -29,13 +30,17 @@ static moefuse_status pick_device(moefuse_context *ctx, int *device)
         return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE, "cuda: no CUDA device (%s)",
                         e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
     }
-    const char *env = getenv("MOEFUSE_CUDA_DEVICE");
-    if (env && *env) {
+    const char *from = "device";
+    if (!want) {
+        want = getenv("MOEFUSE_CUDA_DEVICE");
+        from = "MOEFUSE_CUDA_DEVICE";
+    }
+    if (want && *want) {
         char *end;
-        long d = strtol(env, &end, 10);
+        long d = strtol(want, &end, 10);
         if (*end != '\0' || d < 0 || d >= n)
             return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
-                            "cuda: MOEFUSE_CUDA_DEVICE=%s is not a device index in [0, %d)", env, n);
+                            "cuda: %s '%.64s' is not a device index in [0, %d)", from, want, n);
         *device = (int)d;
         return MOEFUSE_OK;
     }
@@ -108,13 +113,13 @@ static void resolve_address_range(cuda_state *s)
     s->tensor_map_encode = (void (*)(void))driver_entry("cuTensorMapEncodeTiled");
 }
 
-static moefuse_status init_state(moefuse_context *ctx, void **state)
+static moefuse_status init_state(moefuse_context *ctx, const char *device, void **state)
 {
     cuda_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (!s)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "cuda: cannot allocate %zu bytes of state",
                         sizeof *s);
-    moefuse_status st = pick_device(ctx, &s->device);
+    moefuse_status st = pick_device(ctx, device, &s->device);
     if (st != MOEFUSE_OK) {
         free(s);
         return st;
@@ -180,10 +185,10 @@ static moefuse_status init_state(moefuse_context *ctx, void **state)
 }
 
 /* Creating a context leaves the creating thread on the device it was on. */
-static moefuse_status cuda_init(moefuse_context *ctx, void **state)
+static moefuse_status cuda_init(moefuse_context *ctx, const char *device, void **state)
 {
     const int previous = current_device();
-    moefuse_status status = init_state(ctx, state);
+    moefuse_status status = init_state(ctx, device, state);
     if (previous >= 0)
         cudaSetDevice(previous);
     return status;

@@ -96,13 +96,13 @@ static moefuse_status build_act_tables(moefuse_context *ctx, ocl_state *s)
     return e == CL_SUCCESS ? MOEFUSE_OK : mf_ocl_fail(ctx, e, NULL, "clFinish(activation tables)");
 }
 
-static moefuse_status ocl_init(moefuse_context *ctx, void **state)
+static moefuse_status ocl_init(moefuse_context *ctx, const char *device, void **state)
 {
     ocl_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
     if (!s)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "opencl: cannot allocate %zu bytes of state",
                         sizeof *s);
-    moefuse_status st = mf_ocl_pick_device(ctx, &s->platform, &s->device);
+    moefuse_status st = mf_ocl_pick_device(ctx, device, &s->platform, &s->device);
     if (st != MOEFUSE_OK) {
         free(s);
         return st;

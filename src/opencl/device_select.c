@@ -1,8 +1,9 @@
 /*
- * Which OpenCL device a context uses. MOEFUSE_OPENCL_DEVICE may hold
- * "p:d" (platform index, device index within it) or a substring of the
- * device or platform name (case-insensitive). Unset: the first GPU of any
- * platform, else the first device of any kind.
+ * Which OpenCL device a context uses. The caller's device string
+ * (moefuse_context_create_on), else MOEFUSE_OPENCL_DEVICE, may hold "p:d"
+ * (platform index, device index within it) or a substring of the device or
+ * platform name (case-insensitive). Neither: the first GPU of any platform,
+ * else the first device of any kind.
  */
 #include "opencl/ocl_internal.h"
 
@@ -68,7 +69,7 @@ static bool parse_index(const char *s, unsigned long *p, unsigned long *d)
     return *end == '\0';
 }
 
-moefuse_status mf_ocl_pick_device(moefuse_context *ctx, cl_platform_id *platform,
+moefuse_status mf_ocl_pick_device(moefuse_context *ctx, const char *want, cl_platform_id *platform,
                                   cl_device_id *device)
 {
     cl_platform_id plats[MF_MAX_PLATFORMS];
@@ -77,19 +78,23 @@ moefuse_status mf_ocl_pick_device(moefuse_context *ctx, cl_platform_id *platform
     if (np == 0)
         return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
                         "opencl: no OpenCL platform found (is an ICD installed?)");
-    const char *want = getenv("MOEFUSE_OPENCL_DEVICE");
+    const char *from = "device";
+    if (!want) {
+        want = getenv("MOEFUSE_OPENCL_DEVICE");
+        from = "MOEFUSE_OPENCL_DEVICE";
+    }
     if (want && *want) {
         unsigned long pi, di;
         if (parse_index(want, &pi, &di)) {
             if (pi >= np)
                 return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
-                                "opencl: MOEFUSE_OPENCL_DEVICE=%s: there are %u platforms", want,
+                                "opencl: %s '%.64s': there are %u platforms", from, want,
                                 (unsigned)np);
             cl_uint nd = list_devices(plats[pi], CL_DEVICE_TYPE_ALL, devs);
             if (di >= nd)
                 return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
-                                "opencl: MOEFUSE_OPENCL_DEVICE=%s: platform %lu has %u devices",
-                                want, pi, (unsigned)nd);
+                                "opencl: %s '%.64s': platform %lu has %u devices",
+                                from, want, pi, (unsigned)nd);
             *platform = plats[pi];
             *device = devs[di];
             return MOEFUSE_OK;
@@ -109,9 +114,9 @@ moefuse_status mf_ocl_pick_device(moefuse_context *ctx, cl_platform_id *platform
             }
         }
         return mf_error(ctx, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
-                        "opencl: MOEFUSE_OPENCL_DEVICE=%s matches no platform or device name "
+                        "opencl: %s '%.64s' matches no platform or device name "
                         "(use \"p:d\" indices or a name substring)",
-                        want);
+                        from, want);
     }
     const cl_device_type order[2] = {CL_DEVICE_TYPE_GPU, CL_DEVICE_TYPE_ALL};
     for (int pass = 0; pass < 2; pass++)

@@ -77,8 +77,9 @@ const char *mf_ocl_error_name(cl_int err);
 /* Turn a failed OpenCL call into a moefuse status whose message names the call. */
 moefuse_status mf_ocl_fail(moefuse_context *ctx, cl_int err, const char *op, const char *call);
 
-/* Device selection (device_select.c): honours MOEFUSE_OPENCL_DEVICE. */
-moefuse_status mf_ocl_pick_device(moefuse_context *ctx, cl_platform_id *platform,
+/* Device selection (device_select.c): `want` (the caller's), else MOEFUSE_OPENCL_DEVICE,
+ * else the default device. */
+moefuse_status mf_ocl_pick_device(moefuse_context *ctx, const char *want, cl_platform_id *platform,
                                   cl_device_id *device);
 bool mf_ocl_any_gpu(void);
 
