@@ -109,6 +109,7 @@ _PROTOTYPES = {
     "moefuse_dtype_size": (c_size_t, [moefuse_enum]),
     "moefuse_dtype_name": (c_char_p, [moefuse_enum]),
     "moefuse_context_create": (status_t, [POINTER(ctx_p), c_char_p]),
+    "moefuse_context_create_on": (status_t, [POINTER(ctx_p), c_char_p, c_char_p]),
     "moefuse_context_destroy": (None, [ctx_p]),
     "moefuse_backend_name": (c_char_p, [ctx_p]),
     "moefuse_device_name": (c_char_p, [ctx_p]),

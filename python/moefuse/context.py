@@ -14,16 +14,22 @@ CUDA_STREAM_LEGACY = 1
 
 class Context:
     """A moefuse context on one backend: "cpu", "cuda", "opencl" or "auto"
-    (None: the MOEFUSE_BACKEND environment variable, else "auto").
+    (None: the MOEFUSE_BACKEND environment variable, else "auto"), on `device`
+    when given: a CUDA device index (an int or "1"), or for OpenCL "p:d" or a
+    piece of the device or platform name (moefuse_context_create_on).
 
     Use one context per thread (calls on one context are serialised by a lock).
     `close()` (or a `with` block) frees it and its moe_forward workspace.
     """
 
-    def __init__(self, backend=None):
+    def __init__(self, backend=None, device=None):
         handle = ctypes.c_void_p()
-        status = lib.moefuse_context_create(ctypes.byref(handle),
-                                            backend.encode() if backend is not None else None)
+        name = backend.encode() if backend is not None else None
+        if device is None:
+            status = lib.moefuse_context_create(ctypes.byref(handle), name)
+        else:
+            status = lib.moefuse_context_create_on(ctypes.byref(handle), name,
+                                                   str(device).encode())
         if status != _capi.OK:
             raise errors.make(status, text(lib.moefuse_last_error(None)))
         self._handle = handle

@@ -25,6 +25,23 @@ def test_context_names_and_lifetime():
     ctx.close()  # twice is fine
 
 
+def test_context_on_a_device():
+    # the CPU has one device: naming one is refused, as is a device without a backend name
+    with pytest.raises(moefuse.InvalidArgumentError, match="one device"):
+        moefuse.Context("cpu", device=0)
+    with pytest.raises(moefuse.InvalidArgumentError, match="needs a backend name"):
+        moefuse.Context(None, device="0")
+    if "opencl" in moefuse.built_backends():
+        try:
+            ctx = moefuse.Context("opencl", device="0:0")
+        except moefuse.BackendUnavailableError:
+            pytest.skip("no OpenCL device")
+        with ctx:
+            assert ctx.backend == "opencl"
+        with pytest.raises(moefuse.BackendUnavailableError, match="999:0"):
+            moefuse.Context("opencl", device="999:0")
+
+
 def test_cpu_backend_takes_no_stream():
     with moefuse.Context("cpu") as ctx:
         with pytest.raises(moefuse.UnsupportedError, match="has no streams"):
