@@ -1,6 +1,7 @@
 /*
  * Staging of GEMM operands shared by the tensor-core kernels (moe_mma.cu,
- * moe_wgmma.cu; moe_ws.cu takes the epilogue helpers and the fused reduction): cp.async copies into 128-byte shared-memory rows with the
+ * moe_wgmma.cu; moe_ws.cu takes the epilogue helpers and the fused
+ * reduction): cp.async copies into 128-byte shared-memory rows with the
  * 128-byte XOR swizzle (the layout wgmma reads and ldmatrix reads without
  * bank conflicts), and the epilogue that turns the block's f32 tile into h
  * or y. 2-byte elements (bf16 / f16) only.
@@ -9,7 +10,6 @@
 #define MOEFUSE_CUDA_MOE_TILES_CUH
 
 #include "cuda/moe_kernels.cuh"
-
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
