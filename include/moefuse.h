@@ -8,7 +8,10 @@
  *    (one exception: MOEFUSE_ERR_BACKEND_FAILURE from a launch the device
  *    runtime failed after an earlier kernel of the call ran).
  *  - Option structs are zero-initialisable: a field left at 0 takes the
- *    documented default, so `moefuse_quant_options opt = {0};` is valid.
+ *    documented default, so `moefuse_quant_options opt = {0};` is valid. Each
+ *    ends in reserved words that must stay 0: a later version gives them meaning
+ *    (0 keeps today's behaviour), so the structs never change size, and an older
+ *    library refuses a non-zero word rather than ignore an option it does not know.
  *  - Tensors live where the context's backend wants them: host memory for
  *    "cpu", CUDA device pointers for "cuda", cl_mem handles plus a byte offset
  *    for "opencl". moefuse_buffer_* moves data portably for tests and tools.
@@ -39,7 +42,7 @@ extern "C" {
 /* The version of this header (meson.build holds the same). moefuse_version() returns the
  * library's: a program can compare the two to find that it runs against another build. */
 #define MOEFUSE_VERSION_MAJOR 0
-#define MOEFUSE_VERSION_MINOR 1
+#define MOEFUSE_VERSION_MINOR 2
 #define MOEFUSE_VERSION_PATCH 0
 #define MOEFUSE_VERSION                                                                            \
     (MOEFUSE_VERSION_MAJOR * 10000 + MOEFUSE_VERSION_MINOR * 100 + MOEFUSE_VERSION_PATCH)
@@ -232,6 +235,7 @@ typedef struct moefuse_quant_options {
     int32_t ue8m0;                     /* round scales up to a power of two (FP8 only) */
     float eps;                         /* floor of amax; 0 = 1e-10; at least
                                           MOEFUSE_QUANT_EPS_MIN */
+    uint32_t reserved[4];              /* must be 0 */
 } moefuse_quant_options;
 
 /* The gated activation h = act(g) * u. */
@@ -240,12 +244,14 @@ typedef struct moefuse_act_options {
     moefuse_gate_order order;      /* default GATE_FIRST */
     float limit;                   /* > 0: g = min(g, limit), u = clamp(u, -limit, limit); 0 = off */
     moefuse_rounding intermediate; /* default NONE */
+    uint32_t reserved[4];          /* must be 0 */
 } moefuse_act_options;
 
 typedef struct moefuse_act_quant_options {
     moefuse_act_options act;
     moefuse_quant_options quant;
     int32_t zero_tail; /* masked 3-D only: rows t >= n[e] get q = 0 and scale = 0 */
+    uint32_t reserved[4]; /* must be 0 */
 } moefuse_act_quant_options;
 
 /* ------------------------------------------- fused activation + quantization */
@@ -296,6 +302,7 @@ typedef struct moefuse_moe_options {
     moefuse_activation activation; /* default SILU */
     moefuse_gate_order order;      /* order of gate/up rows in w1 and b1; default GATE_FIRST */
     float limit;                   /* clamp as in moefuse_act_options; 0 = off */
+    uint32_t reserved[4];          /* must be 0 */
 } moefuse_moe_options;
 
 /*

@@ -1109,7 +1109,8 @@ static bool perturb_option(const fuzzer *f, rng *r, fuzz_call *c)
         return true;
     }
     if (is_moe(c->op)) {
-        moefuse_act_options a = {c->moe.activation, c->moe.order, c->moe.limit, 0};
+        moefuse_act_options a = {
+            .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
         perturb_act_option(r, c, &a);
         c->moe.activation = a.activation;
         c->moe.order = a.order;
@@ -1392,7 +1393,8 @@ static void judge_options(const fuzz_call *c, verdict *v)
     if (takes_quant_options(c->op))
         judge_quant_options(c, &c->aq.quant, v);
     if (is_moe(c->op)) {
-        moefuse_act_options a = {c->moe.activation, c->moe.order, c->moe.limit, 0};
+        moefuse_act_options a = {
+            .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
         judge_act_options(&a, v);
     }
 }

@@ -24,7 +24,7 @@ static void run(moefuse_dtype dt, int64_t Tn, int64_t H, int act, int order, flo
         tb_upload(rs);
     }
     tbuf *out = tb_new2("out", dt, Tn, H, rp ? 3 : 0, 0);
-    moefuse_act_options o = {act, order, limit, rnd};
+    moefuse_act_options o = {.activation = act, .order = order, .limit = limit, .intermediate = rnd};
     moefuse_status st = CALL(moefuse_act_mul(g_ctx, T(x), T(rs), T(out), &o));
     HCHECK(st == MOEFUSE_OK, "act_mul: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
     size_t n = (size_t)(Tn * H + 1);

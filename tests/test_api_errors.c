@@ -199,6 +199,37 @@ START_TEST(t_act_quant_options)
 }
 END_TEST
 
+/* Reserved words of every option struct: a non-zero one is refused, naming the struct and the
+ * word, before anything is written (an option of a newer moefuse this one does not know). */
+START_TEST(t_reserved_words)
+{
+    aq_setup();
+    tbuf *xq = tb_new2("xq", MOEFUSE_F32, 4, 128, 0, 1);
+    tb_upload(xq);
+    for (int word = 0; word < 4; word++) {
+        moefuse_act_quant_options o = {0};
+        o.reserved[word] = 1;
+        EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
+               h_fmt("act_quant options.reserved[%d]", word), "act_quant options reserved");
+        o = (moefuse_act_quant_options){0};
+        o.act.reserved[word] = 7;
+        EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
+               h_fmt("act options.reserved[%d]", word), "act options reserved");
+        o = (moefuse_act_quant_options){0};
+        o.quant.reserved[word] = 0x80000000u;
+        EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
+               h_fmt("quant options.reserved[%d]", word), "quant options reserved");
+        EXPECT(moefuse_quant(g_ctx, T(xq), T(Q), T(SC), &o.quant), MOEFUSE_ERR_INVALID_ARGUMENT,
+               "quant", h_fmt("quant options.reserved[%d]", word), "quant options reserved");
+    }
+    /* the 2-D call has no use for zero_tail, but its reserved words are still checked */
+    moefuse_act_quant_options o = {0};
+    o.zero_tail = 1;
+    HCHECK(aq(T(X), T(RS), T(Q), T(SC), &o) == MOEFUSE_OK, "act_quant with zero_tail: %s",
+           moefuse_last_error(g_ctx));
+}
+END_TEST
+
 /* ------------------------------------------------------------ masked */
 START_TEST(t_masked)
 {
@@ -426,6 +457,9 @@ START_TEST(t_moe_gate)
     mo.limit = NAN;
     EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "limit", "limit NaN");
     mo.limit = 0;
+    mo.reserved[3] = 1;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "moe options.reserved[3]", "reserved word");
+    mo.reserved[3] = 0;
     mo.order = (moefuse_gate_order)2;
     EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "order", "order 2");
 #undef G
@@ -896,6 +930,7 @@ int main(void)
     tcase_add_test(tc, t_act_quant_dtypes);
     tcase_add_test(tc, t_act_quant_strides_align);
     tcase_add_test(tc, t_act_quant_options);
+    tcase_add_test(tc, t_reserved_words);
     tcase_add_test(tc, t_masked);
     tcase_add_test(tc, t_act_mul_quant);
     tcase_add_test(tc, t_moe_gate);

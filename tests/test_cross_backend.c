@@ -539,7 +539,8 @@ static void run_act_mul_case(mcfg c)
         tb_upload(rs.d);
     }
     pair out = pair2("out", c.dt, c.T, c.H, c.rp ? 3 : 0, 0);
-    moefuse_act_options o = {c.act, c.order, c.limit, c.rnd};
+    moefuse_act_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
+                             .intermediate = c.rnd};
     const char *what = h_fmt("act_mul[dt=%s T=%lld H=%lld act=%d order=%d round=%d limit=%g rs=%d special=%d]",
                              moefuse_dtype_name(c.dt), (long long)c.T, (long long)c.H, c.act, c.order, c.rnd,
                              (double)c.limit, c.use_rs, c.special);
@@ -730,7 +731,7 @@ static void run_moe_case(ecfg c)
     fill_routing(&c, Eg, ids, wts, map);
     moefuse_routing rd = {ids.d->t, wts.d->t, map.d ? map.d->t : (moefuse_tensor){0}};
     moefuse_routing rc = {ids.c->t, wts.c->t, map.c ? map.c->t : (moefuse_tensor){0}};
-    moefuse_moe_options o = {c.act, c.order, c.limit};
+    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit};
 
     /* the oracle's h, from the inputs */
     double *xv = values(x.d, M, K, 1), *w1v = values(w1.d, E, 2 * I, K), *w2v = values(w2.d, E, K, I);
@@ -1023,7 +1024,7 @@ START_TEST(t_dequant_handmade)
             }
         tb_upload(q.d);
         tb_upload(sc.d);
-        moefuse_quant_options o = {G, layout, ue, 0.0f};
+        moefuse_quant_options o = {.group_size = G, .scale_layout = layout, .ue8m0 = ue};
         run_dequant(q, sc, &o, Tn, H, 1);
         tb_free_all();
     }

@@ -109,7 +109,7 @@ static void run(cfg c)
     R.topk_ids = ids->t;
     R.topk_weights = wts->t;
     if (map) R.expert_map = map->t;
-    moefuse_moe_options o = {c.act, c.order, c.limit};
+    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit};
 
     /* oracle */
     double *xd = get_all(x, M, K, 1), *w1d = get_all(w1, E, 2 * I, K), *w2d = get_all(w2, E, K, I);

@@ -509,7 +509,7 @@ START_TEST(t_simple_and_tiled_agree)
         twin[i] = tb_twin(all[i], c[1]);
         tb_upload(all[i]);
     }
-    const moefuse_moe_options o = {MOEFUSE_ACT_SILU, MOEFUSE_GATE_FIRST, 0.0f};
+    const moefuse_moe_options o = {.activation = MOEFUSE_ACT_SILU, .order = MOEFUSE_GATE_FIRST};
     for (int i = 0; i < 2; i++) {
         tbuf *const *t = i ? twin : all;
         moefuse_routing r;

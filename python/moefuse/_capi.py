@@ -54,6 +54,7 @@ class QuantOptions(ctypes.Structure):
         ("scale_layout", moefuse_enum),
         ("ue8m0", c_int32),
         ("eps", c_float),
+        ("reserved", ctypes.c_uint32 * 4),
     ]
 
 
@@ -64,6 +65,7 @@ class ActOptions(ctypes.Structure):
         ("order", moefuse_enum),
         ("limit", c_float),
         ("intermediate", moefuse_enum),
+        ("reserved", ctypes.c_uint32 * 4),
     ]
 
 
@@ -73,6 +75,7 @@ class ActQuantOptions(ctypes.Structure):
         ("act", ActOptions),
         ("quant", QuantOptions),
         ("zero_tail", c_int32),
+        ("reserved", ctypes.c_uint32 * 4),
     ]
 
 
@@ -82,6 +85,7 @@ class MoeOptions(ctypes.Structure):
         ("activation", moefuse_enum),
         ("order", moefuse_enum),
         ("limit", c_float),
+        ("reserved", ctypes.c_uint32 * 4),
     ]
 
 

@@ -62,6 +62,8 @@ static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moef
 {
     mf_rows_args a = {0};
     bool idle;
+    if (opt)
+        MF_TRY(MF_CHECK_RESERVED(ctx, op, "act_quant options", opt->reserved));
     MF_TRY(rows_2d(ctx, op, true, x, row_scale, q, scales, opt ? &opt->act : NULL,
                   opt ? &opt->quant : NULL, &a, &idle));
     if (idle)
@@ -102,6 +104,8 @@ static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
     MF_TRY(mf_check_tensor(ctx, op, "q", q, 3, MF_QUANTIZED));
     int64_t q_shape[3] = {a.experts, a.rows, a.hidden};
     MF_TRY(mf_expect_shape(ctx, op, "q", q, q_shape, "x [E, Tmax, 2H]"));
+    if (opt)
+        MF_TRY(MF_CHECK_RESERVED(ctx, op, "act_quant options", opt->reserved));
     MF_TRY(mf_normalize_act(ctx, op, opt ? &opt->act : NULL, &a.act));
     MF_TRY(mf_normalize_quant(ctx, op, opt ? &opt->quant : NULL, q->dtype, a.hidden, &a.quant));
     MF_TRY(mf_check_optional(ctx, op, "row_scale", row_scale, 2, MF_DT(MOEFUSE_F32)));

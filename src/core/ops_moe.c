@@ -5,6 +5,7 @@
  */
 #include "core/core.h"
 #include "core/fault.h"
+#include "core/options.h"
 
 #include <string.h>
 
@@ -24,6 +25,7 @@ static moefuse_status check_moe_options(moefuse_context *ctx, const char *op,
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: limit is %g; it must be > 0 to clamp, or 0 for no clamp", op,
                         (double)opt.limit);
+    MF_TRY(MF_CHECK_RESERVED(ctx, op, "moe options", opt.reserved));
     *out = opt;
     return MOEFUSE_OK;
 }

@@ -3,6 +3,19 @@
 
 #include <math.h>
 
+moefuse_status mf_check_reserved(moefuse_context *ctx, const char *op, const char *what,
+                                 const uint32_t *words, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (words[i] != 0)
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "%s: %s.reserved[%zu] is %u; reserved words must be 0 (a newer "
+                            "moefuse may give them meaning; this one, %d.%d.%d, does not)",
+                            op, what, i, (unsigned)words[i], MOEFUSE_VERSION_MAJOR,
+                            MOEFUSE_VERSION_MINOR, MOEFUSE_VERSION_PATCH);
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
                                 const moefuse_act_options *in, moefuse_act_options *out)
 {
@@ -23,6 +36,7 @@ moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: limit is %g; it must be > 0 to clamp, or 0 for no clamp", op,
                         (double)opt.limit);
+    MF_TRY(MF_CHECK_RESERVED(ctx, op, "act options", opt.reserved));
     *out = opt;
     return MOEFUSE_OK;
 }
@@ -38,6 +52,7 @@ moefuse_status mf_normalize_quant(moefuse_context *ctx, const char *op,
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: scale_layout %d is not a moefuse_scale_layout", op,
                         (int)opt.scale_layout);
+    MF_TRY(MF_CHECK_RESERVED(ctx, op, "quant options", opt.reserved));
     if (opt.group_size == 0)
         opt.group_size = 128;
     if (opt.group_size != 32 && opt.group_size != 64 && opt.group_size != 128 &&

@@ -4,6 +4,12 @@
 
 #include "core/core.h"
 
+/* Reserved words of an option struct must be 0; `what` names the struct in the message. */
+moefuse_status mf_check_reserved(moefuse_context *ctx, const char *op, const char *what,
+                                 const uint32_t *words, size_t count);
+#define MF_CHECK_RESERVED(ctx, op, what, array)                                                  \
+    mf_check_reserved(ctx, op, what, array, sizeof(array) / sizeof((array)[0]))
+
 /* Copy `in` (NULL = defaults) to `out` after range checks. */
 moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
                                 const moefuse_act_options *in, moefuse_act_options *out);
