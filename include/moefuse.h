@@ -67,6 +67,7 @@ typedef enum moefuse_status {
     MOEFUSE_ERR_OVERLAP,             /* an output shares memory with another operand */
     MOEFUSE_ERR_CONTEXT_BUSY,        /* another thread is inside a call on this context;
                                         the message is in moefuse_last_error(NULL) */
+    MOEFUSE_ERR_WORKSPACE_TOO_SMALL, /* the caller's workspace holds less than the call needs */
     MOEFUSE_STATUS_COUNT_            /* not a status: number of statuses */
 } moefuse_status;
 
@@ -184,6 +185,31 @@ MOEFUSE_API moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buff
 MOEFUSE_API moefuse_status moefuse_buffer_read(moefuse_context *ctx, const void *buffer,
                                                size_t offset, void *dst, size_t bytes);
 
+/* ---------------------------------------------------------------- workspace */
+/*
+ * Scratch memory: routing lists, f32 partial rows, moe_forward's [M, k, I] intermediate on the
+ * devices, per-thread row buffers on the CPU. By default a context allocates its own, grown on
+ * demand and freed with it. After moefuse_set_workspace every call takes its scratch from the
+ * caller's buffer and allocates none; a call that needs more than the buffer holds is refused
+ * with MOEFUSE_ERR_WORKSPACE_TOO_SMALL before anything is written.
+ *
+ * workspace: a rank-1 u8 tensor [bytes] in the backend's memory, its first byte aligned to
+ * MOEFUSE_WORKSPACE_ALIGNMENT; on OpenCL a whole cl_mem (offset 0: clCreateSubBuffer cuts a
+ * piece of a larger one). NULL, or data NULL, gives the context its own scratch back.
+ * Calls use the buffer in the order of the context's stream / queue, so one buffer serves
+ * every call on one stream; it must stay allocated, and untouched by other work and by the
+ * calls' operands, until the calls that used it have finished.
+ *
+ * moefuse_<call>_workspace_size(ctx, <the call's arguments>, &bytes) validates the arguments
+ * as the call would (same statuses and messages) and gives the exact bytes the call takes on
+ * ctx's backend, without running it: 0 when it takes none. The CPU backend's needs scale with
+ * its OpenMP thread count at the time of the query.
+ */
+#define MOEFUSE_WORKSPACE_ALIGNMENT 256
+
+MOEFUSE_API moefuse_status moefuse_set_workspace(moefuse_context *ctx,
+                                                 const moefuse_tensor *workspace);
+
 /* ------------------------------------------------------------------ options */
 
 typedef enum moefuse_activation {
@@ -265,6 +291,10 @@ MOEFUSE_API moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse
                                              const moefuse_tensor *row_scale,
                                              const moefuse_tensor *q, const moefuse_tensor *scales,
                                              const moefuse_act_quant_options *opt);
+MOEFUSE_API moefuse_status moefuse_act_quant_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *row_scale,
+    const moefuse_tensor *q, const moefuse_tensor *scales, const moefuse_act_quant_options *opt,
+    size_t *bytes);
 
 /*
  * 3-D expert-masked: x [E, Tmax, 2H]; counts [E] i32 in the backend's memory,
@@ -279,22 +309,44 @@ MOEFUSE_API moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const 
                                                     const moefuse_tensor *q,
                                                     const moefuse_tensor *scales,
                                                     const moefuse_act_quant_options *opt);
+MOEFUSE_API moefuse_status moefuse_act_quant_masked_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *counts,
+    const moefuse_tensor *row_scale, const moefuse_tensor *expert_scale, const moefuse_tensor *q,
+    const moefuse_tensor *scales, const moefuse_act_quant_options *opt, size_t *bytes);
 
 /* x [T, 2H] -> out [T, H] in x's dtype (SwiGLU / GeGLU), row_scale optional [T] f32. */
 MOEFUSE_API moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
                                            const moefuse_tensor *row_scale,
                                            const moefuse_tensor *out,
                                            const moefuse_act_options *opt);
+MOEFUSE_API moefuse_status moefuse_act_mul_workspace_size(moefuse_context *ctx,
+                                                          const moefuse_tensor *x,
+                                                          const moefuse_tensor *row_scale,
+                                                          const moefuse_tensor *out,
+                                                          const moefuse_act_options *opt,
+                                                          size_t *bytes);
 
 /* x [T, H] f32/f16/bf16 -> q [T, H] f8_e4m3 or i8, scales per layout. */
 MOEFUSE_API moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
                                          const moefuse_tensor *q, const moefuse_tensor *scales,
                                          const moefuse_quant_options *opt);
+MOEFUSE_API moefuse_status moefuse_quant_workspace_size(moefuse_context *ctx,
+                                                        const moefuse_tensor *x,
+                                                        const moefuse_tensor *q,
+                                                        const moefuse_tensor *scales,
+                                                        const moefuse_quant_options *opt,
+                                                        size_t *bytes);
 
 /* q [T, H] with its scales -> out [T, H] f32/f16/bf16 (out = q * s; NaN code -> NaN). */
 MOEFUSE_API moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
                                            const moefuse_tensor *scales, const moefuse_tensor *out,
                                            const moefuse_quant_options *opt);
+MOEFUSE_API moefuse_status moefuse_dequant_workspace_size(moefuse_context *ctx,
+                                                          const moefuse_tensor *q,
+                                                          const moefuse_tensor *scales,
+                                                          const moefuse_tensor *out,
+                                                          const moefuse_quant_options *opt,
+                                                          size_t *bytes);
 
 /* ---------------------------------------------------------------------- MoE */
 
@@ -331,6 +383,10 @@ MOEFUSE_API moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_
                                             const moefuse_routing *routing,
                                             const moefuse_tensor *h,
                                             const moefuse_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_gate_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *w1,
+    const moefuse_tensor *b1, const moefuse_routing *routing, const moefuse_tensor *h,
+    const moefuse_moe_options *opt, size_t *bytes);
 
 /*
  * Final: y[m, j, :] = h[m, j] @ w2[e]^T + b2[e] in f32.
@@ -343,11 +399,14 @@ MOEFUSE_API moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse
                                              const moefuse_routing *routing,
                                              const moefuse_tensor *out,
                                              const moefuse_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_final_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *h, const moefuse_tensor *w2,
+    const moefuse_tensor *b2, const moefuse_routing *routing, const moefuse_tensor *out,
+    const moefuse_moe_options *opt, size_t *bytes);
 
 /*
- * Whole layer: gate then final, with h kept in x's dtype in scratch memory the
- * context owns (grown on demand, freed with the context; see
- * moefuse_moe_forward_workspace_bytes). out [M, K] f32/f16/bf16.
+ * Whole layer: gate then final, with h [M, k, I] kept in x's dtype in the call's workspace.
+ * out [M, K] f32/f16/bf16.
  */
 MOEFUSE_API moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,
                                                const moefuse_tensor *w1, const moefuse_tensor *w2,
@@ -356,12 +415,11 @@ MOEFUSE_API moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefu
                                                const moefuse_tensor *out,
                                                const moefuse_moe_options *opt);
 
-/* Bytes of the h intermediate moe_forward keeps for these sizes (backend memory; the CUDA
- * backend's scratch also holds routing lists and f32 partial rows). 0 for negative sizes or
- * an unknown dtype; SIZE_MAX when the product overflows size_t. */
-MOEFUSE_API size_t moefuse_moe_forward_workspace_bytes(moefuse_context *ctx, int64_t M,
-                                                       int64_t topk, int64_t I,
-                                                       moefuse_dtype act_dtype);
+MOEFUSE_API moefuse_status moefuse_moe_forward_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *w1,
+    const moefuse_tensor *w2, const moefuse_tensor *b1, const moefuse_tensor *b2,
+    const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_moe_options *opt,
+    size_t *bytes);
 
 /*
  * Router: softmax in f32 over logits [M, E] (f32/f16/bf16), then the k largest
@@ -372,6 +430,12 @@ MOEFUSE_API size_t moefuse_moe_forward_workspace_bytes(moefuse_context *ctx, int
 MOEFUSE_API moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *logits,
                                                 int32_t renormalize, const moefuse_tensor *ids,
                                                 const moefuse_tensor *weights);
+MOEFUSE_API moefuse_status moefuse_topk_softmax_workspace_size(moefuse_context *ctx,
+                                                               const moefuse_tensor *logits,
+                                                               int32_t renormalize,
+                                                               const moefuse_tensor *ids,
+                                                               const moefuse_tensor *weights,
+                                                               size_t *bytes);
 
 #ifdef __cplusplus
 }

@@ -415,6 +415,73 @@ static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax,
     }
 }
 
+/* With the caller's workspace the captured layer allocates nothing: the graph has no memory
+ * nodes, and its replays give the eager call's bytes. */
+START_TEST(moe_forward_in_a_graph_with_workspace)
+{
+    static const int64_t Ms[] = {1, 96};
+    const int64_t M = Ms[_i];
+    cudaStream_t cs;
+    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    layer L = layer_new(M, 8, 2, 256, 128);
+    size_t bytes = 0;
+    OK(moefuse_moe_forward_workspace_size(g_ctx, T(L.x), T(L.w1), T(L.w2), NULL, NULL, &L.R,
+                                          T(L.out_graph), NULL, &bytes));
+    HCHECK(bytes > 0, "moe_forward M=%lld: the query says it takes no workspace", (long long)M);
+    void *buf = NULL;
+    CU(cudaMalloc(&buf, bytes));
+    const int64_t n = (int64_t)bytes;
+    const moefuse_tensor ws = moefuse_tensor_dense(buf, MOEFUSE_U8, 1, &n);
+    OK(moefuse_set_workspace(g_ctx, &ws));
+
+    CU(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    moefuse_status st = moefuse_set_stream(g_ctx, cs);
+    if (st == MOEFUSE_OK)
+        st = layer_issue(&L, 1);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(cs, &graph);
+    HCHECK(st == MOEFUSE_OK, "captured call: %s (%s)", moefuse_status_name(st),
+           moefuse_last_error(g_ctx));
+    HCHECK(e == cudaSuccess && graph, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    size_t count = 0;
+    CU(cudaGraphGetNodes(graph, NULL, &count));
+    cudaGraphNode_t *nodes = calloc(count ? count : 1, sizeof *nodes);
+    CU(cudaGraphGetNodes(graph, nodes, &count));
+    for (size_t i = 0; i < count; i++) {
+        enum cudaGraphNodeType type;
+        CU(cudaGraphNodeGetType(nodes[i], &type));
+        HCHECK(type != cudaGraphNodeTypeMemAlloc && type != cudaGraphNodeTypeMemFree,
+               "node %zu of %zu of the captured layer allocates or frees memory", i, count);
+    }
+    free(nodes);
+    cudaGraphExec_t exec = NULL;
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    CU(cudaGraphDestroy(graph));
+    OK(moefuse_set_stream(g_ctx, NULL));
+
+    for (int r = 0; r < 2; r++) {
+        if (r) { /* new inputs */
+            tb_fill_unif(L.x, -2.0, 2.0);
+            tb_upload(L.x);
+            layer_fill_routing(&L);
+            repoison(L.out_graph);
+            repoison(L.out_eager);
+        }
+        replay(exec, cs);
+        OK(layer_issue(&L, 0)); /* eager, in the same workspace */
+        OK(moefuse_synchronize(g_ctx));
+        h_check_all(0);
+        same_bytes(L.out_graph, L.out_eager, r ? "replay after new inputs" : "first replay");
+        layer_vs_cpu(&L, L.out_graph, "moe_forward in a graph, caller's workspace");
+    }
+    OK(moefuse_set_workspace(g_ctx, NULL));
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaFree(buf));
+    CU(cudaStreamDestroy(cs));
+    tb_free_all();
+}
+END_TEST
+
 START_TEST(row_ops_in_a_graph)
 {
     const int64_t Tn = 37, H = 256, Gn = H / 128, E = 4100, Tmax = 2, Ex = 64, k = 6;
@@ -729,6 +796,7 @@ static Suite *suite(void)
     tcase_add_checked_fixture(tc, setup, h_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, moe_forward_in_a_graph, 0, 2);
+    tcase_add_loop_test(tc, moe_forward_in_a_graph_with_workspace, 0, 2);
     tcase_add_test(tc, row_ops_in_a_graph);
     tcase_add_loop_test(tc, decode_layer_in_a_graph, 0, 2);
     tcase_add_test(tc, streams_switch_without_waiting);

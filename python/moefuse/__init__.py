@@ -18,7 +18,8 @@ from .context import Context, built_backends, default_context
 from .errors import (AlignmentError, BackendFailureError, BackendUnavailableError,
                      ContextBusyError, DtypeError, Error, InternalError, InvalidArgumentError,
                      NullPointerError, OutOfBoundsError, OutOfMemoryError, OverlapError,
-                     ShapeError, StrideError, UnsupportedError, WrongDeviceError)
+                     ShapeError, StrideError, UnsupportedError, WorkspaceTooSmallError,
+                     WrongDeviceError)
 from .ops import (act_mul, act_quant, act_quant_masked, dequant, moe_final, moe_forward, moe_gate,
                   quant, topk_softmax)
 
@@ -35,5 +36,5 @@ __all__ = [
     "Error", "NullPointerError", "InvalidArgumentError", "ShapeError", "DtypeError",
     "StrideError", "AlignmentError", "WrongDeviceError", "UnsupportedError",
     "BackendUnavailableError", "OutOfMemoryError", "BackendFailureError", "InternalError",
-    "OutOfBoundsError", "OverlapError", "ContextBusyError",
+    "OutOfBoundsError", "OverlapError", "ContextBusyError", "WorkspaceTooSmallError",
 ]

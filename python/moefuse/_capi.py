@@ -19,6 +19,7 @@ STATUS_NAMES = (
     "MOEFUSE_ERR_WRONG_DEVICE", "MOEFUSE_ERR_UNSUPPORTED", "MOEFUSE_ERR_BACKEND_UNAVAILABLE",
     "MOEFUSE_ERR_OUT_OF_MEMORY", "MOEFUSE_ERR_BACKEND_FAILURE", "MOEFUSE_ERR_INTERNAL",
     "MOEFUSE_ERR_OUT_OF_BOUNDS", "MOEFUSE_ERR_OVERLAP", "MOEFUSE_ERR_CONTEXT_BUSY",
+    "MOEFUSE_ERR_WORKSPACE_TOO_SMALL",
 )
 
 # moefuse_dtype, in enum order
@@ -135,10 +136,15 @@ _PROTOTYPES = {
     "moefuse_moe_final": (status_t, [ctx_p, T, T, T, POINTER(Routing), T, POINTER(MoeOptions)]),
     "moefuse_moe_forward": (status_t, [ctx_p, T, T, T, T, T, POINTER(Routing), T,
                                        POINTER(MoeOptions)]),
-    "moefuse_moe_forward_workspace_bytes": (c_size_t, [ctx_p, c_int64, c_int64, c_int64,
-                                                       moefuse_enum]),
     "moefuse_topk_softmax": (status_t, [ctx_p, T, c_int32, T, T]),
+    "moefuse_set_workspace": (status_t, [ctx_p, T]),
 }
+# moefuse_<call>_workspace_size: the call's arguments, then size_t *bytes
+_PROTOTYPES.update({
+    name + "_workspace_size": (status_t, _PROTOTYPES[name][1] + [POINTER(c_size_t)])
+    for name in ("moefuse_act_quant", "moefuse_act_quant_masked", "moefuse_act_mul",
+                 "moefuse_quant", "moefuse_dequant", "moefuse_moe_gate", "moefuse_moe_final",
+                 "moefuse_moe_forward", "moefuse_topk_softmax")})
 
 
 def _bind():

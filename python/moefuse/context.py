@@ -94,12 +94,6 @@ class Context:
             self.check(lib.moefuse_get_stream(self.handle, ctypes.byref(out)))
         return out.value
 
-    def moe_forward_workspace_bytes(self, M, topk, I, dtype):
-        """Bytes of scratch moe_forward keeps for these sizes (dtype: the activations')."""
-        from . import _dtypes
-        code = _capi.DTYPE_CODES[_dtypes.resolve(dtype)]
-        return lib.moefuse_moe_forward_workspace_bytes(self.handle, M, topk, I, code)
-
     # Backend memory, used to stage host arrays for the device backends.
 
     def buffer_alloc(self, nbytes):

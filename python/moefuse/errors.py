@@ -75,11 +75,15 @@ class ContextBusyError(Error):
     pass
 
 
+class WorkspaceTooSmallError(Error, MemoryError):
+    pass
+
+
 # Indexed by status code (0 is MOEFUSE_OK and never raised).
 _BY_CODE = (None, NullPointerError, InvalidArgumentError, ShapeError, DtypeError, StrideError,
             AlignmentError, WrongDeviceError, UnsupportedError, BackendUnavailableError,
             OutOfMemoryError, BackendFailureError, InternalError, OutOfBoundsError, OverlapError,
-            ContextBusyError)
+            ContextBusyError, WorkspaceTooSmallError)
 assert len(_BY_CODE) == len(_capi.STATUS_NAMES)
 
 

@@ -82,6 +82,22 @@ typedef struct mf_moe_args {
     moefuse_moe_options opt;
 } mf_moe_args;
 
+/* -------------------------------------------------------------- workspace */
+
+/* A region of backend memory: data (a pointer, or a cl_mem) plus a byte offset. */
+typedef struct mf_region {
+    void *data;
+    uint64_t offset;
+    size_t bytes;
+} mf_region;
+
+/*
+ * The caller's workspace (moefuse_set_workspace) when one is set: a backend takes its scratch
+ * from it instead of allocating. The core has checked that it holds what the operation's
+ * *_workspace member declared, so a request beyond it is a bug (MOEFUSE_ERR_INTERNAL).
+ */
+bool mf_caller_workspace(const moefuse_context *ctx, mf_region *ws);
+
 /* ---------------------------------------------------------------- vtable */
 
 typedef struct moefuse_backend_i moefuse_backend_i;
@@ -140,6 +156,24 @@ struct moefuse_backend_i {
      * Default: moe_gate then moe_final on a context workspace the core allocates.
      */
     moefuse_status (*moe_forward)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+
+    /*
+     * [optional] Exact bytes of scratch an operation takes with these args: what it asks for
+     * (from mf_caller_workspace when the caller set one, else its own allocation). Default:
+     * none. No backend needs scratch to dequantize, so dequant has no member.
+     */
+    /* act_quant (2-D and masked), act_mul, quant */
+    moefuse_status (*rows_workspace)(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                     size_t *bytes);
+    moefuse_status (*topk_workspace)(moefuse_context *ctx, void *state, const mf_topk_args *a,
+                                     size_t *bytes);
+    moefuse_status (*moe_gate_workspace)(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                         size_t *bytes);
+    moefuse_status (*moe_final_workspace)(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                          size_t *bytes);
+    /* with moe_forward: its scratch, the [M, k, I] intermediate included */
+    moefuse_status (*moe_forward_workspace)(moefuse_context *ctx, void *state,
+                                            const mf_moe_args *a, size_t *bytes);
 };
 
 /* Backends compiled in; each file defines one (NULL-terminated table in registry.c). */

@@ -16,8 +16,9 @@ struct moefuse_context {
     const moefuse_backend_i *backend;
     void *state;                 /* backend's own */
     char message[MF_MESSAGE_BYTES];
-    void *workspace;             /* moe_forward scratch, backend memory */
+    void *workspace;             /* moe_forward's h when the caller set no workspace */
     size_t workspace_bytes;
+    mf_region caller_workspace;  /* moefuse_set_workspace's; data NULL when none is set */
 };
 
 /* Set of dtypes, for "one of" checks. */
@@ -89,5 +90,19 @@ moefuse_tensor mf_with_leading_unit(const moefuse_tensor *t);
 
 /* Backend scratch owned by the context, grown on demand (ops_moe.c). */
 moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer);
+
+/*
+ * The last step of every call, once its arguments are valid and `need` (the bytes of
+ * workspace it takes) is known. A size query (`measure` non-NULL) gets `need` there and stops
+ * (*run false); a call checks that the caller's workspace, if one is set, holds it.
+ */
+moefuse_status mf_workspace_step(moefuse_context *ctx, const char *op, size_t need,
+                                 size_t *measure, bool *run);
+/* mf_enter for a moefuse_<call>_workspace_size query, which also needs `bytes`. */
+moefuse_status mf_enter_query(moefuse_context *ctx, const char *op, const size_t *bytes);
+/* The same for a call with nothing to write (every output empty): it takes no workspace. */
+moefuse_status mf_nothing_to_do(size_t *measure);
+/* n rounded up to MOEFUSE_WORKSPACE_ALIGNMENT; SIZE_MAX stays SIZE_MAX. */
+size_t mf_workspace_align(size_t n);
 
 #endif /* MOEFUSE_CORE_CORE_H */

@@ -23,6 +23,7 @@ static const char *const status_names[MOEFUSE_STATUS_COUNT_] = {
     [MOEFUSE_ERR_OUT_OF_BOUNDS] = "MOEFUSE_ERR_OUT_OF_BOUNDS",
     [MOEFUSE_ERR_OVERLAP] = "MOEFUSE_ERR_OVERLAP",
     [MOEFUSE_ERR_CONTEXT_BUSY] = "MOEFUSE_ERR_CONTEXT_BUSY",
+    [MOEFUSE_ERR_WORKSPACE_TOO_SMALL] = "MOEFUSE_ERR_WORKSPACE_TOO_SMALL",
 };
 
 const char *moefuse_status_name(moefuse_status status)

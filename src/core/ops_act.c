@@ -21,6 +21,21 @@ static moefuse_status row_width(moefuse_context *ctx, const char *op, const moef
     return MOEFUSE_OK;
 }
 
+/* Run (or measure) a row-wise operation whose arguments are valid. */
+static moefuse_status run_rows(moefuse_context *ctx, const char *op,
+                               moefuse_status (*fn)(moefuse_context *, void *, const mf_rows_args *),
+                               const mf_rows_args *a, size_t *measure)
+{
+    if (!fn)
+        return mf_unimplemented(ctx, op);
+    size_t need = 0;
+    if (ctx->backend->rows_workspace)
+        MF_TRY(ctx->backend->rows_workspace(ctx, ctx->state, a, &need));
+    bool run;
+    MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+    return run ? fn(ctx, ctx->state, a) : MOEFUSE_OK;
+}
+
 /* The 2-D quantizing calls share everything but the activation. */
 static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
                               const moefuse_tensor *x, const moefuse_tensor *row_scale,
@@ -58,7 +73,8 @@ static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
 
 static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                 const moefuse_tensor *row_scale, const moefuse_tensor *q,
-                                const moefuse_tensor *scales, const moefuse_act_quant_options *opt)
+                                const moefuse_tensor *scales, const moefuse_act_quant_options *opt,
+                                size_t *measure)
 {
     mf_rows_args a = {0};
     bool idle;
@@ -67,24 +83,20 @@ static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moef
     MF_TRY(rows_2d(ctx, op, true, x, row_scale, q, scales, opt ? &opt->act : NULL,
                   opt ? &opt->quant : NULL, &a, &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->act_quant)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->act_quant(ctx, ctx->state, &a);
+        return mf_nothing_to_do(measure);
+    return run_rows(ctx, op, ctx->backend->act_quant, &a, measure);
 }
 
 static moefuse_status quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                             const moefuse_tensor *q, const moefuse_tensor *scales,
-                            const moefuse_quant_options *opt)
+                            const moefuse_quant_options *opt, size_t *measure)
 {
     mf_rows_args a = {0};
     bool idle;
     MF_TRY(rows_2d(ctx, op, false, x, NULL, q, scales, NULL, opt, &a, &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->quant)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->quant(ctx, ctx->state, &a);
+        return mf_nothing_to_do(measure);
+    return run_rows(ctx, op, ctx->backend->quant, &a, measure);
 }
 
 static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
@@ -92,7 +104,7 @@ static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
                                        const moefuse_tensor *row_scale,
                                        const moefuse_tensor *expert_scale, const moefuse_tensor *q,
                                        const moefuse_tensor *scales,
-                                       const moefuse_act_quant_options *opt)
+                                       const moefuse_act_quant_options *opt, size_t *measure)
 {
     mf_rows_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 3, MF_FLOATS));
@@ -134,15 +146,13 @@ static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->act_quant)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->act_quant(ctx, ctx->state, &a);
+        return mf_nothing_to_do(measure);
+    return run_rows(ctx, op, ctx->backend->act_quant, &a, measure);
 }
 
 static moefuse_status act_mul(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                               const moefuse_tensor *row_scale, const moefuse_tensor *out,
-                              const moefuse_act_options *opt)
+                              const moefuse_act_options *opt, size_t *measure)
 {
     mf_rows_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS));
@@ -168,15 +178,13 @@ static moefuse_status act_mul(moefuse_context *ctx, const char *op, const moefus
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->act_mul)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->act_mul(ctx, ctx->state, &a);
+        return mf_nothing_to_do(measure);
+    return run_rows(ctx, op, ctx->backend->act_mul, &a, measure);
 }
 
 static moefuse_status dequant(moefuse_context *ctx, const char *op, const moefuse_tensor *q,
                               const moefuse_tensor *scales, const moefuse_tensor *out,
-                              const moefuse_quant_options *opt)
+                              const moefuse_quant_options *opt, size_t *measure)
 {
     mf_dequant_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "q", q, 2, MF_QUANTIZED));
@@ -197,10 +205,12 @@ static moefuse_status dequant(moefuse_context *ctx, const char *op, const moefus
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
     if (idle)
-        return MOEFUSE_OK;
+        return mf_nothing_to_do(measure);
     if (!ctx->backend->dequant)
         return mf_unimplemented(ctx, op);
-    return ctx->backend->dequant(ctx, ctx->state, &a);
+    bool run; /* no backend needs scratch to dequantize */
+    MF_TRY(mf_workspace_step(ctx, op, 0, measure, &run));
+    return run ? ctx->backend->dequant(ctx, ctx->state, &a) : MOEFUSE_OK;
 }
 
 /* ------------------------------------------------------------ entry points */
@@ -211,7 +221,18 @@ moefuse_status moefuse_act_quant(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "act_quant";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, act_quant(ctx, op, x, row_scale, q, scales, opt));
+    return mf_leave(ctx, act_quant(ctx, op, x, row_scale, q, scales, opt, NULL));
+}
+
+moefuse_status moefuse_act_quant_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
+                                                const moefuse_tensor *row_scale,
+                                                const moefuse_tensor *q,
+                                                const moefuse_tensor *scales,
+                                                const moefuse_act_quant_options *opt, size_t *bytes)
+{
+    static const char op[] = "act_quant";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, act_quant(ctx, op, x, row_scale, q, scales, opt, bytes));
 }
 
 moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tensor *x,
@@ -224,7 +245,19 @@ moefuse_status moefuse_act_quant_masked(moefuse_context *ctx, const moefuse_tens
     static const char op[] = "act_quant_masked";
     MF_TRY(mf_enter(ctx, op));
     return mf_leave(ctx,
-                    act_quant_masked(ctx, op, x, counts, row_scale, expert_scale, q, scales, opt));
+                    act_quant_masked(ctx, op, x, counts, row_scale, expert_scale, q, scales, opt,
+                                     NULL));
+}
+
+moefuse_status moefuse_act_quant_masked_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *counts,
+    const moefuse_tensor *row_scale, const moefuse_tensor *expert_scale, const moefuse_tensor *q,
+    const moefuse_tensor *scales, const moefuse_act_quant_options *opt, size_t *bytes)
+{
+    static const char op[] = "act_quant_masked";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, act_quant_masked(ctx, op, x, counts, row_scale, expert_scale, q, scales,
+                                          opt, bytes));
 }
 
 moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
@@ -233,7 +266,17 @@ moefuse_status moefuse_act_mul(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "act_mul";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, act_mul(ctx, op, x, row_scale, out, opt));
+    return mf_leave(ctx, act_mul(ctx, op, x, row_scale, out, opt, NULL));
+}
+
+moefuse_status moefuse_act_mul_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
+                                              const moefuse_tensor *row_scale,
+                                              const moefuse_tensor *out,
+                                              const moefuse_act_options *opt, size_t *bytes)
+{
+    static const char op[] = "act_mul";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, act_mul(ctx, op, x, row_scale, out, opt, bytes));
 }
 
 moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
@@ -242,7 +285,16 @@ moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "quant";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt));
+    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt, NULL));
+}
+
+moefuse_status moefuse_quant_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
+                                            const moefuse_tensor *q, const moefuse_tensor *scales,
+                                            const moefuse_quant_options *opt, size_t *bytes)
+{
+    static const char op[] = "quant";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt, bytes));
 }
 
 moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
@@ -251,5 +303,15 @@ moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,
 {
     static const char op[] = "dequant";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, dequant(ctx, op, q, scales, out, opt));
+    return mf_leave(ctx, dequant(ctx, op, q, scales, out, opt, NULL));
+}
+
+moefuse_status moefuse_dequant_workspace_size(moefuse_context *ctx, const moefuse_tensor *q,
+                                              const moefuse_tensor *scales,
+                                              const moefuse_tensor *out,
+                                              const moefuse_quant_options *opt, size_t *bytes)
+{
+    static const char op[] = "dequant";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, dequant(ctx, op, q, scales, out, opt, bytes));
 }

@@ -1,10 +1,9 @@
 /*
  * Public entry points of the MoE GEMMs: moe_gate, moe_final, moe_forward.
- * Operands are validated once here; moe_forward falls back to gate + final on
- * context-owned scratch when the backend has no fused whole-layer kernel.
+ * Operands are validated once here; moe_forward falls back to gate + final, with h in the
+ * caller's workspace or in context-owned scratch, when the backend has no whole-layer kernel.
  */
 #include "core/core.h"
-#include "core/fault.h"
 #include "core/options.h"
 
 #include <string.h>
@@ -127,10 +126,36 @@ static moefuse_status check_final_weights(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
+/* The scratch a GEMM step takes: its backend member's answer, or none. */
+static moefuse_status step_workspace(moefuse_context *ctx,
+                                     moefuse_status (*size)(moefuse_context *, void *,
+                                                            const mf_moe_args *, size_t *),
+                                     const mf_moe_args *a, size_t *bytes)
+{
+    *bytes = 0;
+    return size ? size(ctx, ctx->state, a, bytes) : MOEFUSE_OK;
+}
+
+/* Run (or measure) moe_gate or moe_final, whose arguments are valid. */
+static moefuse_status run_step(moefuse_context *ctx, const char *op,
+                               moefuse_status (*fn)(moefuse_context *, void *, const mf_moe_args *),
+                               moefuse_status (*size)(moefuse_context *, void *,
+                                                      const mf_moe_args *, size_t *),
+                               const mf_moe_args *a, size_t *measure)
+{
+    if (!fn)
+        return mf_unimplemented(ctx, op);
+    size_t need;
+    MF_TRY(step_workspace(ctx, size, a, &need));
+    bool run;
+    MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+    return run ? fn(ctx, ctx->state, a) : MOEFUSE_OK;
+}
+
 static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                const moefuse_tensor *w1, const moefuse_tensor *b1,
                                const moefuse_routing *routing, const moefuse_tensor *h,
-                               const moefuse_moe_options *opt)
+                               const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
@@ -148,16 +173,14 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->moe_gate)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->moe_gate(ctx, ctx->state, &a);
+        return mf_nothing_to_do(measure);
+    return run_step(ctx, op, ctx->backend->moe_gate, ctx->backend->moe_gate_workspace, &a, measure);
 }
 
 static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
                                 const moefuse_tensor *w2, const moefuse_tensor *b2,
                                 const moefuse_routing *routing, const moefuse_tensor *out,
-                                const moefuse_moe_options *opt)
+                                const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
@@ -194,43 +217,9 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
     if (idle)
-        return MOEFUSE_OK;
-    if (!ctx->backend->moe_final)
-        return mf_unimplemented(ctx, op);
-    return ctx->backend->moe_final(ctx, ctx->state, &a);
-}
-
-size_t moefuse_moe_forward_workspace_bytes(moefuse_context *ctx, int64_t M, int64_t topk,
-                                           int64_t I, moefuse_dtype act_dtype)
-{
-    (void)ctx;
-    size_t esize = moefuse_dtype_size(act_dtype);
-    if (M < 0 || topk < 0 || I < 0 || esize == 0)
-        return 0;
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)M, (size_t)topk, &bytes) ||
-        __builtin_mul_overflow(bytes, (size_t)I, &bytes) ||
-        __builtin_mul_overflow(bytes, esize, &bytes))
-        return SIZE_MAX;
-    return bytes;
-}
-
-moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer)
-{
-    if (bytes > ctx->workspace_bytes || !ctx->workspace) {
-        if (ctx->workspace)
-            ctx->backend->buffer_free(ctx->state, ctx->workspace);
-        ctx->workspace = NULL;
-        ctx->workspace_bytes = 0;
-        if (mf_fault_hit(MF_FAULT_SCRATCH_GROW)) /* test hook: a growth that fails */
-            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                            "moe_forward: growing the workspace to %zu bytes failed (injected)",
-                            bytes);
-        MF_TRY(ctx->backend->buffer_alloc(ctx, ctx->state, bytes, &ctx->workspace));
-        ctx->workspace_bytes = bytes;
-    }
-    *buffer = ctx->workspace;
-    return MOEFUSE_OK;
+        return mf_nothing_to_do(measure);
+    return run_step(ctx, op, ctx->backend->moe_final, ctx->backend->moe_final_workspace, &a,
+                    measure);
 }
 
 /* A step of the gate + final fallback failed: its message names the step ("moe_gate: ...");
@@ -245,11 +234,48 @@ static moefuse_status in_forward(moefuse_context *ctx, const char *op, moefuse_s
     return status;
 }
 
+/*
+ * moe_forward for a backend without a whole-layer kernel: moe_gate into h [M, k, I] in x's
+ * dtype, then moe_final. With the caller's workspace, the steps' scratch comes first and h
+ * after it; else h is the context's own scratch and each step allocates as it would alone.
+ */
+static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                      size_t *measure)
+{
+    const moefuse_dtype dt = a->x.dtype;
+    size_t h_bytes;
+    if (__builtin_mul_overflow((size_t)a->tokens, (size_t)a->topk, &h_bytes) ||
+        __builtin_mul_overflow(h_bytes, (size_t)a->inter_dim, &h_bytes) ||
+        __builtin_mul_overflow(h_bytes, moefuse_dtype_size(dt), &h_bytes))
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: the [M, k, I] intermediate overflows size_t",
+                        op);
+    const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
+    a->h = moefuse_tensor_dense(NULL, dt, 3, h_shape); /* the steps' sizes read its shape only */
+    size_t gate_need, final_need;
+    MF_TRY(step_workspace(ctx, ctx->backend->moe_gate_workspace, a, &gate_need));
+    MF_TRY(step_workspace(ctx, ctx->backend->moe_final_workspace, a, &final_need));
+    const size_t off_h = mf_workspace_align(gate_need > final_need ? gate_need : final_need);
+    const size_t need = off_h > SIZE_MAX - h_bytes ? SIZE_MAX : off_h + h_bytes;
+    bool run;
+    MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+    if (!run)
+        return MOEFUSE_OK;
+    mf_region ws;
+    if (mf_caller_workspace(ctx, &ws)) {
+        a->h.data = ws.data;
+        a->h.offset = (int64_t)(ws.offset + off_h);
+    } else {
+        MF_TRY(in_forward(ctx, op, mf_workspace(ctx, h_bytes ? h_bytes : 1, &a->h.data)));
+    }
+    MF_TRY(in_forward(ctx, op, ctx->backend->moe_gate(ctx, ctx->state, a)));
+    return in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, a));
+}
+
 static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                   const moefuse_tensor *w1, const moefuse_tensor *w2,
                                   const moefuse_tensor *b1, const moefuse_tensor *b2,
                                   const moefuse_routing *routing, const moefuse_tensor *out,
-                                  const moefuse_moe_options *opt)
+                                  const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
@@ -267,24 +293,18 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 9, &idle));
     if (idle)
-        return MOEFUSE_OK;
+        return mf_nothing_to_do(measure);
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a.h = mf_absent();
-        return ctx->backend->moe_forward(ctx, ctx->state, &a);
+        size_t need;
+        MF_TRY(step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, &need));
+        bool run;
+        MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+        return run ? ctx->backend->moe_forward(ctx, ctx->state, &a) : MOEFUSE_OK;
     }
     if (!ctx->backend->moe_gate || !ctx->backend->moe_final)
         return mf_unimplemented(ctx, op);
-
-    size_t bytes = moefuse_moe_forward_workspace_bytes(ctx, a.tokens, a.topk, a.inter_dim, x->dtype);
-    if (bytes == SIZE_MAX)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: the [M, k, I] intermediate overflows size_t", op);
-    void *scratch;
-    MF_TRY(in_forward(ctx, op, mf_workspace(ctx, bytes ? bytes : 1, &scratch)));
-    int64_t h_shape[3] = {a.tokens, a.topk, a.inter_dim};
-    a.h = moefuse_tensor_dense(scratch, x->dtype, 3, h_shape);
-
-    MF_TRY(in_forward(ctx, op, ctx->backend->moe_gate(ctx, ctx->state, &a)));
-    return in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, &a));
+    return gate_then_final(ctx, op, &a, measure);
 }
 
 /* ------------------------------------------------------------ entry points */
@@ -296,7 +316,18 @@ moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "moe_gate";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt));
+    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt, NULL));
+}
+
+moefuse_status moefuse_moe_gate_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
+                                               const moefuse_tensor *w1, const moefuse_tensor *b1,
+                                               const moefuse_routing *routing,
+                                               const moefuse_tensor *h,
+                                               const moefuse_moe_options *opt, size_t *bytes)
+{
+    static const char op[] = "moe_gate";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt, bytes));
 }
 
 moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
@@ -306,7 +337,18 @@ moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
 {
     static const char op[] = "moe_final";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt));
+    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt, NULL));
+}
+
+moefuse_status moefuse_moe_final_workspace_size(moefuse_context *ctx, const moefuse_tensor *h,
+                                                const moefuse_tensor *w2, const moefuse_tensor *b2,
+                                                const moefuse_routing *routing,
+                                                const moefuse_tensor *out,
+                                                const moefuse_moe_options *opt, size_t *bytes)
+{
+    static const char op[] = "moe_final";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt, bytes));
 }
 
 moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,
@@ -317,5 +359,19 @@ moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x
 {
     static const char op[] = "moe_forward";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, moe_forward(ctx, op, x, w1, w2, b1, b2, routing, out, opt));
+    return mf_leave(ctx, moe_forward(ctx, op, x, w1, w2, b1, b2, routing, out, opt, NULL));
+}
+
+moefuse_status moefuse_moe_forward_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
+                                                  const moefuse_tensor *w1,
+                                                  const moefuse_tensor *w2,
+                                                  const moefuse_tensor *b1,
+                                                  const moefuse_tensor *b2,
+                                                  const moefuse_routing *routing,
+                                                  const moefuse_tensor *out,
+                                                  const moefuse_moe_options *opt, size_t *bytes)
+{
+    static const char op[] = "moe_forward";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, moe_forward(ctx, op, x, w1, w2, b1, b2, routing, out, opt, bytes));
 }

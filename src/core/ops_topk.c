@@ -3,7 +3,8 @@
 
 static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
                                    const moefuse_tensor *logits, int32_t renormalize,
-                                   const moefuse_tensor *ids, const moefuse_tensor *weights)
+                                   const moefuse_tensor *ids, const moefuse_tensor *weights,
+                                   size_t *measure)
 {
     mf_topk_args a = {0};
     MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
@@ -28,10 +29,15 @@ static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
     if (idle)
-        return MOEFUSE_OK;
+        return mf_nothing_to_do(measure);
     if (!ctx->backend->topk_softmax)
         return mf_unimplemented(ctx, op);
-    return ctx->backend->topk_softmax(ctx, ctx->state, &a);
+    size_t need = 0;
+    if (ctx->backend->topk_workspace)
+        MF_TRY(ctx->backend->topk_workspace(ctx, ctx->state, &a, &need));
+    bool run;
+    MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+    return run ? ctx->backend->topk_softmax(ctx, ctx->state, &a) : MOEFUSE_OK;
 }
 
 moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *logits,
@@ -40,5 +46,15 @@ moefuse_status moefuse_topk_softmax(moefuse_context *ctx, const moefuse_tensor *
 {
     static const char op[] = "topk_softmax";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, topk_softmax(ctx, op, logits, renormalize, ids, weights));
+    return mf_leave(ctx, topk_softmax(ctx, op, logits, renormalize, ids, weights, NULL));
+}
+
+moefuse_status moefuse_topk_softmax_workspace_size(moefuse_context *ctx,
+                                                   const moefuse_tensor *logits,
+                                                   int32_t renormalize, const moefuse_tensor *ids,
+                                                   const moefuse_tensor *weights, size_t *bytes)
+{
+    static const char op[] = "topk_softmax";
+    MF_TRY(mf_enter_query(ctx, op, bytes));
+    return mf_leave(ctx, topk_softmax(ctx, op, logits, renormalize, ids, weights, bytes));
 }

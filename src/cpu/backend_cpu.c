@@ -12,24 +12,55 @@ typedef struct cpu_state {
     char device[128];
 } cpu_state;
 
-/* 64-byte aligned host memory, the CPU backend's buffers and scratch alike. */
-static void *aligned_alloc64(size_t bytes)
+/* Host memory aligned for a workspace (MOEFUSE_WORKSPACE_ALIGNMENT, a multiple of the 64 bytes
+ * the kernels want), the CPU backend's buffers and scratch alike. */
+static void *aligned_host_alloc(size_t bytes)
 {
+    const size_t align = MOEFUSE_WORKSPACE_ALIGNMENT;
     void *p = NULL;
-    size_t n = (bytes + 63) / 64 * 64;
+    size_t n = (bytes + align - 1) / align * align;
     if (n < bytes) /* overflow */
         return NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0)
+    if (posix_memalign(&p, align, n ? n : align) != 0)
         return NULL;
     return p;
 }
 
 void *mf_cpu_alloc(size_t bytes)
 {
-    return mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : aligned_alloc64(bytes);
+    return mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : aligned_host_alloc(bytes);
 }
 
 void mf_cpu_free(void *p) { free(p); }
+
+moefuse_status mf_cpu_scratch_take(moefuse_context *ctx, const char *op, size_t bytes,
+                                   mf_cpu_scratch *out)
+{
+    mf_region ws;
+    if (mf_caller_workspace(ctx, &ws)) {
+        if (bytes > ws.bytes)
+            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
+                            "that the size query said was enough",
+                            op, bytes, ws.bytes);
+        out->mem = (char *)ws.data + ws.offset;
+        out->owned = false;
+        return MOEFUSE_OK;
+    }
+    out->mem = mf_cpu_alloc(bytes);
+    out->owned = true;
+    if (out->mem == NULL)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch",
+                        op, bytes);
+    return MOEFUSE_OK;
+}
+
+void mf_cpu_scratch_release(mf_cpu_scratch *s)
+{
+    if (s->owned)
+        mf_cpu_free(s->mem);
+    s->mem = NULL;
+}
 
 static bool cpu_probe(void) { return true; }
 
@@ -63,7 +94,7 @@ static moefuse_status cpu_buffer_alloc(moefuse_context *ctx, void *state, size_t
                                        void **buffer)
 {
     (void)state;
-    void *p = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? NULL : aligned_alloc64(bytes);
+    void *p = mf_fault_hit(MF_FAULT_DEVICE_ALLOC) ? NULL : aligned_host_alloc(bytes);
     if (p == NULL)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "buffer_alloc: cannot allocate %zu bytes",
                         bytes);
@@ -120,4 +151,8 @@ const moefuse_backend_i mf_backend_cpu = {
     .moe_gate = mf_cpu_moe_gate,
     .moe_final = mf_cpu_moe_final,
     .moe_forward = NULL,
+    .rows_workspace = mf_cpu_rows_workspace,
+    .topk_workspace = mf_cpu_topk_workspace,
+    .moe_gate_workspace = mf_cpu_moe_gate_workspace,
+    .moe_final_workspace = mf_cpu_moe_final_workspace,
 };

@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "cpu/omp_compat.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef _OPENMP
@@ -35,6 +36,16 @@ static inline int mf_cpu_thread_id(void)
 void *mf_cpu_alloc(size_t bytes);
 void mf_cpu_free(void *p);
 
+/* A call's scratch: the caller's workspace when one is set (moefuse_set_workspace), else the
+ * heap. mf_cpu_scratch_release frees what came from the heap. */
+typedef struct mf_cpu_scratch {
+    char *mem;
+    bool owned;
+} mf_cpu_scratch;
+moefuse_status mf_cpu_scratch_take(moefuse_context *ctx, const char *op, size_t bytes,
+                                   mf_cpu_scratch *out);
+void mf_cpu_scratch_release(mf_cpu_scratch *s);
+
 moefuse_status mf_cpu_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
 moefuse_status mf_cpu_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a);
 moefuse_status mf_cpu_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
@@ -42,5 +53,15 @@ moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequan
 moefuse_status mf_cpu_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
+
+/* The bytes of scratch each takes (backend.h's *_workspace members). */
+moefuse_status mf_cpu_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                     size_t *bytes);
+moefuse_status mf_cpu_topk_workspace(moefuse_context *ctx, void *state, const mf_topk_args *a,
+                                     size_t *bytes);
+moefuse_status mf_cpu_moe_gate_workspace(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                         size_t *bytes);
+moefuse_status mf_cpu_moe_final_workspace(moefuse_context *ctx, void *state,
+                                          const mf_moe_args *a, size_t *bytes);
 
 #endif /* MOEFUSE_CPU_INTERNAL_H */

@@ -84,7 +84,7 @@ static void decode_item(const plan *p, int64_t E, int64_t w, int64_t *e, const i
 
 /* Scratch of one call: plan arrays, per-thread GEMM buffers, optional y. */
 typedef struct work {
-    char *mem;
+    mf_cpu_scratch scratch;
     plan p;
     char *thread_mem;
     size_t thread_stride;
@@ -102,8 +102,8 @@ typedef struct thread_bufs {
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 
-static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_moe_args *a,
-                                 bool need_y, work *w)
+/* The sizes of w's parts for this call, and the bytes they take together. */
+static size_t work_layout(const mf_moe_args *a, bool need_y, work *w)
 {
     const int64_t M = a->tokens, k = a->topk, E = a->experts, K = a->model_dim;
     const int64_t S = M * k;
@@ -120,19 +120,44 @@ static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_
                        round64((size_t)NB * 8) + round64((size_t)rowlen * 4);
     const size_t plan_bytes = round64((size_t)S * 8) * 2 + round64((size_t)(E + 1) * 8) * 3;
     const size_t y_bytes = need_y ? round64((size_t)(w->chunk * k * K) * 4) : 0;
-    const size_t bytes = plan_bytes + y_bytes + (size_t)w->nt * w->thread_stride;
-    w->mem = mf_cpu_alloc(bytes);
-    if (w->mem == NULL)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch",
-                        op, bytes);
-    char *q = w->mem;
+    return plan_bytes + y_bytes + (size_t)w->nt * w->thread_stride;
+}
+
+moefuse_status mf_cpu_moe_gate_workspace(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                         size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    work w;
+    *bytes = work_layout(a, false, &w);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_cpu_moe_final_workspace(moefuse_context *ctx, void *state,
+                                          const mf_moe_args *a, size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    work w;
+    *bytes = work_layout(a, a->reduce, &w);
+    return MOEFUSE_OK;
+}
+
+static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_moe_args *a,
+                                 bool need_y, work *w)
+{
+    const int64_t M = a->tokens, k = a->topk, E = a->experts, K = a->model_dim;
+    const int64_t S = M * k;
+    const size_t bytes = work_layout(a, need_y, w);
+    MF_TRY(mf_cpu_scratch_take(ctx, op, bytes, &w->scratch));
+    char *q = w->scratch.mem;
     w->p.expert_of = (int64_t *)q, q += round64((size_t)S * 8);
     w->p.list = (int64_t *)q, q += round64((size_t)S * 8);
     w->p.start = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
     w->p.fill = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
     w->p.items = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
     w->y = need_y ? (float *)q : NULL;
-    q += y_bytes;
+    q += need_y ? round64((size_t)(w->chunk * k * K) * 4) : 0;
     w->thread_mem = q;
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++)
@@ -220,7 +245,7 @@ MF_OMP(for schedule(dynamic, 1))
             gate_item(a, e, slots, ms, cb, &t);
         }
     }
-    mf_cpu_free(w.mem);
+    mf_cpu_scratch_release(&w.scratch);
     return MOEFUSE_OK;
 }
 
@@ -308,6 +333,6 @@ MF_OMP(for schedule(static))
             }
         }
     }
-    mf_cpu_free(w.mem);
+    mf_cpu_scratch_release(&w.scratch);
     return MOEFUSE_OK;
 }

@@ -84,6 +84,35 @@ static void zero_scales_row(const mf_rows_args *a, int64_t e, int64_t t)
         put_scale(a, e, t, g, 0.0f, 0);
 }
 
+/* Scratch of a row call: the row offsets of the experts, then per thread 3H floats and the
+ * row's scales and exponent bytes. */
+typedef struct rows_layout {
+    size_t offs_bytes, per_thread, bytes;
+} rows_layout;
+
+static rows_layout rows_scratch(const mf_rows_args *a, enum row_mode mode, int threads)
+{
+    const mf_row_plan plan = make_plan(a, mode);
+    rows_layout l;
+    l.offs_bytes = (size_t)(a->experts + 1) * sizeof(int64_t);
+    l.per_thread =
+        ((size_t)(3 * a->hidden + plan.groups) * sizeof(float) + (size_t)plan.groups + 63) / 64 *
+        64;
+    l.bytes = l.offs_bytes + (size_t)threads * l.per_thread;
+    return l;
+}
+
+moefuse_status mf_cpu_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                     size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    /* act_mul writes floats, act_quant and quant codes */
+    const bool codes = a->out.dtype == MOEFUSE_F8_E4M3 || a->out.dtype == MOEFUSE_I8;
+    *bytes = rows_scratch(a, codes ? ROW_QUANT : ROW_ACT_MUL, mf_cpu_max_threads()).bytes;
+    return MOEFUSE_OK;
+}
+
 static moefuse_status rows_run(moefuse_context *ctx, const mf_rows_args *a, enum row_mode mode,
                                const char *op)
 {
@@ -91,17 +120,13 @@ static moefuse_status rows_run(moefuse_context *ctx, const mf_rows_args *a, enum
     const int nt = mf_cpu_max_threads();
     const mf_row_plan plan = make_plan(a, mode);
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
-    const size_t offs_bytes = (size_t)(E + 1) * sizeof(int64_t);
-    /* per thread: 3H floats of scratch, then the row's scales and exponent bytes */
-    const size_t per_thread =
-        ((size_t)(3 * H + plan.groups) * sizeof(float) + (size_t)plan.groups + 63) / 64 * 64;
-    const size_t bytes = offs_bytes + (size_t)nt * per_thread;
-    char *mem = mf_cpu_alloc(bytes);
-    if (mem == NULL)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch",
-                        op, bytes);
+    const rows_layout lay = rows_scratch(a, mode, nt);
+    mf_cpu_scratch scratch_mem;
+    MF_TRY(mf_cpu_scratch_take(ctx, op, lay.bytes, &scratch_mem));
+    char *mem = scratch_mem.mem;
     int64_t *offs = (int64_t *)mem;
-    char *bufs = mem + offs_bytes;
+    char *bufs = mem + lay.offs_bytes;
+    const size_t per_thread = lay.per_thread;
     offs[0] = 0;
     for (int64_t e = 0; e < E; e++)
         offs[e + 1] = offs[e] + valid_rows(a, e);
@@ -156,7 +181,7 @@ MF_OMP(for schedule(dynamic, 1))
             }
         }
     }
-    mf_cpu_free(mem);
+    mf_cpu_scratch_release(&scratch_mem);
     return MOEFUSE_OK;
 }
 

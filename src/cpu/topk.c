@@ -81,18 +81,31 @@ static void topk_row(const mf_topk_args *a, int64_t m, float *l, float *p, unsig
     }
 }
 
+/* Per thread: the row's logits and probabilities (f32), its NaN and taken flags (bytes). */
+static size_t thread_stride(const mf_topk_args *a)
+{
+    const size_t per_thread = (size_t)a->experts * (2 * sizeof(float) + 2);
+    return (per_thread + 63) / 64 * 64;
+}
+
+moefuse_status mf_cpu_topk_workspace(moefuse_context *ctx, void *state, const mf_topk_args *a,
+                                     size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    *bytes = (size_t)mf_cpu_max_threads() * thread_stride(a);
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_cpu_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a)
 {
     (void)state;
     const int64_t E = a->experts;
     const int nt = mf_cpu_max_threads();
-    const size_t per_thread = (size_t)E * (2 * sizeof(float) + 2);
-    const size_t stride = (per_thread + 63) / 64 * 64;
-    const size_t bytes = (size_t)nt * stride;
-    char *mem = mf_cpu_alloc(bytes);
-    if (mem == NULL)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                        "topk_softmax: cannot allocate %zu bytes of scratch", bytes);
+    const size_t stride = thread_stride(a);
+    mf_cpu_scratch scratch;
+    MF_TRY(mf_cpu_scratch_take(ctx, "topk_softmax", (size_t)nt * stride, &scratch));
+    char *mem = scratch.mem;
 MF_OMP(parallel num_threads(nt))
     {
         char *base = mem + (size_t)mf_cpu_thread_id() * stride;
@@ -102,6 +115,6 @@ MF_OMP(for schedule(static))
         for (int64_t m = 0; m < a->tokens; m++)
             topk_row(a, m, l, p, nan, taken);
     }
-    mf_cpu_free(mem);
+    mf_cpu_scratch_release(&scratch);
     return MOEFUSE_OK;
 }

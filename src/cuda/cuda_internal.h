@@ -79,8 +79,9 @@ moefuse_status mf_cuda_fail(moefuse_context *ctx, cudaError_t err, const char *o
 moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char *kernel);
 
 /*
- * Device scratch of at least `bytes`, ordered on s->stream (cudaMallocAsync),
- * for the current call; at most one request per call. Growing it never
+ * Device scratch of at least `bytes` for the current call; at most one request per call. The
+ * caller's workspace when one is set (moefuse_set_workspace: ordering it is the caller's), else
+ * the context's own, ordered on s->stream (cudaMallocAsync). Growing it never
  * synchronises the device, and work on another stream that used it last is
  * waited for on the device (an event), not on the host. Inside a CUDA graph
  * capture the call gets scratch of its own, allocated and freed by the
@@ -137,6 +138,15 @@ moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_
 moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state, const mf_moe_args *a);
+/* The bytes of scratch each takes (backend.h's *_workspace members). */
+moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                      size_t *bytes);
+moefuse_status mf_cuda_moe_gate_workspace(moefuse_context *ctx, void *state,
+                                          const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_cuda_moe_final_workspace(moefuse_context *ctx, void *state,
+                                           const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_cuda_moe_forward_workspace(moefuse_context *ctx, void *state,
+                                             const mf_moe_args *a, size_t *bytes);
 
 #ifdef __cplusplus
 }

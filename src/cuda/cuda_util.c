@@ -24,6 +24,16 @@ moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char
 moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
                                void **out)
 {
+    mf_region ws;
+    if (mf_caller_workspace(ctx, &ws)) {
+        if (bytes > ws.bytes)
+            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
+                            "that the size query said was enough",
+                            op, bytes, ws.bytes);
+        *out = (char *)ws.data + ws.offset;
+        return MOEFUSE_OK;
+    }
     enum cudaStreamCaptureStatus capture;
     cudaError_t e = cudaStreamIsCapturing(s->stream, &capture);
     if (e != cudaSuccess)

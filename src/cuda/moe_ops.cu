@@ -511,6 +511,56 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
 }
 
 /*
+ * moe_forward's scratch: h [M, k, I] in x's dtype lives in the same scratch as the route, after
+ * the rest (the core leaves it to us, so growing it is stream-ordered, never a cudaMalloc or
+ * cudaFree). Grows pl->bytes and gives h's offset.
+ */
+static moefuse_status forward_scratch(moefuse_context *ctx, const char *op, const mf_moe_args *a,
+                                      moe_plan *pl, size_t *off_h)
+{
+    *off_h = align256(pl->bytes);
+    size_t h_bytes;
+    if (__builtin_mul_overflow((size_t)pl->S * moefuse_dtype_size(a->x.dtype),
+                               (size_t)a->inter_dim, &h_bytes) ||
+        __builtin_add_overflow(*off_h, h_bytes, &pl->bytes))
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "%s: the [M, k, I] intermediate overflows size_t", op);
+    return MOEFUSE_OK;
+}
+
+/* Each call's scratch, as plan_call lays it out; none when there are no slots. */
+extern "C" moefuse_status mf_cuda_moe_gate_workspace(moefuse_context *ctx, void *state,
+                                                     const mf_moe_args *a, size_t *bytes)
+{
+    moe_plan pl;
+    MF_TRY(plan_call(ctx, (const cuda_state *)state, "moe_gate", a, a->x.dtype, 0, &pl));
+    *bytes = pl.S == 0 ? 0 : pl.bytes;
+    return MOEFUSE_OK;
+}
+
+extern "C" moefuse_status mf_cuda_moe_final_workspace(moefuse_context *ctx, void *state,
+                                                      const mf_moe_args *a, size_t *bytes)
+{
+    moe_plan pl;
+    MF_TRY(plan_call(ctx, (const cuda_state *)state, "moe_final", a, a->h.dtype, a->reduce, &pl));
+    *bytes = pl.S == 0 ? 0 : pl.bytes;
+    return MOEFUSE_OK;
+}
+
+extern "C" moefuse_status mf_cuda_moe_forward_workspace(moefuse_context *ctx, void *state,
+                                                        const mf_moe_args *a, size_t *bytes)
+{
+    static const char op[] = "moe_forward";
+    moe_plan pl;
+    MF_TRY(plan_call(ctx, (const cuda_state *)state, op, a, a->x.dtype, 1, &pl));
+    size_t off_h;
+    if (pl.S > 0)
+        MF_TRY(forward_scratch(ctx, op, a, &pl, &off_h));
+    *bytes = pl.S == 0 ? 0 : pl.bytes;
+    return MOEFUSE_OK;
+}
+
+/*
  * The layer: one route for both GEMMs, gate into a->h (the core's scratch
  * [M, k, I] in x's dtype, already allocated), then the final with the fused
  * reduction. Same kernels and configuration as moe_gate then moe_final, so the
@@ -526,15 +576,8 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     MF_TRY(plan_call(ctx, s, op, a, a->x.dtype, 1, &pl));
     if (pl.S == 0)
         return zero_output(ctx, s, op, a);
-    /* h [M, k, I] in x's dtype lives in the same scratch, after the rest: the core
-     * leaves it to us, so growing it is stream-ordered, never a cudaMalloc/cudaFree */
-    const size_t off_h = align256(pl.bytes);
-    size_t h_bytes;
-    if (__builtin_mul_overflow((size_t)pl.S * moefuse_dtype_size(a->x.dtype),
-                               (size_t)a->inter_dim, &h_bytes) ||
-        __builtin_add_overflow(off_h, h_bytes, &pl.bytes))
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                        "%s: the [M, k, I] intermediate overflows size_t", op);
+    size_t off_h;
+    MF_TRY(forward_scratch(ctx, op, a, &pl, &off_h));
     const MoeZero none = {NULL, 0, 0, 0, 0}; /* h is internal: invalid slots' rows never read */
     const MoeZero ztok = out_rows(a);
     char *scratch;

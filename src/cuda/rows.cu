@@ -1578,6 +1578,18 @@ static int table_kernel(const cuda_state *s, rows_params *p)
     return 1;
 }
 
+/* The masked layout keeps its row offsets in scratch past MF_SMEM_EXPERTS experts. */
+extern "C" moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *state,
+                                                 const mf_rows_args *a, size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    *bytes = a->counts.data && a->experts > MF_SMEM_EXPERTS
+                 ? (size_t)(a->experts + 1) * sizeof(int64_t)
+                 : 0;
+    return MOEFUSE_OK;
+}
+
 /* Row offsets of the masked layout: shared memory (dynamic bytes in *smem) or global scratch. */
 static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_params *p,
                                      const char *op, size_t *smem)

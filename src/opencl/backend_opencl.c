@@ -298,5 +298,8 @@ const moefuse_backend_i mf_backend_opencl = {
     .topk_softmax = mf_ocl_topk_softmax,
     .moe_gate = mf_ocl_moe_gate,
     .moe_final = mf_ocl_moe_final,
+    .rows_workspace = mf_ocl_rows_workspace,
+    .moe_gate_workspace = mf_ocl_moe_gate_workspace,
+    .moe_final_workspace = mf_ocl_moe_final_workspace,
     .moe_forward = NULL,
 };

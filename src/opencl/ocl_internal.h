@@ -95,7 +95,8 @@ void mf_ocl_cache_store(ocl_state *s, const char *options, const char *path);
  * injected a failure of `kind` (core/fault.h). */
 cl_mem mf_ocl_create_buffer(ocl_state *s, size_t bytes, mf_fault_kind kind, cl_int *err);
 
-/* Scratch of at least `bytes` bytes, valid until the next call that asks for scratch. */
+/* Scratch of at least `bytes` bytes, valid until the next call that asks for scratch: the
+ * caller's workspace when one is set, else the context's own buffer, grown on demand. */
 moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, const char *op,
                               cl_mem *out);
 
@@ -136,5 +137,12 @@ moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequan
 moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
+/* The bytes of scratch each takes (backend.h's *_workspace members). */
+moefuse_status mf_ocl_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                     size_t *bytes);
+moefuse_status mf_ocl_moe_gate_workspace(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                         size_t *bytes);
+moefuse_status mf_ocl_moe_final_workspace(moefuse_context *ctx, void *state,
+                                          const mf_moe_args *a, size_t *bytes);
 
 #endif /* MOEFUSE_OPENCL_INTERNAL_H */

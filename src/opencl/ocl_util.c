@@ -144,6 +144,16 @@ cl_mem mf_ocl_create_buffer(ocl_state *s, size_t bytes, mf_fault_kind kind, cl_i
 moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, const char *op,
                               cl_mem *out)
 {
+    mf_region ws;
+    if (mf_caller_workspace(ctx, &ws)) { /* a whole cl_mem: the core refuses an offset */
+        if (bytes > ws.bytes)
+            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
+                            "that the size query said was enough",
+                            op, bytes, ws.bytes);
+        *out = (cl_mem)ws.data;
+        return MOEFUSE_OK;
+    }
     if (bytes == 0)
         bytes = 1;
     if (s->scratch == NULL || s->scratch_bytes < bytes) {

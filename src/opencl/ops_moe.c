@@ -151,23 +151,38 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
 
+/* The tiled final's scratch: the route of a chunk of tokens, then its f32 y. */
+typedef struct final_layout {
+    int64_t chunk; /* tokens per chunk: the f32 y of a chunk stays within MF_OCL_Y_BYTES */
+    size_t yoff;   /* y after the route, at a float offset that does not move between chunks */
+    size_t bytes;
+} final_layout;
+
+static final_layout final_scratch(const mf_moe_args *a)
+{
+    const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
+    final_layout L;
+    L.chunk = M > 0 ? M : 1;
+    if (a->reduce && kk > 0 && K > 0) {
+        int64_t c = (int64_t)(MF_OCL_Y_BYTES / ((size_t)kk * (size_t)K * sizeof(cl_float)));
+        L.chunk = c < 1 ? 1 : (c < L.chunk ? c : L.chunk);
+    }
+    L.yoff = mf_round_up(route_bytes(a, L.chunk * kk), 64);
+    L.bytes = L.yoff + (a->reduce ? (size_t)(L.chunk * kk * K) * sizeof(cl_float) : 0);
+    return L;
+}
+
 static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
 {
     static const char op[] = "moe_final";
     const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
-    /* tokens per chunk: the f32 y of a chunk stays within MF_OCL_Y_BYTES */
-    int64_t chunk = M > 0 ? M : 1;
-    if (a->reduce && kk > 0 && K > 0) {
-        int64_t c = (int64_t)(MF_OCL_Y_BYTES / ((size_t)kk * (size_t)K * sizeof(cl_float)));
-        chunk = c < 1 ? 1 : (c < chunk ? c : chunk);
-    }
-    /* y (f32) after the route, at a float offset that does not move between chunks */
-    const size_t yoff = mf_round_up(route_bytes(a, chunk * kk), 64);
-    const size_t ybytes = a->reduce ? (size_t)(chunk * kk * K) * sizeof(cl_float) : 0;
+    const final_layout L = final_scratch(a);
+    const int64_t chunk = L.chunk;
+    const size_t yoff = L.yoff;
     cl_mem r;
     /* the call's only allocation, before its first write: nothing below allocates, so a
      * failure to get memory leaves out as it was, chunk or no chunk (tests/test_faults.c) */
-    MF_TRY(mf_ocl_scratch(ctx, s, yoff + ybytes, op, &r));
+    MF_TRY(mf_ocl_scratch(ctx, s, L.bytes, op, &r));
     if (!a->reduce)
         MF_TRY(zero_invalid(ctx, s, a, &a->out, K, op));
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
@@ -248,6 +263,22 @@ static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
         return PATH_TILED;
     const int64_t simple_groups = (a->inter_dim + (int64_t)s->wg - 1) / (int64_t)s->wg * S;
     return s->tiled && simple_groups < (int64_t)s->compute_units ? PATH_TILED : PATH_SIMPLE;
+}
+
+moefuse_status mf_ocl_moe_gate_workspace(moefuse_context *ctx, void *state, const mf_moe_args *a,
+                                         size_t *bytes)
+{
+    (void)ctx;
+    *bytes = choose_path(state, a) == PATH_TILED ? route_bytes(a, a->tokens * a->topk) : 0;
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ocl_moe_final_workspace(moefuse_context *ctx, void *state,
+                                          const mf_moe_args *a, size_t *bytes)
+{
+    (void)ctx;
+    *bytes = choose_path(state, a) == PATH_TILED ? final_scratch(a).bytes : 0;
+    return MOEFUSE_OK;
 }
 
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)

@@ -62,6 +62,16 @@ static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a
     return MF_K_ROWS_QUANT;
 }
 
+moefuse_status mf_ocl_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
+                                     size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    /* the masked layout's row offsets (rows_quant) */
+    *bytes = a->counts.data ? (size_t)(a->experts + 1) * sizeof(cl_long) : 0;
+    return MOEFUSE_OK;
+}
+
 static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_rows_args *a,
                                  const char *op)
 {
