@@ -14,7 +14,8 @@
  *    library refuses a non-zero word rather than ignore an option it does not know.
  *  - Tensors live where the context's backend wants them: host memory for
  *    "cpu", CUDA device pointers for "cuda", cl_mem handles plus a byte offset
- *    for "opencl". moefuse_buffer_* moves data portably for tests and tools.
+ *    for "opencl" (from moefuse_buffer_alloc, or the caller's through
+ *    moefuse_buffer_import). moefuse_buffer_* moves data portably for tests and tools.
  *  - A context is used by one thread at a time (like a CUDA stream); a call that
  *    finds another thread inside a call on the same context is refused with
  *    MOEFUSE_ERR_CONTEXT_BUSY. Different contexts may be used from different
@@ -143,6 +144,20 @@ MOEFUSE_API moefuse_status moefuse_context_create(moefuse_context **out, const c
  */
 MOEFUSE_API moefuse_status moefuse_context_create_on(moefuse_context **out, const char *backend,
                                                      const char *device);
+/*
+ * A context on the caller's OpenCL objects: `cl_context` is a cl_context and `cl_queue` an
+ * in-order cl_command_queue of it; the context's device is the queue's (MOEFUSE_OPENCL_DEVICE
+ * does not apply). moefuse retains both and moefuse_context_destroy releases only its own
+ * references, after waiting for the queue (clFinish). The queue becomes the context's own:
+ * calls run on it, and moefuse_set_stream(ctx, NULL) returns to it. Tensors lie in buffers of
+ * moefuse_buffer_alloc or in the caller's cl_mem once imported (moefuse_buffer_import).
+ * Refused: NULL out, cl_context or cl_queue (MOEFUSE_ERR_NULL_POINTER); a queue of another
+ * cl_context (MOEFUSE_ERR_WRONG_DEVICE); an out-of-order queue (MOEFUSE_ERR_INVALID_ARGUMENT);
+ * a library built without OpenCL (MOEFUSE_ERR_BACKEND_UNAVAILABLE). On failure *out is NULL
+ * and moefuse_last_error(NULL) says why, as for moefuse_context_create.
+ */
+MOEFUSE_API moefuse_status moefuse_context_create_opencl(moefuse_context **out, void *cl_context,
+                                                         void *cl_queue);
 MOEFUSE_API void moefuse_context_destroy(moefuse_context *ctx);
 
 /* "cpu", "cuda" or "opencl". */
@@ -178,7 +193,26 @@ MOEFUSE_API const char *moefuse_built_backends(void);
 /* Memory in the backend's address space (host memory for cpu). */
 
 MOEFUSE_API moefuse_status moefuse_buffer_alloc(moefuse_context *ctx, size_t bytes, void **buffer);
+/* Frees a buffer of moefuse_buffer_alloc; for an imported cl_mem, drops moefuse's reference. */
 MOEFUSE_API moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer);
+/*
+ * Let tensors of ctx lie in memory the caller allocated. NULL: MOEFUSE_ERR_NULL_POINTER.
+ * OpenCL: `buffer` must be a cl_mem buffer object (a sub-buffer too) of the context's
+ * cl_context. moefuse retains it and accepts it in tensors and in moefuse_buffer_write / _read
+ * until moefuse_buffer_free(ctx, buffer), which drops moefuse's reference only (the caller's
+ * stays valid; moefuse_context_destroy drops it too). Tensors on it must end inside its
+ * CL_MEM_SIZE. Importing it again changes nothing (one reference). Refused: a cl_mem of another
+ * cl_context (MOEFUSE_ERR_WRONG_DEVICE), an image (MOEFUSE_ERR_INVALID_ARGUMENT). Anything but
+ * a cl_mem is undefined behaviour: OpenCL cannot tell a host pointer from a handle, and asking
+ * about one crashes inside the ICD loader (this is why tensors need an import at all).
+ * moefuse cannot see that two sub-buffers, or a sub-buffer and its parent, share memory: there
+ * the caller keeps outputs apart from other operands.
+ * CUDA and CPU: tensors may lie in any memory of the device, so nothing is imported. Memory the
+ * backend accepts in tensors (device memory of the context's device; any host pointer) gives
+ * MOEFUSE_OK and nothing changes; other memory gives MOEFUSE_ERR_WRONG_DEVICE. Such memory must
+ * not go to moefuse_buffer_free there: it would be freed.
+ */
+MOEFUSE_API moefuse_status moefuse_buffer_import(moefuse_context *ctx, void *buffer);
 /* Copy host -> buffer at byte `offset`, and back. Synchronous. */
 MOEFUSE_API moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
                                                 const void *src, size_t bytes);

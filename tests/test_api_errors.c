@@ -863,6 +863,83 @@ START_TEST(t_context_on_device)
 }
 END_TEST
 
+/* moefuse_context_create_opencl refuses what it can judge without touching a handle, on every
+ * build; a library without OpenCL refuses any handles (never looked at). test_opencl adopts
+ * real ones. */
+static void expect_adopt_refused(void *context, void *queue, moefuse_status want,
+                                 const char *needle)
+{
+    moefuse_context *c = (moefuse_context *)0x1;
+    const moefuse_status st = moefuse_context_create_opencl(&c, context, queue);
+    const char *msg = moefuse_last_error(NULL);
+    HCHECK(st == want, "create_opencl(%p, %p) returned %s, want %s (%s)", context, queue,
+           moefuse_status_name(st), moefuse_status_name(want), msg);
+    HCHECK(c == NULL, "create_opencl(%p, %p) failed but left *out set", context, queue);
+    HCHECK(strstr(msg, "context_create_opencl") && strstr(msg, needle),
+           "create_opencl(%p, %p): message \"%s\" should name the call and \"%s\"", context,
+           queue, msg, needle);
+}
+
+START_TEST(t_context_create_opencl)
+{
+    int dummy[2];
+    HCHECK(moefuse_context_create_opencl(NULL, &dummy[0], &dummy[1]) == MOEFUSE_ERR_NULL_POINTER,
+           "create_opencl(NULL out) was not refused");
+    HCHECK(strstr(moefuse_last_error(NULL), "out is NULL"), "NULL out: message \"%s\"",
+           moefuse_last_error(NULL));
+    expect_adopt_refused(NULL, &dummy[1], MOEFUSE_ERR_NULL_POINTER, "cl_context");
+    expect_adopt_refused(&dummy[0], NULL, MOEFUSE_ERR_NULL_POINTER, "cl_queue");
+    expect_adopt_refused(NULL, NULL, MOEFUSE_ERR_NULL_POINTER, "cl_context");
+    if (strstr(moefuse_built_backends(), "opencl") == NULL)
+        expect_adopt_refused(&dummy[0], &dummy[1], MOEFUSE_ERR_BACKEND_UNAVAILABLE,
+                             "not built");
+    else
+        fprintf(stderr, "note: OpenCL is built in; the refusal of a library without it is "
+                        "tested in builds without it\n");
+}
+END_TEST
+
+/*
+ * moefuse_buffer_import: NULL refused everywhere; on the CPU any host pointer is memory of the
+ * device (accepted, untouched); on CUDA device memory is, a host pointer is not; on OpenCL a
+ * buffer of the context's own is already known (test_opencl imports the caller's cl_mem).
+ */
+START_TEST(t_buffer_import)
+{
+    EXPECT(moefuse_buffer_import(g_ctx, NULL), MOEFUSE_ERR_NULL_POINTER, "buffer_import",
+           "buffer is NULL", "a NULL buffer");
+    static unsigned char host[64];
+    HCHECK(moefuse_buffer_import(NULL, host) == MOEFUSE_ERR_NULL_POINTER,
+           "buffer_import(NULL ctx) was not refused");
+    const char *be = moefuse_backend_name(g_ctx);
+    void *own = NULL;
+    HCHECK(moefuse_buffer_alloc(g_ctx, 64, &own) == MOEFUSE_OK, "alloc: %s",
+           moefuse_last_error(g_ctx));
+    HCHECK(moefuse_buffer_import(g_ctx, own) == MOEFUSE_OK, "import of a buffer of ctx: %s",
+           moefuse_last_error(g_ctx));
+    if (strcmp(be, "cpu") == 0) {
+        memset(host, 0x5C, sizeof host);
+        HCHECK(moefuse_buffer_import(g_ctx, host) == MOEFUSE_OK,
+               "cpu: import of a host array: %s", moefuse_last_error(g_ctx));
+        HCHECK(host[0] == 0x5C && host[63] == 0x5C, "cpu: import changed the array");
+        /* and a tensor on it is taken, as before the import */
+        int64_t shape[2] = {1, 16};
+        moefuse_tensor x = moefuse_tensor_dense(host, MOEFUSE_F32, 2, shape);
+        moefuse_tensor q = moefuse_tensor_dense(own, MOEFUSE_F8_E4M3, 2, (int64_t[2]){1, 8});
+        moefuse_tensor sc = moefuse_tensor_dense((char *)own + 32, MOEFUSE_F32, 2,
+                                                 (int64_t[2]){1, 1});
+        moefuse_act_quant_options o = {0};
+        o.quant.group_size = 8;
+        HCHECK(moefuse_act_quant(g_ctx, &x, NULL, &q, &sc, &o) == MOEFUSE_OK,
+               "cpu: act_quant on the imported array: %s", moefuse_last_error(g_ctx));
+    } else if (strcmp(be, "cuda") == 0) {
+        EXPECT(moefuse_buffer_import(g_ctx, host), MOEFUSE_ERR_WRONG_DEVICE, "buffer_import",
+               "not memory", "a host array on cuda");
+    }
+    moefuse_buffer_free(g_ctx, own);
+}
+END_TEST
+
 /* The library reports the version of the header it was built with: this build's, here. */
 START_TEST(t_version)
 {
@@ -936,6 +1013,8 @@ int main(void)
     tcase_add_test(tc, t_empty_null_data);
     tcase_add_test(tc, t_version);
     tcase_add_test(tc, t_context_on_device);
+    tcase_add_test(tc, t_context_create_opencl);
+    tcase_add_test(tc, t_buffer_import);
     tcase_add_test(tc, t_context);
     suite_add_tcase(s, tc);
     return h_run(s);

@@ -113,6 +113,11 @@ struct moefuse_backend_i {
      * device: the caller's choice of device (moefuse_context_create_on, never ""), or NULL for
      * the backend's own (its environment variable, else its default). */
     moefuse_status (*init)(moefuse_context *ctx, const char *device, void **state);
+    /* [optional] create the state over the caller's native context and queue (both non-NULL;
+     * moefuse_context_create_opencl), retaining them so that release drops only its own
+     * references; failures as init. Default: MOEFUSE_ERR_UNSUPPORTED. */
+    moefuse_status (*adopt)(moefuse_context *ctx, void *native_context, void *native_queue,
+                            void **state);
     /* Release the state (NULL allowed). */
     void (*release)(void *state);
 
@@ -139,6 +144,10 @@ struct moefuse_backend_i {
      * rest of a device allocation), false when unknown. Tensors must end inside it. Called
      * only for data owns_pointer accepted. Default: unknown (host pointers). */
     bool (*buffer_extent)(void *state, const void *data, uint64_t *bytes);
+    /* [optional] accept `buffer` (non-NULL), memory the caller allocated, in tensors and buffer
+     * copies until buffer_free (moefuse_buffer_import). Default: accept what owns_pointer
+     * accepts (nothing to do), refuse the rest with MOEFUSE_ERR_WRONG_DEVICE. */
+    moefuse_status (*buffer_import)(moefuse_context *ctx, void *state, void *buffer);
     /* true when tensor.data is an opaque handle (cl_mem): alignment is checked on offset only. */
     bool data_is_handle;
 

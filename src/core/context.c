@@ -1,4 +1,5 @@
-/* Context lifetime, backend selection, streams and backend memory. */
+/* Context lifetime (by backend name, or over the caller's native handles), backend selection,
+ * streams and backend memory (allocated here, or the caller's imported). */
 #include "core/core.h"
 #include "core/fault.h"
 
@@ -15,7 +16,47 @@ static bool is_known_backend(const char *name)
     return false;
 }
 
-/* Both ways of creating a context; `op` names the call in messages. */
+/* Where a new context's backend state comes from: init on a device (NULL: the backend's
+ * default), or adopt over the caller's native context and queue when native_context is set. */
+typedef struct state_origin {
+    const char *device;
+    void *native_context;
+    void *native_queue;
+} state_origin;
+
+static moefuse_status make_state(moefuse_context *ctx, const state_origin *origin)
+{
+    const moefuse_backend_i *b = ctx->backend;
+    if (!origin->native_context)
+        return b->init(ctx, origin->device, &ctx->state);
+    if (!b->adopt)
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "the %s backend cannot work on the caller's native handles", b->name);
+    return b->adopt(ctx, origin->native_context, origin->native_queue, &ctx->state);
+}
+
+/* The one path every creation takes once the backend is known: *out is set on success only,
+ * and a failure's message goes to the calling thread's slot, prefixed with `op`. */
+static moefuse_status open_context(moefuse_context **out, const moefuse_backend_i *backend,
+                                   const state_origin *origin, const char *op)
+{
+    moefuse_context *ctx = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *ctx);
+    if (!ctx)
+        return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    atomic_init(&ctx->in_call, false);
+    ctx->backend = backend;
+    moefuse_status status = make_state(ctx, origin);
+    if (status != MOEFUSE_OK) {
+        mf_error(NULL, status, "%s: %s", op, ctx->message);
+        free(ctx);
+        return status;
+    }
+    ctx->message[0] = '\0';
+    *out = ctx;
+    return MOEFUSE_OK;
+}
+
+/* Both ways of creating a context by name; `op` names the call in messages. */
 static moefuse_status create(moefuse_context **out, const char *backend, const char *device,
                              const char *op)
 {
@@ -48,21 +89,8 @@ static moefuse_status create(moefuse_context **out, const char *backend, const c
                             is_known_backend(backend) ? "not built into this library" : "unknown",
                             moefuse_built_backends());
     }
-
-    moefuse_context *ctx = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *ctx);
-    if (!ctx)
-        return mf_error(NULL, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
-    atomic_init(&ctx->in_call, false);
-    ctx->backend = chosen;
-    moefuse_status status = chosen->init(ctx, device, &ctx->state);
-    if (status != MOEFUSE_OK) {
-        mf_error(NULL, status, "%s: %s", op, ctx->message);
-        free(ctx);
-        return status;
-    }
-    ctx->message[0] = '\0';
-    *out = ctx;
-    return MOEFUSE_OK;
+    const state_origin origin = {device, NULL, NULL};
+    return open_context(out, chosen, &origin, op);
 }
 
 moefuse_status moefuse_context_create(moefuse_context **out, const char *backend)
@@ -74,6 +102,25 @@ moefuse_status moefuse_context_create_on(moefuse_context **out, const char *back
                                          const char *device)
 {
     return create(out, backend, device, "context_create_on");
+}
+
+moefuse_status moefuse_context_create_opencl(moefuse_context **out, void *cl_context,
+                                             void *cl_queue)
+{
+    static const char op[] = "context_create_opencl";
+    if (!out)
+        return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "%s: out is NULL", op);
+    *out = NULL;
+    if (!cl_context || !cl_queue)
+        return mf_error(NULL, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
+                        cl_context ? "cl_queue" : "cl_context");
+    const moefuse_backend_i *opencl = mf_backend_find("opencl");
+    if (!opencl)
+        return mf_error(NULL, MOEFUSE_ERR_BACKEND_UNAVAILABLE,
+                        "%s: the opencl backend is not built into this library; built backends: %s",
+                        op, moefuse_built_backends());
+    const state_origin origin = {NULL, cl_context, cl_queue};
+    return open_context(out, opencl, &origin, op);
 }
 
 void moefuse_context_destroy(moefuse_context *ctx)
@@ -129,6 +176,22 @@ static moefuse_status buffer_alloc(moefuse_context *ctx, size_t bytes, void **bu
     return ctx->backend->buffer_alloc(ctx, ctx->state, bytes, buffer);
 }
 
+/* Memory the caller allocated. Backends whose tensors may lie in any memory of their device
+ * need no import: the default only checks that the buffer is such memory. */
+static moefuse_status buffer_import(moefuse_context *ctx, void *buffer)
+{
+    const moefuse_backend_i *b = ctx->backend;
+    if (!buffer)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "buffer_import: buffer is NULL");
+    if (b->buffer_import)
+        return b->buffer_import(ctx, ctx->state, buffer);
+    if (b->owns_pointer && !b->owns_pointer(ctx->state, buffer))
+        return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
+                        "buffer_import: buffer is not memory of this context's %s device",
+                        b->name);
+    return MOEFUSE_OK;
+}
+
 static moefuse_status buffer_write(moefuse_context *ctx, void *buffer, size_t offset,
                                    const void *src, size_t bytes)
 {
@@ -179,6 +242,12 @@ moefuse_status moefuse_buffer_free(moefuse_context *ctx, void *buffer)
     if (buffer)
         ctx->backend->buffer_free(ctx->state, buffer);
     return mf_leave(ctx, MOEFUSE_OK);
+}
+
+moefuse_status moefuse_buffer_import(moefuse_context *ctx, void *buffer)
+{
+    MF_TRY(mf_enter(ctx, "buffer_import"));
+    return mf_leave(ctx, buffer_import(ctx, buffer));
 }
 
 moefuse_status moefuse_buffer_write(moefuse_context *ctx, void *buffer, size_t offset,

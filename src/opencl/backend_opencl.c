@@ -11,6 +11,9 @@
 
 static bool ocl_probe(void) { return mf_ocl_any_gpu(); }
 
+/* Drops every reference the state holds. For an adopted context, its cl_context and own queue
+ * are the caller's, retained by adopt: releasing them drops ours only, and clFinish waits for
+ * our work on the caller's queue (and whatever the caller put there before it). */
 static void ocl_release(void *state)
 {
     ocl_state *s = state;
@@ -50,8 +53,8 @@ static void describe(ocl_state *s)
                     &s->compute_units, NULL);
     if (s->compute_units == 0)
         s->compute_units = 1;
-    snprintf(s->device_name, sizeof s->device_name, "%s (OpenCL, %s, %u compute units)", dev, plat,
-             (unsigned)s->compute_units);
+    snprintf(s->device_name, sizeof s->device_name, "%s (OpenCL, %s, %u compute units%s)", dev,
+             plat, (unsigned)s->compute_units, s->adopted ? ", caller's cl_context" : "");
 }
 
 /* What the program build chose, for `moefuse info` and bug reports. */
@@ -96,22 +99,46 @@ static moefuse_status build_act_tables(moefuse_context *ctx, ocl_state *s)
     return e == CL_SUCCESS ? MOEFUSE_OK : mf_ocl_fail(ctx, e, NULL, "clFinish(activation tables)");
 }
 
+static moefuse_status new_state(moefuse_context *ctx, ocl_state **out)
+{
+    *out = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof **out);
+    if (!*out)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "opencl: cannot allocate %zu bytes of state", sizeof **out);
+    return MOEFUSE_OK;
+}
+
+/* What init and adopt share once the context and the queue exist: the program, the tables and
+ * the description. On failure the state is released (with the references it holds). */
+static moefuse_status finish_state(moefuse_context *ctx, ocl_state *s, void **state)
+{
+    describe(s);
+    moefuse_status st = mf_ocl_build(ctx, s);
+    if (st == MOEFUSE_OK)
+        st = build_act_tables(ctx, s);
+    if (st != MOEFUSE_OK) {
+        ocl_release(s);
+        return st;
+    }
+    describe_build(s);
+    *state = s;
+    return MOEFUSE_OK;
+}
+
 static moefuse_status ocl_init(moefuse_context *ctx, const char *device, void **state)
 {
-    ocl_state *s = mf_fault_hit(MF_FAULT_HOST_ALLOC) ? NULL : calloc(1, sizeof *s);
-    if (!s)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "opencl: cannot allocate %zu bytes of state",
-                        sizeof *s);
+    ocl_state *s;
+    MF_TRY(new_state(ctx, &s));
     moefuse_status st = mf_ocl_pick_device(ctx, device, &s->platform, &s->device);
     if (st != MOEFUSE_OK) {
         free(s);
         return st;
     }
-    describe(s);
     cl_int e;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)s->platform, 0};
     s->context = clCreateContext(props, 1, &s->device, NULL, NULL, &e);
     if (e != CL_SUCCESS) {
+        s->context = NULL;
         ocl_release(s);
         return mf_ocl_fail(ctx, e, NULL, "clCreateContext");
     }
@@ -123,19 +150,64 @@ static moefuse_status ocl_init(moefuse_context *ctx, const char *device, void **
         return mf_ocl_fail(ctx, e, NULL, "clCreateCommandQueue");
     }
     s->queue = s->own_queue;
-    st = mf_ocl_build(ctx, s);
-    if (st != MOEFUSE_OK) {
-        ocl_release(s);
-        return st;
+    return finish_state(ctx, s, state);
+}
+
+/* The caller's queue must belong to the caller's context and keep its commands in order (the
+ * backend relies on the order of its own). Fills the device and platform from it. */
+static moefuse_status check_adopted(moefuse_context *ctx, cl_context c, cl_command_queue q,
+                                    cl_device_id *device, cl_platform_id *platform)
+{
+    cl_context qc = NULL;
+    cl_command_queue_properties qp = 0;
+    cl_int e = clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof qc, &qc, NULL);
+    if (e == CL_SUCCESS)
+        e = clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof *device, device, NULL);
+    if (e == CL_SUCCESS)
+        e = clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof qp, &qp, NULL);
+    if (e != CL_SUCCESS)
+        return mf_ocl_fail(ctx, e, NULL, "clGetCommandQueueInfo(cl_queue)");
+    if (qc != c)
+        return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
+                        "opencl: cl_queue belongs to another cl_context than the one passed as "
+                        "cl_context");
+    if (qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "opencl: cl_queue is out-of-order; moefuse needs an in-order queue");
+    e = clGetDeviceInfo(*device, CL_DEVICE_PLATFORM, sizeof *platform, platform, NULL);
+    return e == CL_SUCCESS ? MOEFUSE_OK
+                           : mf_ocl_fail(ctx, e, NULL, "clGetDeviceInfo(CL_DEVICE_PLATFORM)");
+}
+
+/* The caller's context and queue, each retained: release drops these references as it drops
+ * the ones init created, so the caller's stay valid. */
+static moefuse_status ocl_adopt(moefuse_context *ctx, void *native_context, void *native_queue,
+                                void **state)
+{
+    cl_context c = native_context;
+    cl_command_queue q = native_queue;
+    cl_device_id device = NULL;
+    cl_platform_id platform = NULL;
+    MF_TRY(check_adopted(ctx, c, q, &device, &platform));
+    ocl_state *s;
+    MF_TRY(new_state(ctx, &s));
+    s->platform = platform;
+    s->device = device;
+    s->adopted = true;
+    cl_int e = clRetainContext(c);
+    if (e != CL_SUCCESS) {
+        free(s);
+        return mf_ocl_fail(ctx, e, NULL, "clRetainContext(cl_context)");
     }
-    st = build_act_tables(ctx, s);
-    if (st != MOEFUSE_OK) {
+    s->context = c;
+    e = clRetainCommandQueue(q);
+    if (e != CL_SUCCESS) {
         ocl_release(s);
-        return st;
+        return mf_ocl_fail(ctx, e, NULL, "clRetainCommandQueue(cl_queue)");
     }
-    describe_build(s);
-    *state = s;
-    return MOEFUSE_OK;
+    s->own_queue = q;
+    s->queue = q;
+    return finish_state(ctx, s, state);
 }
 
 static const char *ocl_device_name(void *state)
@@ -215,7 +287,8 @@ static moefuse_status ocl_buffer_alloc(moefuse_context *ctx, void *state, size_t
     return MOEFUSE_OK;
 }
 
-/* Only our own handles are released; anything else is ignored (never a crash). */
+/* Only handles in the set (ours, or imported: then our reference) are released; anything else
+ * is ignored (never a crash). */
 static void ocl_buffer_free(void *state, void *buffer)
 {
     ocl_state *s = state;
@@ -223,10 +296,50 @@ static void ocl_buffer_free(void *state, void *buffer)
         clReleaseMemObject((cl_mem)buffer); /* OpenCL defers the free until queued work is done */
 }
 
+/*
+ * The caller's cl_mem, retained once and kept in the set of handles beside ours: from then on
+ * ownership, copies, bounds (CL_MEM_SIZE) and buffer_free treat it as one of ours. Only here is
+ * OpenCL asked about a handle moefuse did not make: the caller promises it is a cl_mem.
+ */
+static moefuse_status ocl_buffer_import(moefuse_context *ctx, void *state, void *buffer)
+{
+    ocl_state *s = state;
+    cl_mem m = buffer;
+    if (mf_ptrset_has(&s->buffers, m))
+        return MOEFUSE_OK; /* imported before, or allocated here: one reference is enough */
+    cl_context owner = NULL;
+    cl_mem_object_type type = 0;
+    cl_int e = clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+    if (e == CL_SUCCESS)
+        e = clGetMemObjectInfo(m, CL_MEM_TYPE, sizeof type, &type, NULL);
+    if (e != CL_SUCCESS)
+        return mf_ocl_fail(ctx, e, "buffer_import", "clGetMemObjectInfo(buffer)");
+    if (owner != s->context)
+        return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
+                        "buffer_import: buffer is a cl_mem of another cl_context than this "
+                        "context's");
+    if (type != CL_MEM_OBJECT_BUFFER)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "buffer_import: buffer is an image or pipe (cl_mem type 0x%x), not a "
+                        "buffer object",
+                        (unsigned)type);
+    e = clRetainMemObject(m);
+    if (e != CL_SUCCESS)
+        return mf_ocl_fail(ctx, e, "buffer_import", "clRetainMemObject(buffer)");
+    if (!mf_ptrset_add(&s->buffers, m)) {
+        clReleaseMemObject(m);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "buffer_import: out of host memory for the table of buffers");
+    }
+    return MOEFUSE_OK;
+}
+
 static moefuse_status not_ours(moefuse_context *ctx, const char *op)
 {
     return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
-                    "%s: the buffer was not allocated by this opencl context", op);
+                    "%s: the buffer was neither allocated by this opencl context nor imported "
+                    "into it (moefuse_buffer_import)",
+                    op);
 }
 
 static moefuse_status ocl_buffer_write(moefuse_context *ctx, void *state, void *buffer,
@@ -253,9 +366,9 @@ static moefuse_status ocl_buffer_read(moefuse_context *ctx, void *state, const v
 }
 
 /*
- * A cl_mem this context allocated. Asking OpenCL (CL_MEM_CONTEXT) would also
- * accept foreign cl_mem of our context, but crashes inside the ICD loader when
- * handed a host pointer; the public API gives out no other handles anyway.
+ * A cl_mem this context allocated or imported. Asking OpenCL (CL_MEM_CONTEXT) would also
+ * accept the caller's cl_mem of our context, but crashes inside the ICD loader when handed a
+ * host pointer: the caller's handles come in through buffer_import instead.
  */
 static bool ocl_owns_pointer(void *state, const void *data)
 {
@@ -263,8 +376,8 @@ static bool ocl_owns_pointer(void *state, const void *data)
     return mf_ptrset_has(&s->buffers, data);
 }
 
-/* The size of a cl_mem of ours: the core asks only after ocl_owns_pointer found it in the
- * set, so data is a real cl_mem and OpenCL may be asked about it. */
+/* The size of a cl_mem in the set (a sub-buffer's own size): the core asks only after
+ * ocl_owns_pointer found it there, so data is a real cl_mem and OpenCL may be asked about it. */
 static bool ocl_buffer_extent(void *state, const void *data, uint64_t *bytes)
 {
     (void)state;
@@ -279,6 +392,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .name = "opencl",
     .probe = ocl_probe,
     .init = ocl_init,
+    .adopt = ocl_adopt,
     .release = ocl_release,
     .device_name = ocl_device_name,
     .set_stream = ocl_set_stream,
@@ -290,6 +404,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .buffer_read = ocl_buffer_read,
     .owns_pointer = ocl_owns_pointer,
     .buffer_extent = ocl_buffer_extent,
+    .buffer_import = ocl_buffer_import,
     .data_is_handle = true,
     .act_quant = mf_ocl_act_quant,
     .act_mul = mf_ocl_act_mul,

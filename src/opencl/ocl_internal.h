@@ -46,8 +46,9 @@ typedef struct ocl_state {
     cl_platform_id platform;
     cl_device_id device;
     cl_context context;
-    cl_command_queue own_queue;
+    cl_command_queue own_queue; /* created by init, or the caller's adopted one (retained) */
     cl_command_queue queue; /* own_queue, or the caller's (retained) */
+    bool adopted;         /* context and own_queue are the caller's (adopt), with our reference */
     cl_program program;
     cl_kernel kernels[MF_K_COUNT_];
     size_t wg;            /* work-group size for the row / GEMM kernels (power of two) */
@@ -64,7 +65,8 @@ typedef struct ocl_state {
                            * (MOEFUSE_OPENCL_ACT_TABLE=0: the computed kernels) */
     cl_mem scratch;       /* per-call device scratch (offs of the masked rows), grown on demand */
     size_t scratch_bytes;
-    mf_ptrset buffers;    /* handles from buffer_alloc: the only memory this context owns */
+    mf_ptrset buffers;    /* handles from buffer_alloc and buffer_import, one reference each:
+                           * the only memory tensors may lie in */
     char device_name[256];
 } ocl_state;
 
