@@ -639,7 +639,8 @@ static PyObject *fc_dequant(PyObject *self, PyObject *const *args, Py_ssize_t na
     int state = enter(&s, args[0], place);
     if (state != READY)
         return not_ready(state);
-    RUN(s, S.dequant(s.handle, &q, optional(&sc), &out, &opt));
+    /* scales is required: NULL only when not given (an empty one may have no data) */
+    RUN(s, S.dequant(s.handle, &q, args[2] != Py_None ? &sc : NULL, &out, &opt));
 }
 
 /* moe_gate(ctx, x, w1, b1, topk_ids, expert_map, h, activation, order, limit) */

@@ -245,8 +245,9 @@ def dequant(q, scales, *, group_size=128, scale_layout="row_major", ue8m0=None, 
     opt = _options.quant(group_size, scale_layout, ue8m0, eps)
     with Call(c, "dequant") as call:
         tq, ts, to = call.tensor(qo), call.tensor(so), call.tensor(oo, output=True)
-        call.run(lib.moefuse_dequant, ctypes.byref(tq), _ref(ts), ctypes.byref(to),
-                 ctypes.byref(opt))
+        # scales is required: NULL only when not given (an empty one may have no data)
+        call.run(lib.moefuse_dequant, ctypes.byref(tq), ctypes.byref(ts) if so else None,
+                 ctypes.byref(to), ctypes.byref(opt))
     return out
 
 

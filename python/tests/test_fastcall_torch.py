@@ -286,6 +286,8 @@ ERRORS = {
     "moe_ids_dtype": (lambda d: lambda: moefuse.moe_forward(
         _x(d, (2, 64)), _x(d, (4, 64, 64)), _x(d, (4, 64, 32)),
         torch.zeros(2, 2, device=d), torch.zeros(2, 2, device=d)), True),
+    "dequant_without_scales": (lambda d: lambda: moefuse.dequant(
+        torch.zeros(2, 256, dtype=torch.uint8, device=d).view(FP8), None), True),
     "unknown_activation": (lambda d: lambda: moefuse.act_mul(_x(d), activation="swish"), False),
     "unknown_layout": (lambda d: lambda: moefuse.quant(_x(d), scale_layout="col"), False),
     "unknown_dtype_name": (lambda d: lambda: moefuse.act_quant(_x(d), dtype="f4"), False),
