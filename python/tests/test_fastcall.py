@@ -3,6 +3,8 @@ way of what it does not take. test_fastcall_torch.py compares it with the ctypes
 """
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,3 +31,15 @@ def test_numpy_arrays_take_the_ctypes_path():
     q, s = moefuse.act_quant(np.ones((2, 256), np.float32))
     assert q.shape == (2, 128) and s.shape == (2, 1)
     assert _fast.call.calls() == before
+
+
+def test_import_moefuse_does_not_import_torch():
+    """Importing the package stays cheap: torch is read only when the caller already has it."""
+    where = os.path.dirname(os.path.dirname(os.path.abspath(moefuse.__file__)))
+    path = os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", "import sys, moefuse; moefuse.act_mul("
+                          "__import__('numpy').zeros((2, 256), 'float32')); "
+                          "print('torch' in sys.modules)"],
+                         env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False"]
