@@ -23,8 +23,9 @@ def _choice(value, names, what):
 def _shared(build):
     """One struct per distinct set of keyword values: the C API only reads them, and
     building a ctypes struct on every call costs more than the lookup. Unhashable
-    values (a list by mistake) are built afresh, so their error stays the usual one."""
-    cached = functools.lru_cache(maxsize=64)(build)
+    values (a list by mistake) are built afresh, so their error stays the usual one. Typed: True
+    and 1 are equal keys otherwise, and True is refused where 1 is a raw enum value."""
+    cached = functools.lru_cache(maxsize=64, typed=True)(build)
 
     @functools.wraps(build)
     def get(*args):
