@@ -342,6 +342,8 @@ static int current_device(void)
         return -1;
     long d = PyLong_AsLong(r);
     Py_DECREF(r);
+    if ((d < 0 || d > INT32_MAX) && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "moefuse: torch gave CUDA device %ld", d);
     return d < 0 || d > INT32_MAX ? -1 : (int)d;
 }
 
@@ -375,14 +377,64 @@ static void raise_status(moefuse_status status, PyObject *message)
     }
 }
 
-static void release(session *s)
+/* The pending exception, cleared (NULL when none): Python may not be called while one is set,
+ * and the cleanup after a failure calls torch and the lock. */
+static PyObject *set_aside(void)
 {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL)
+        PyException_SetTraceback(value, traceback);
+    Py_DECREF(type);
+    Py_XDECREF(traceback);
+    return value;
+#endif
+}
+
+/* Raises exc again (a reference set_aside gave). */
+static void put_back(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type = (PyObject *)Py_TYPE(exc);
+    Py_INCREF(type);
+    PyErr_Restore(type, exc, PyException_GetTraceback(exc));
+#endif
+}
+
+/* Makes the previous device current again and releases the lock. An exception already set
+ * stays the one raised; 0 when restoring the device failed (its exception is then set). */
+static int finish(session *s)
+{
+    PyObject *earlier = set_aside(), *failure = NULL;
+    if (s->device >= 0 && !make_current(s->device))
+        failure = set_aside();
     PyObject *r = call0(s->lock, s_release);
-    if (r == NULL) /* a lock we acquired: releasing it cannot fail; keep any earlier error */
+    if (r == NULL) /* a lock this thread acquired: release cannot fail */
         PyErr_WriteUnraisable(s->lock);
     Py_XDECREF(r);
     Py_DECREF(s->lock);
     Py_DECREF(s->ctx);
+    if (earlier != NULL) {
+        if (failure != NULL) { /* report the second failure without hiding the first */
+            put_back(failure);
+            PyErr_WriteUnraisable(NULL);
+        }
+        put_back(earlier);
+        return 1;
+    }
+    if (failure != NULL) {
+        put_back(failure);
+        return 0;
+    }
+    return 1;
 }
 
 /* The stream torch runs on for `device`, attached to the context unless it already is
@@ -484,9 +536,7 @@ static int enter(session *s, PyObject *ctx_arg, int place)
     return READY;
 
 failed:
-    if (s->device >= 0 && !make_current(s->device))
-        PyErr_WriteUnraisable(NULL);
-    release(s);
+    finish(s); /* keeps the exception that got here */
     return FAILED;
 }
 
@@ -495,17 +545,20 @@ failed:
 static PyObject *leave(session *s, moefuse_status status)
 {
     PyObject *message = status != MOEFUSE_OK ? message_of(s->handle) : NULL;
-    int restored = s->device < 0 || make_current(s->device);
-    release(s);
+    int restored = finish(s);
     S.calls++;
-    if (status != MOEFUSE_OK) {
-        raise_status(status, message);
-        Py_XDECREF(message);
-        return NULL;
+    if (status == MOEFUSE_OK) {
+        if (!restored)
+            return NULL;
+        Py_RETURN_TRUE;
     }
-    if (!restored)
+    if (message == NULL) /* decoding it failed: that exception is set */
         return NULL;
-    Py_RETURN_TRUE;
+    if (!restored) /* the call's failure is the one to raise; show the other */
+        PyErr_WriteUnraisable(NULL);
+    raise_status(status, message);
+    Py_DECREF(message);
+    return NULL;
 }
 
 /* The call's result when enter() did not make it READY. */

@@ -505,3 +505,132 @@ def test_fast_path_runs_on_the_tensors_device(cuda):
         _fast.set_enabled(True)
     torch.cuda.synchronize(1)
     assert torch.equal(out, slow)
+
+
+# ---------------------------------------------------------------- CUDA logic, without a GPU
+
+class StandInCudaTensor:
+    """What the fast path reads of a CUDA tensor on device `index`, over a CPU tensor's memory."""
+
+    is_cuda, is_cpu = True, False
+
+    def __init__(self, t, index):
+        self.t, self.index, self.dtype, self.shape = t, index, t.dtype, t.shape
+
+    def get_device(self):
+        return self.index
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    def stride(self):
+        return self.t.stride()
+
+
+@pytest.fixture
+def stand_in_cuda():
+    """The fast path bound to StandInCudaTensor and to stand-ins of torch's device and stream
+    functions that log their calls; a cpu context that says it is "cuda" (so the library
+    refuses any stream but runs the call on host memory). Rebinds torch afterwards."""
+    from moefuse import _capi, _dtypes
+    state = {"device": 0, "log": [], "fail_set": None}
+
+    def get_device():
+        state["log"].append("get")
+        return state["device"]
+
+    def set_device(index):
+        state["log"].append(("set", index))
+        if state["fail_set"] == index:
+            raise RuntimeError(f"stand-in: cannot set device {index}")
+        state["device"] = index
+
+    def raw_stream(index):
+        state["log"].append(("stream", index))
+        return 0  # torch's default stream: the legacy stream, handle 1 for moefuse
+
+    dtypes = tuple(getattr(torch, _dtypes._TORCH[name]) for name in _capi.DTYPE_NAMES)
+    _fast._bind_torch(torch)  # now, or a first torch tensor would bind it over the stand-ins
+    _fast.call.bind_torch((StandInCudaTensor,), dtypes, get_device, set_device, raw_stream)
+    ctx = moefuse.Context("cpu")
+    ctx.backend = "cuda"
+    try:
+        yield state, ctx
+    finally:
+        ctx.close()
+        _fast._bind_torch(torch)
+
+
+def _lock_is_free(ctx):
+    """Whether another thread can take the context's lock (an RLock: this one always could)."""
+    free = []
+
+    def take():
+        free.append(ctx._lock.acquire(timeout=5))
+        if free[0]:
+            ctx._lock.release()
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    return free[0]
+
+
+def _stand_in_act_mul(ctx, x, out):
+    return _fast.call.act_mul(ctx, StandInCudaTensor(x, 1), None, StandInCudaTensor(out, 1),
+                              "silu", "gate_first", 0.0, None)
+
+
+def test_cuda_device_is_switched_for_the_call_and_back(stand_in_cuda):
+    state, ctx = stand_in_cuda
+    x, out = torch.randn(4, 512), torch.zeros(4, 256)
+    ctx._stream = 1  # as if torch's legacy stream were attached: no moefuse_set_stream
+    assert _stand_in_act_mul(ctx, x, out) is True
+    assert state["log"] == ["get", ("set", 1), ("stream", 1), ("set", 0)]
+    assert torch.equal(out, moefuse.act_mul(x))
+    state["log"].clear()
+    state["device"] = 1  # already current: no switch
+    assert _stand_in_act_mul(ctx, x, out) is True
+    assert state["log"] == ["get", ("stream", 1)]
+    assert _lock_is_free(ctx)
+
+
+def test_cuda_stream_refused_raises_the_library_error_and_cleans_up(stand_in_cuda):
+    state, ctx = stand_in_cuda
+    x, out = torch.randn(4, 512), torch.zeros(4, 256)
+    with pytest.raises(moefuse.UnsupportedError) as info:
+        _stand_in_act_mul(ctx, x, out)  # ctx._stream is None: the legacy stream is set
+    with pytest.raises(moefuse.UnsupportedError) as ctypes_info:
+        ctx.set_stream(1)  # what the ctypes path raises for it
+    assert str(info.value) == str(ctypes_info.value)
+    assert state["log"] == ["get", ("set", 1), ("stream", 1), ("set", 0)]
+    assert ctx._stream is None and _lock_is_free(ctx) and not torch.any(out)
+
+
+def test_cuda_call_failure_restores_the_device(stand_in_cuda):
+    state, ctx = stand_in_cuda
+    ctx._stream = 1
+    with pytest.raises(moefuse.ShapeError, match="out"):
+        _stand_in_act_mul(ctx, torch.randn(4, 512), torch.zeros(4, 255))
+    assert state["log"][-1] == ("set", 0) and state["device"] == 0 and _lock_is_free(ctx)
+
+
+def test_cuda_device_that_cannot_be_set(stand_in_cuda):
+    state, ctx = stand_in_cuda
+    ctx._stream = 1
+    x, out = torch.randn(4, 512), torch.zeros(4, 256)
+    state["fail_set"] = 1  # switching to the tensors' device fails: nothing runs
+    with pytest.raises(RuntimeError, match="cannot set device 1"):
+        _stand_in_act_mul(ctx, x, out)
+    assert not torch.any(out) and _lock_is_free(ctx)
+    state.update(fail_set=0, device=0)  # the call runs; making device 0 current again fails
+    with pytest.raises(RuntimeError, match="cannot set device 0"):
+        _stand_in_act_mul(ctx, x, out)
+    assert torch.equal(out, moefuse.act_mul(x)) and _lock_is_free(ctx)
+
+
+def test_cuda_operands_on_two_devices_are_left_to_ctypes(stand_in_cuda):
+    state, ctx = stand_in_cuda
+    x, out = torch.randn(4, 512), torch.zeros(4, 256)
+    taken = _fast.call.act_mul(ctx, StandInCudaTensor(x, 0), None, StandInCudaTensor(out, 1),
+                               "silu", "gate_first", 0.0, None)
+    assert taken is False and state["log"] == [] and _lock_is_free(ctx)
