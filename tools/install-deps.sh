@@ -3,7 +3,8 @@
 # Compilers, Meson and CMake (CI builds a program against the installed library
 # with it), Check for the tests, OpenBLAS for the benchmark ceiling,
 # the OpenCL headers, ICD loader and PoCL (a CPU OpenCL platform), and Python
-# with venv for the Python package (pip install .).
+# with venv and its headers for the Python package (pip install . compiles its
+# fast path, python/moefuse/_fastcall.c, a CPython extension).
 set -eu
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -14,4 +15,4 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     check libsubunit-dev \
     libopenblas-dev \
     ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo \
-    python3 python3-venv >/dev/null
+    python3 python3-venv python3-dev >/dev/null

@@ -9,7 +9,10 @@ exception: they are copied through backend memory; moefuse.Buffer avoids that).
     x = np.random.randn(4, 512).astype(np.float32)   # [T, 2H]: gate | up
     q, scales = moefuse.act_quant(x)                   # FP8 e4m3 codes, groups of 128
 
-README.md's Python section has a fuller example; docs/PYTHON.md has the reference.
+Calls on torch tensors take a compiled fast path (_fast.py, _fastcall.c) where it is built;
+`import moefuse.torch_ops` defines torch.ops.moefuse.* for torch.compile (it imports torch,
+which `import moefuse` never does). README.md's Python section has a fuller example;
+docs/PYTHON.md has the reference.
 """
 
 from ._capi import library_path

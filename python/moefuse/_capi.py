@@ -5,7 +5,8 @@ compares sizes and offsets with what a C compiler gives for the same header.
 """
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_void_p
+from ctypes import (POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint,
+                    c_void_p)
 
 from . import _library
 
@@ -106,6 +107,7 @@ status_t = moefuse_enum
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "moefuse_status_name": (c_char_p, [status_t]),
+    "moefuse_version": (c_uint, []),
     "moefuse_tensor_dense": (Tensor, [c_void_p, moefuse_enum, c_int32, POINTER(c_int64)]),
     "moefuse_tensor_strided": (Tensor, [c_void_p, moefuse_enum, c_int32, POINTER(c_int64),
                                         POINTER(c_int64)]),

@@ -23,8 +23,9 @@ def _choice(value, names, what):
 def _shared(build):
     """One struct per distinct set of keyword values: the C API only reads them, and
     building a ctypes struct on every call costs more than the lookup. Unhashable
-    values (a list by mistake) are built afresh, so their error stays the usual one."""
-    cached = functools.lru_cache(maxsize=64)(build)
+    values (a list by mistake) are built afresh, so their error stays the usual one. Typed: True
+    and 1 are equal keys otherwise, and True is refused where 1 is a raw enum value."""
+    cached = functools.lru_cache(maxsize=64, typed=True)(build)
 
     @functools.wraps(build)
     def get(*args):
@@ -73,8 +74,10 @@ def moe(activation, order, limit):
                             limit=float(limit or 0.0))
 
 
+@_shared
 def scales_shape(layout, rows, hidden, group_size, experts=None):
-    """Shape of the scales tensor the C API expects (for allocating it)."""
+    """Shape of the scales tensor the C API expects (for allocating it). Cached: it is worked
+    out on every call that allocates scales (symbolic sizes, unhashable, are not cached)."""
     g = int(group_size or DEFAULT_GROUP)
     # Invalid sizes get some shape: the C API refuses the options before looking at it.
     groups = hidden // g if g > 0 and hidden % g == 0 else 1
@@ -89,6 +92,7 @@ def scales_shape(layout, rows, hidden, group_size, experts=None):
     return inner if experts is None else (experts,) + inner
 
 
+@_shared
 def scales_dtype(layout, scale_dtype):
     if scale_dtype is not None:
         return scale_dtype

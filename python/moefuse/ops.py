@@ -6,20 +6,75 @@ lives, and returns them. `ctx` is a Context, a backend name, or None: the cuda
 context of the inputs' device for CUDA tensors, else the cpu one.
 Shapes, dtypes and strides are judged by the C API; its message is raised as a
 moefuse.Error subclass (ShapeError, DtypeError, ...).
+
+A call whose first input is a torch tensor is offered to the compiled fast path first
+(_fast.py): the results it is not given are allocated here with torch, and `_fast.call.<op>`
+runs the call, or returns False for whatever it does not take (an operand that is no torch
+tensor, memory on another device, an option name it does not know, ...). Such calls, and
+any exception while allocating, go on to the ctypes path below, which raises in its own order.
+The shapes of results come from the _*_shape(s) functions, which torch_ops.py's fake kernels
+use as well.
 """
 
 import ctypes
 
-from . import _capi, _dtypes, _options, _tensors
+from . import _capi, _dtypes, _fast, _options, _tensors
 from ._call import Call, resolve_context
 from ._capi import lib
 
 
-def _dims(operand, rank):
-    """The operand's shape when it has `rank` dims, else ones (the C API will refuse it)."""
-    if operand is not None and len(operand.shape) == rank:
-        return operand.shape
+def _dims(array, rank):
+    """The shape of an array (an Operand, a tensor) when it has `rank` dims, else ones (the C API
+    will refuse it)."""
+    if array is not None and len(array.shape) == rank:
+        return array.shape
     return (1,) * rank
+
+
+# Result shapes, for x, w1, ... as Operands or tensors (real or fake).
+
+def _quant_shapes(rows, hidden, group_size, scale_layout, experts=None):
+    """q's shape and the scales' for `rows` rows of `hidden` values (per expert)."""
+    lead = (rows, hidden) if experts is None else (experts, rows, hidden)
+    return lead, _options.scales_shape(scale_layout, rows, hidden, group_size, experts)
+
+
+def _act_quant_shapes(x, group_size, scale_layout):
+    T, width = _dims(x, 2)
+    return _quant_shapes(T, width // 2, group_size, scale_layout)
+
+
+def _act_quant_masked_shapes(x, group_size, scale_layout):
+    E, Tmax, width = _dims(x, 3)
+    return _quant_shapes(Tmax, width // 2, group_size, scale_layout, experts=E)
+
+
+def _quant_shapes_of(x, group_size, scale_layout):
+    T, H = _dims(x, 2)
+    return _quant_shapes(T, H, group_size, scale_layout)
+
+
+def _act_mul_shape(x):
+    T, width = _dims(x, 2)
+    return T, width // 2
+
+
+def _topk_shape(logits, k):
+    return _dims(logits, 2)[0], k
+
+
+def _moe_gate_shape(x, w1, topk_ids):
+    return _dims(x, 2)[0], _dims(topk_ids, 2)[1], _dims(w1, 3)[1] // 2
+
+
+def _moe_final_shape(h, w2, reduce):
+    M, k, _ = _dims(h, 3)
+    K = _dims(w2, 3)[1]
+    return (M, K) if reduce else (M, k, K)
+
+
+def _fast_result(given, x, shape, dtype, zero=False):
+    return given if given is not None else _fast.empty(x, shape, dtype, zero)
 
 
 def _ref(t):
@@ -43,14 +98,25 @@ def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit
     Scales are f32 unless scale_dtype="u8" (UE8M0 exponents, with ue8m0=True).
     intermediate="bf16" rounds act(gate) and h to bf16 as unfused engines do.
     """
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            q, s = out, scales
+            if q is None or s is None:
+                q_shape, s_shape = _act_quant_shapes(x, group_size, scale_layout)
+                q = _fast_result(q, x, q_shape, dtype)
+                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype))
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.act_quant(ctx, x, row_scale, q, s, activation, order, limit,
+                                    intermediate, group_size, scale_layout, ue8m0, eps):
+                return q, s
     xo = _tensors.describe(x, "x")
     rs = _tensors.describe(row_scale, "row_scale")
     c = resolve_context(ctx, [xo, rs])
-    T, width = _dims(xo, 2)
-    H = width // 2
-    out, qo = _result(out, "q", xo, (T, H), dtype)
-    scales, so = _result(scales, "scales", xo,
-                         _options.scales_shape(scale_layout, T, H, group_size),
+    q_shape, s_shape = _act_quant_shapes(xo, group_size, scale_layout)
+    out, qo = _result(out, "q", xo, q_shape, dtype)
+    scales, so = _result(scales, "scales", xo, s_shape,
                          _options.scales_dtype(scale_layout, scale_dtype))
     opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
                                 quant=_options.quant(group_size, scale_layout, ue8m0, eps))
@@ -71,16 +137,29 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
     Rows t >= counts[e] are left as they are (0 in results this function allocates)
     unless zero_tail=True. Scales get a leading E: [E, Tmax, H/G], [E, H/G, Ta], ...
     """
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            q, s = out, scales
+            if q is None or s is None:
+                q_shape, s_shape = _act_quant_masked_shapes(x, group_size, scale_layout)
+                q = _fast_result(q, x, q_shape, dtype, zero=True)
+                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype),
+                                 zero=True)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.act_quant_masked(ctx, x, counts, row_scale, expert_scale, q, s,
+                                           activation, order, limit, intermediate, group_size,
+                                           scale_layout, ue8m0, eps, zero_tail):
+                return q, s
     xo = _tensors.describe(x, "x")
     co = _tensors.describe(counts, "counts")
     rs = _tensors.describe(row_scale, "row_scale")
     es = _tensors.describe(expert_scale, "expert_scale")
     c = resolve_context(ctx, [xo, co, rs, es])
-    E, Tmax, width = _dims(xo, 3)
-    H = width // 2
-    out, qo = _result(out, "q", xo, (E, Tmax, H), dtype, zero=True)
-    scales, so = _result(scales, "scales", xo,
-                         _options.scales_shape(scale_layout, Tmax, H, group_size, experts=E),
+    q_shape, s_shape = _act_quant_masked_shapes(xo, group_size, scale_layout)
+    out, qo = _result(out, "q", xo, q_shape, dtype, zero=True)
+    scales, so = _result(scales, "scales", xo, s_shape,
                          _options.scales_dtype(scale_layout, scale_dtype), zero=True)
     opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
                                 quant=_options.quant(group_size, scale_layout, ue8m0, eps),
@@ -96,11 +175,18 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
 def act_mul(x, *, row_scale=None, activation="silu", order="gate_first", limit=0.0,
             intermediate=None, out=None, ctx=None):
     """act(gate) * up [* row_scale] for x [T, 2H], in x's dtype: out [T, H] (SwiGLU, GeGLU)."""
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            o = _fast_result(out, x, _act_mul_shape(x), x.dtype)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.act_mul(ctx, x, row_scale, o, activation, order, limit, intermediate):
+                return o
     xo = _tensors.describe(x, "x")
     rs = _tensors.describe(row_scale, "row_scale")
     c = resolve_context(ctx, [xo, rs])
-    T, width = _dims(xo, 2)
-    out, oo = _result(out, "out", xo, (T, width // 2), xo.dtype)
+    out, oo = _result(out, "out", xo, _act_mul_shape(xo), xo.dtype)
     opt = _options.act(activation, order, limit, intermediate)
     with Call(c, "act_mul") as call:
         tx, tr, to = call.tensor(xo), call.tensor(rs), call.tensor(oo, output=True)
@@ -112,12 +198,23 @@ def act_mul(x, *, row_scale=None, activation="silu", order="gate_first", limit=0
 def quant(x, *, group_size=128, scale_layout="row_major", ue8m0=False, eps=None,
           dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
     """Per-token-group quantization of x [T, H]: returns (q [T, H], scales)."""
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            q, s = out, scales
+            if q is None or s is None:
+                q_shape, s_shape = _quant_shapes_of(x, group_size, scale_layout)
+                q = _fast_result(q, x, q_shape, dtype)
+                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype))
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.quant(ctx, x, q, s, group_size, scale_layout, ue8m0, eps):
+                return q, s
     xo = _tensors.describe(x, "x")
     c = resolve_context(ctx, [xo])
-    T, H = _dims(xo, 2)
-    out, qo = _result(out, "q", xo, (T, H), dtype)
-    scales, so = _result(scales, "scales", xo,
-                         _options.scales_shape(scale_layout, T, H, group_size),
+    q_shape, s_shape = _quant_shapes_of(xo, group_size, scale_layout)
+    out, qo = _result(out, "q", xo, q_shape, dtype)
+    scales, so = _result(scales, "scales", xo, s_shape,
                          _options.scales_dtype(scale_layout, scale_dtype))
     opt = _options.quant(group_size, scale_layout, ue8m0, eps)
     with Call(c, "quant") as call:
@@ -131,6 +228,14 @@ def dequant(q, scales, *, group_size=128, scale_layout="row_major", ue8m0=None, 
             dtype="f32", out=None, ctx=None):
     """out [T, H] = q * scale, in `dtype` (f32, f16 or bf16). ue8m0=None: True when the
     scales are u8 exponents."""
+    if type(q) in _fast.TENSORS or _fast.first_torch(q):
+        try:
+            o = _fast_result(out, q, _dims(q, 2), dtype)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.dequant(ctx, q, scales, o, group_size, scale_layout, ue8m0, eps):
+                return o
     qo = _tensors.describe(q, "q")
     so = _tensors.describe(scales, "scales")
     c = resolve_context(ctx, [qo, so])
@@ -140,8 +245,9 @@ def dequant(q, scales, *, group_size=128, scale_layout="row_major", ue8m0=None, 
     opt = _options.quant(group_size, scale_layout, ue8m0, eps)
     with Call(c, "dequant") as call:
         tq, ts, to = call.tensor(qo), call.tensor(so), call.tensor(oo, output=True)
-        call.run(lib.moefuse_dequant, ctypes.byref(tq), _ref(ts), ctypes.byref(to),
-                 ctypes.byref(opt))
+        # scales is required: NULL only when not given (an empty one may have no data)
+        call.run(lib.moefuse_dequant, ctypes.byref(tq), ctypes.byref(ts) if so else None,
+                 ctypes.byref(to), ctypes.byref(opt))
     return out
 
 
@@ -155,14 +261,20 @@ def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
     """h [M, k, I] = act(x @ w1[e]^T + b1[e]) gated, per routed slot. x [M, K],
     w1 [E, 2I, K], topk_ids [M, k] i32, expert_map optional [E_global] i32.
     Invalid slots (bad id, or mapped to -1) give rows of 0. dtype: h's, default x's."""
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            h = _fast_result(out, x, _moe_gate_shape(x, w1, topk_ids), dtype or x.dtype)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.moe_gate(ctx, x, w1, b1, topk_ids, expert_map, h, activation, order,
+                                   limit):
+                return h
     ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (b1, "b1"),
                                                 (topk_ids, "topk_ids"), (expert_map, "expert_map"))]
     xo, wo, bo, io, mo = ops
     c = resolve_context(ctx, ops)
-    M = _dims(xo, 2)[0]
-    k = _dims(io, 2)[1]
-    I = _dims(wo, 3)[1] // 2
-    out, ho = _result(out, "h", xo, (M, k, I), dtype or xo.dtype)
+    out, ho = _result(out, "h", xo, _moe_gate_shape(xo, wo, io), dtype or xo.dtype)
     opt = _options.moe(activation, order, limit)
     with Call(c, "moe_gate") as call:
         tx, tw, tb = call.tensor(xo), call.tensor(wo), call.tensor(bo)
@@ -178,15 +290,21 @@ def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, r
     """y = h[m, j] @ w2[e]^T + b2[e] per slot; reduce=True: out [M, K] = sum over j in order of
     topk_weights[m, j] * y (f32, rounded once); reduce=False: out [M, k, K] = y.
     A given out decides by its rank. dtype: out's, default h's."""
+    if type(h) in _fast.TENSORS or _fast.first_torch(h):
+        try:
+            o = _fast_result(out, h, _moe_final_shape(h, w2, reduce), dtype or h.dtype)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.moe_final(ctx, h, w2, b2, topk_ids, topk_weights, expert_map, o):
+                return o
     ops = [_tensors.describe(a, n) for a, n in ((h, "h"), (w2, "w2"), (b2, "b2"),
                                                 (topk_ids, "topk_ids"),
                                                 (topk_weights, "topk_weights"),
                                                 (expert_map, "expert_map"))]
     ho, wo, bo, io, wto, mo = ops
     c = resolve_context(ctx, ops)
-    M, k, _ = _dims(ho, 3)
-    K = _dims(wo, 3)[1]
-    out, oo = _result(out, "out", ho, (M, K) if reduce else (M, k, K), dtype or ho.dtype)
+    out, oo = _result(out, "out", ho, _moe_final_shape(ho, wo, reduce), dtype or ho.dtype)
     opt = _options.moe("silu", "gate_first", 0.0)
     with Call(c, "moe_final") as call:
         th, tw, tb = call.tensor(ho), call.tensor(wo), call.tensor(bo)
@@ -202,6 +320,15 @@ def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_m
                 ctx=None):
     """The whole MoE layer: out [M, K] = sum over the k routed experts of
     topk_weights * (act(x @ w1^T + b1) gated @ w2^T + b2). dtype: out's, default x's."""
+    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+        try:
+            o = _fast_result(out, x, _dims(x, 2), dtype or x.dtype)
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.moe_forward(ctx, x, w1, w2, b1, b2, topk_ids, topk_weights, expert_map,
+                                      o, activation, order, limit):
+                return o
     ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (w2, "w2"), (b1, "b1"),
                                                 (b2, "b2"), (topk_ids, "topk_ids"),
                                                 (topk_weights, "topk_weights"),
@@ -225,16 +352,29 @@ def topk_softmax(logits, k=None, *, renormalize=False, ids=None, weights=None, c
     """Router: softmax over logits [M, E] in f32, the k largest in descending order
     (ties to the lower id). Returns (ids [M, k] i32, weights [M, k] f32); k defaults
     to ids' width when ids is given."""
+    if (type(logits) in _fast.TENSORS or _fast.first_torch(logits)) and \
+            (k is not None or ids is not None):
+        try:
+            i, w = ids, weights
+            if i is None or w is None:
+                shape = _topk_shape(logits, k if k is not None else _dims(ids, 2)[1])
+                i = _fast_result(i, logits, shape, "i32")
+                w = _fast_result(w, logits, shape, "f32")
+        except Exception:  # the ctypes path raises it, after its own checks
+            pass
+        else:
+            if _fast.call.topk_softmax(ctx, logits, renormalize, i, w):
+                return i, w
     lo = _tensors.describe(logits, "logits")
     io = _tensors.describe(ids, "ids")
     c = resolve_context(ctx, [lo])
-    M = _dims(lo, 2)[0]
     if k is None:
         if io is None:
             raise TypeError("moefuse topk_softmax: give k, or ids to write into")
         k = _dims(io, 2)[1]
-    ids, io = _result(ids, "ids", lo, (M, k), "i32")
-    weights, wo = _result(weights, "weights", lo, (M, k), "f32")
+    shape = _topk_shape(lo, k)
+    ids, io = _result(ids, "ids", lo, shape, "i32")
+    weights, wo = _result(weights, "weights", lo, shape, "f32")
     with Call(c, "topk_softmax") as call:
         tl, ti, tw = call.tensor(lo), call.tensor(io, output=True), call.tensor(wo, output=True)
         call.run(lib.moefuse_topk_softmax, ctypes.byref(tl), int(bool(renormalize)),

@@ -63,6 +63,14 @@ def test_option_names_are_checked():
         moefuse.quant(x, scale_layout="col")
 
 
+def test_a_bool_is_no_enum_value_even_after_its_int():
+    """Raw ints pass as enum values, bools do not, whatever was called before."""
+    x = np.zeros((2, 256), np.float32)
+    moefuse.act_mul(x, activation=1)
+    with pytest.raises(moefuse.InvalidArgumentError, match="activation True is not one of"):
+        moefuse.act_mul(x, activation=True)
+
+
 def test_strides_and_alignment_are_judged_by_the_library(ctx, rng):
     x = random_input(rng, (4, 512), "f32")
     with pytest.raises(moefuse.StrideError, match="x innermost stride is 2"):

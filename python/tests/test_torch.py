@@ -190,6 +190,8 @@ def test_no_tokens(device, gen):
     assert out.shape == (0, x.shape[1]) and out.device == x.device
     q, s = moefuse.act_quant(torch.empty(0, 1024, device=device, dtype=torch.bfloat16))
     assert q.shape == (0, 512) and s.shape == (0, 4)
+    back = moefuse.dequant(q, s)  # the empty scales have no data but are given
+    assert back.shape == (0, 512) and back.dtype == torch.float32
 
 
 def test_moe_gate_final_with_bias_map_and_invalid_ids(device, gen):

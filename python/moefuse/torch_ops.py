@@ -1,0 +1,157 @@
+"""moefuse's operations as PyTorch custom operators: torch.ops.moefuse.*.
+
+    import moefuse.torch_ops      # imports torch, defines torch.ops.moefuse.*
+    ids, weights = torch.ops.moefuse.topk_softmax(logits, 8)
+
+`import moefuse` alone neither imports torch nor defines these. Each operator is functional
+(it returns new tensors and writes none of its inputs), has CPU and CUDA kernels that call the
+moefuse function of the same name (ops.py, through the fast path), and a fake kernel that
+gives the results' shapes and dtypes from the same shape functions ops.py allocates with, so
+torch.compile traces them without graph breaks and CUDA graphs capture them. There is no
+autograd formula: use them for inference (torch.no_grad, torch.inference_mode).
+Options are those of the moefuse functions, with dtypes as moefuse names ("f8_e4m3", "bf16").
+"""
+
+import torch
+
+from . import _fast, _options, ops
+
+NAMESPACE = "moefuse"
+
+_GATED = 'str activation="silu", str order="gate_first", float limit=0.0'
+_ACT = _GATED + ', str? intermediate=None'
+_QUANT = ('int group_size=128, str scale_layout="row_major", bool ue8m0=False, float? eps=None, '
+          'str dtype="f8_e4m3", str? scale_dtype=None')
+
+# name -> schema; the argument names and defaults are those of the moefuse functions.
+SCHEMAS = {
+    "topk_softmax":
+        "(Tensor logits, int k, bool renormalize=False) -> (Tensor ids, Tensor weights)",
+    "act_quant":
+        f"(Tensor x, *, Tensor? row_scale=None, {_ACT}, {_QUANT}) -> (Tensor q, Tensor scales)",
+    "act_quant_masked":
+        f"(Tensor x, Tensor counts, *, Tensor? row_scale=None, Tensor? expert_scale=None, "
+        f"{_ACT}, {_QUANT}, bool zero_tail=False) -> (Tensor q, Tensor scales)",
+    "act_mul":
+        f"(Tensor x, *, Tensor? row_scale=None, {_ACT}) -> Tensor",
+    "quant":
+        f"(Tensor x, *, {_QUANT}) -> (Tensor q, Tensor scales)",
+    "dequant":
+        '(Tensor q, Tensor scales, *, int group_size=128, str scale_layout="row_major", '
+        'bool? ue8m0=None, float? eps=None, str dtype="f32") -> Tensor',
+    "moe_gate":
+        f"(Tensor x, Tensor w1, Tensor topk_ids, *, Tensor? b1=None, Tensor? expert_map=None, "
+        f"{_GATED}, str? dtype=None) -> Tensor",
+    "moe_final":
+        "(Tensor h, Tensor w2, Tensor topk_ids, Tensor? topk_weights=None, *, Tensor? b2=None, "
+        "Tensor? expert_map=None, bool reduce=True, str? dtype=None) -> Tensor",
+    "moe_forward":
+        f"(Tensor x, Tensor w1, Tensor w2, Tensor topk_ids, Tensor topk_weights, *, "
+        f"Tensor? b1=None, Tensor? b2=None, Tensor? expert_map=None, {_GATED}, "
+        f"str? dtype=None) -> Tensor",
+}
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def _topk_softmax(logits, k, renormalize=False):
+    return ops.topk_softmax(logits, k, renormalize=renormalize)
+
+
+def _moe_call(op, *args, **kwargs):
+    """Every MoE kernel goes through here: the one place to hand the library scratch memory
+    from torch's allocator once the C API takes a caller's workspace."""
+    return op(*args, **kwargs)
+
+
+def _moe_gate(x, w1, topk_ids, **options):
+    return _moe_call(ops.moe_gate, x, w1, topk_ids, **options)
+
+
+def _moe_final(h, w2, topk_ids, topk_weights=None, **options):
+    return _moe_call(ops.moe_final, h, w2, topk_ids, topk_weights, **options)
+
+
+def _moe_forward(x, w1, w2, topk_ids, topk_weights, **options):
+    return _moe_call(ops.moe_forward, x, w1, w2, topk_ids, topk_weights, **options)
+
+
+# The row operations take the schema's keyword arguments as they are.
+KERNELS = {
+    "topk_softmax": _topk_softmax,
+    "act_quant": ops.act_quant,
+    "act_quant_masked": ops.act_quant_masked,
+    "act_mul": ops.act_mul,
+    "quant": ops.quant,
+    "dequant": ops.dequant,
+    "moe_gate": _moe_gate,
+    "moe_final": _moe_final,
+    "moe_forward": _moe_forward,
+}
+
+
+# ------------------------------------------------------------------ fake kernels
+# Shapes from ops.py's shape functions, dtypes as ops.py resolves them: what the kernels return.
+
+
+def _quant_results(x, shapes, dtype, scale_layout, scale_dtype):
+    q_shape, s_shape = shapes
+    return (_fast.empty(x, q_shape, dtype),
+            _fast.empty(x, s_shape, _options.scales_dtype(scale_layout, scale_dtype)))
+
+
+def _fake_topk_softmax(logits, k, renormalize=False):
+    shape = ops._topk_shape(logits, k)
+    return _fast.empty(logits, shape, "i32"), _fast.empty(logits, shape, "f32")
+
+
+def _fake_act_quant(x, *, group_size=128, scale_layout="row_major", dtype="f8_e4m3",
+                    scale_dtype=None, **_):
+    return _quant_results(x, ops._act_quant_shapes(x, group_size, scale_layout), dtype,
+                          scale_layout, scale_dtype)
+
+
+def _fake_act_quant_masked(x, counts, *, group_size=128, scale_layout="row_major",
+                           dtype="f8_e4m3", scale_dtype=None, **_):
+    return _quant_results(x, ops._act_quant_masked_shapes(x, group_size, scale_layout), dtype,
+                          scale_layout, scale_dtype)
+
+
+def _fake_act_mul(x, **_):
+    return _fast.empty(x, ops._act_mul_shape(x), x.dtype)
+
+
+def _fake_quant(x, *, group_size=128, scale_layout="row_major", dtype="f8_e4m3",
+                scale_dtype=None, **_):
+    return _quant_results(x, ops._quant_shapes_of(x, group_size, scale_layout), dtype,
+                          scale_layout, scale_dtype)
+
+
+def _fake_dequant(q, scales, *, dtype="f32", **_):
+    return _fast.empty(q, ops._dims(q, 2), dtype)
+
+
+def _fake_moe_gate(x, w1, topk_ids, *, dtype=None, **_):
+    return _fast.empty(x, ops._moe_gate_shape(x, w1, topk_ids), dtype or x.dtype)
+
+
+def _fake_moe_final(h, w2, topk_ids, topk_weights=None, *, reduce=True, dtype=None, **_):
+    return _fast.empty(h, ops._moe_final_shape(h, w2, reduce), dtype or h.dtype)
+
+
+def _fake_moe_forward(x, w1, w2, topk_ids, topk_weights, *, dtype=None, **_):
+    return _fast.empty(x, ops._dims(x, 2), dtype or x.dtype)
+
+
+FAKES = {name: globals()[f"_fake_{name}"] for name in SCHEMAS}
+
+
+# ------------------------------------------------------------------ registration
+
+_library = torch.library.Library(NAMESPACE, "DEF")  # kept: the definitions live as long as it
+for _name, _schema in SCHEMAS.items():
+    _library.define(_name + _schema)
+    for _key in ("CPU", "CUDA"):
+        _library.impl(_name, KERNELS[_name], _key)
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", FAKES[_name], lib=_library)
