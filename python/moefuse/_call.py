@@ -16,6 +16,11 @@ from . import _capi, _tensors, errors
 from .context import CUDA_STREAM_LEGACY, Context, default_context
 
 
+# The calls that can take scratch on CUDA (docs/API.md, Workspace); the others take none there.
+_CUDA_SCRATCH_CALLS = frozenset(("moefuse_act_quant_masked", "moefuse_moe_gate",
+                                 "moefuse_moe_final", "moefuse_moe_forward"))
+
+
 def resolve_context(ctx, operands):
     """The Context to run on: `ctx` itself, a backend name's default context, or
     (ctx None) the cuda context of the first CUDA operand's device, else cpu."""
@@ -133,13 +138,37 @@ class Call:
         # DLPack exports made with stream=None are ordered on the legacy stream.
         return CUDA_STREAM_LEGACY
 
+    def _workspace(self, fn, args):
+        """For a torch CUDA call that takes scratch: a uint8 tensor of the exact size from
+        torch's caching allocator (on the current stream), handed to the context; else None.
+        fn's size query is libmoefuse's moefuse_<call>_workspace_size."""
+        if self._cuda_source != "torch" or fn.__name__ not in _CUDA_SCRATCH_CALLS:
+            return None
+        query = getattr(_capi.lib, fn.__name__ + "_workspace_size")
+        import ctypes
+        import torch
+        nbytes = ctypes.c_size_t(0)
+        if query(self.ctx.handle, *args, ctypes.byref(nbytes)) != 0 or nbytes.value == 0:
+            return None  # a refused query: the call refuses alike, with its message
+        ws = torch.empty(nbytes.value, dtype=torch.uint8,
+                         device=torch.device("cuda", self._cuda_index))
+        t = _capi.Tensor(ws.data_ptr(), 0, _capi.DTYPE_CODES["u8"], 1, (nbytes.value,), (1,))
+        self.ctx.check(_capi.lib.moefuse_set_workspace(self.ctx.handle, ctypes.byref(t)))
+        return ws
+
     def run(self, fn, *args):
-        """Call fn(ctx, *args); raise on failure; copy staged outputs back on success."""
+        """Call fn(ctx, *args); raise on failure; copy staged outputs back on success.
+        A torch CUDA call takes its scratch from torch's allocator (_workspace)."""
         ctx = self.ctx
         with self._device_guard():
             if self._cuda_index is not None:
                 ctx.set_stream(self._stream())
-            ctx.check(fn(ctx.handle, *args))
+            ws = self._workspace(fn, args)
+            try:
+                ctx.check(fn(ctx.handle, *args))
+            finally:
+                if ws is not None:  # torch reuses it in stream order, after the call
+                    _capi.lib.moefuse_set_workspace(ctx.handle, None)
             for buffer, operand, low, nbytes, output in self._staged:
                 if output and nbytes:
                     ctx.buffer_read(buffer, 0, operand.address + low, nbytes)

@@ -33,7 +33,9 @@ _torch_types = ()    # (torch.Tensor, torch.nn.Parameter) once bound
 _torch_tried = False
 
 _FUNCTIONS = ("act_quant", "act_quant_masked", "act_mul", "quant", "dequant", "moe_gate",
-              "moe_final", "moe_forward", "topk_softmax", "set_stream", "last_error")
+              "moe_final", "moe_forward", "topk_softmax", "set_stream", "last_error",
+              "set_workspace", "act_quant_masked_workspace_size", "moe_gate_workspace_size",
+              "moe_final_workspace_size", "moe_forward_workspace_size")
 
 
 def _find():
@@ -98,12 +100,23 @@ def _bind_torch(torch):
     types = (torch.Tensor, torch.nn.Parameter)
     try:
         call.bind_torch(types, dtypes, *cuda)
+        call.bind_workspace(workspace_allocator(torch) if all(cuda) else None)
     except Exception as exc:  # a torch this code does not know: ctypes still works
         problem = f"binding torch {getattr(torch, '__version__', '?')}: {exc}"
         return
     _torch_types = types
     if _enabled:
         TENSORS.update(types)
+
+
+def workspace_allocator(torch):
+    """alloc(nbytes, device): scratch for a CUDA call from torch's caching allocator, on the
+    current stream, so that torch counts it and reuses it in stream order."""
+    uint8 = torch.uint8
+
+    def alloc(nbytes, device):
+        return torch.empty(nbytes, dtype=uint8, device=torch.device("cuda", device))
+    return alloc
 
 
 def first_torch(obj):

@@ -50,7 +50,22 @@
       const moefuse_routing *, const moefuse_tensor *, const moefuse_moe_options *)               \
     X(topk_softmax, moefuse_status, const moefuse_tensor *, int32_t, const moefuse_tensor *,      \
       const moefuse_tensor *)                                                                     \
-    X(set_stream, moefuse_status, void *)
+    X(set_stream, moefuse_status, void *)                                                        \
+    X(set_workspace, moefuse_status, const moefuse_tensor *)                                     \
+    X(act_quant_masked_workspace_size, moefuse_status, const moefuse_tensor *,                    \
+      const moefuse_tensor *, const moefuse_tensor *, const moefuse_tensor *,                     \
+      const moefuse_tensor *, const moefuse_tensor *, const moefuse_act_quant_options *,          \
+      size_t *)                                                                                   \
+    X(moe_gate_workspace_size, moefuse_status, const moefuse_tensor *, const moefuse_tensor *,    \
+      const moefuse_tensor *, const moefuse_routing *, const moefuse_tensor *,                    \
+      const moefuse_moe_options *, size_t *)                                                      \
+    X(moe_final_workspace_size, moefuse_status, const moefuse_tensor *, const moefuse_tensor *,   \
+      const moefuse_tensor *, const moefuse_routing *, const moefuse_tensor *,                    \
+      const moefuse_moe_options *, size_t *)                                                      \
+    X(moe_forward_workspace_size, moefuse_status, const moefuse_tensor *,                         \
+      const moefuse_tensor *, const moefuse_tensor *, const moefuse_tensor *,                     \
+      const moefuse_tensor *, const moefuse_routing *, const moefuse_tensor *,                    \
+      const moefuse_moe_options *, size_t *)
 
 #define DECLARE(name, ret, ...)                                                                    \
     typedef ret (*name##_fn)(moefuse_context *, __VA_ARGS__);                                     \
@@ -83,6 +98,9 @@ static struct {
     int tensor_type_count;
     PyObject *dtypes[MOEFUSE_DTYPE_COUNT_];
     PyObject *get_device, *set_device, *raw_stream;
+    /* From the binding (bind_workspace): alloc(nbytes, device) -> a torch uint8 CUDA tensor
+     * from torch's caching allocator on the current stream, or NULL: the context's scratch. */
+    PyObject *alloc_workspace;
 
     unsigned long long calls; /* calls made through here, for tests and the benchmark */
 } S;
@@ -540,11 +558,57 @@ failed:
     return FAILED;
 }
 
-/* After the call: the message of a failure (read while the lock is held), the previous device
- * made current again, the lock released; True, or the call's exception. */
-static PyObject *leave(session *s, moefuse_status status)
+/*
+ * A CUDA call's scratch from torch's caching allocator: the exact bytes its query gave (`query`
+ * its status), handed to the context for this call only, so the memory is torch's to count and
+ * reuse in the order of the current stream. *holder keeps the tensor until leave_with. Nothing
+ * to do for CPU calls, calls that take none, or a refused query (the call then refuses alike,
+ * with its own message). 0 with an exception set.
+ */
+static int take_workspace(session *s, int place, moefuse_status query, size_t bytes,
+                          PyObject **holder)
+{
+    *holder = NULL;
+    if (place < 0 || query != MOEFUSE_OK || bytes == 0 || S.alloc_workspace == NULL)
+        return 1;
+    PyObject *n = PyLong_FromSize_t(bytes), *device = PyLong_FromLong(place);
+    PyObject *t = n && device ? PyObject_CallFunctionObjArgs(S.alloc_workspace, n, device, NULL)
+                              : NULL;
+    Py_XDECREF(n);
+    Py_XDECREF(device);
+    PyObject *address = t ? call0(t, s_data_ptr) : NULL;
+    void *data = address ? PyLong_AsVoidPtr(address) : NULL;
+    Py_XDECREF(address);
+    if (data == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "moefuse: the workspace tensor has no data");
+        Py_XDECREF(t);
+        return 0;
+    }
+    const moefuse_tensor ws = {data, 0, MOEFUSE_U8, 1, {(int64_t)bytes}, {1}};
+    moefuse_status status = S.set_workspace(s->handle, &ws);
+    if (status != MOEFUSE_OK) {
+        PyObject *message = message_of(s->handle);
+        if (message != NULL)
+            raise_status(status, message);
+        Py_XDECREF(message);
+        Py_DECREF(t);
+        return 0;
+    }
+    *holder = t;
+    return 1;
+}
+
+/* After the call: the message of a failure (read while the lock is held), the context's own
+ * scratch back and the workspace tensor let go (holder, or NULL), the previous device made
+ * current again, the lock released; True, or the call's exception. */
+static PyObject *leave_with(session *s, moefuse_status status, PyObject *holder)
 {
     PyObject *message = status != MOEFUSE_OK ? message_of(s->handle) : NULL;
+    if (holder != NULL) { /* after the message: a call on the context clears it */
+        S.set_workspace(s->handle, NULL); /* cannot fail: the lock keeps the context ours */
+        Py_DECREF(holder); /* torch reuses it in stream order, after the call's kernels */
+    }
     int restored = finish(s);
     S.calls++;
     if (status == MOEFUSE_OK) {
@@ -560,6 +624,8 @@ static PyObject *leave(session *s, moefuse_status status)
     Py_DECREF(message);
     return NULL;
 }
+
+static PyObject *leave(session *s, moefuse_status status) { return leave_with(s, status, NULL); }
 
 /* The call's result when enter() did not make it READY. */
 static PyObject *not_ready(int state)
@@ -590,6 +656,24 @@ static PyObject *not_ready(int state)
         status_ = (expr);                                                                          \
         Py_END_ALLOW_THREADS                                                                       \
         return leave(&(s), status_);                                                               \
+    } while (0)
+
+/* The same for a call that may take a workspace: `query` (the call's size query, with
+ * `&bytes_` as its last argument) runs first, with the GIL held (it only validates). */
+#define RUN_WITH_WORKSPACE(s, place, query, expr)                                                  \
+    do {                                                                                           \
+        size_t bytes_ = 0;                                                                         \
+        PyObject *holder_;                                                                         \
+        moefuse_status query_ = (place) >= 0 ? (query) : MOEFUSE_OK;                               \
+        if (!take_workspace(&(s), (place), query_, bytes_, &holder_)) {                            \
+            finish(&(s));                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        moefuse_status status_;                                                                    \
+        Py_BEGIN_ALLOW_THREADS                                                                     \
+        status_ = (expr);                                                                          \
+        Py_END_ALLOW_THREADS                                                                       \
+        return leave_with(&(s), status_, holder_);                                                 \
     } while (0)
 
 /* ------------------------------------------------------------ the operations */
@@ -633,8 +717,11 @@ static PyObject *fc_act_quant_masked(PyObject *self, PyObject *const *args, Py_s
     int state = enter(&s, args[0], place);
     if (state != READY)
         return not_ready(state);
-    RUN(s, S.act_quant_masked(s.handle, &x, &counts, optional(&rs), optional(&es), &q, &sc,
-                              &opt));
+    RUN_WITH_WORKSPACE(s, place,
+                       S.act_quant_masked_workspace_size(s.handle, &x, &counts, optional(&rs),
+                                                         optional(&es), &q, &sc, &opt, &bytes_),
+                       S.act_quant_masked(s.handle, &x, &counts, optional(&rs), optional(&es),
+                                          &q, &sc, &opt));
 }
 
 /* act_mul(ctx, x, row_scale, out, activation, order, limit, intermediate) */
@@ -715,7 +802,10 @@ static PyObject *fc_moe_gate(PyObject *self, PyObject *const *args, Py_ssize_t n
     int state = enter(&s, args[0], place);
     if (state != READY)
         return not_ready(state);
-    RUN(s, S.moe_gate(s.handle, &x, &w1, optional(&b1), &route, &h, &opt));
+    RUN_WITH_WORKSPACE(s, place,
+                       S.moe_gate_workspace_size(s.handle, &x, &w1, optional(&b1), &route, &h,
+                                                 &opt, &bytes_),
+                       S.moe_gate(s.handle, &x, &w1, optional(&b1), &route, &h, &opt));
 }
 
 /* moe_final(ctx, h, w2, b2, topk_ids, topk_weights, expert_map, out) */
@@ -736,7 +826,10 @@ static PyObject *fc_moe_final(PyObject *self, PyObject *const *args, Py_ssize_t 
     int state = enter(&s, args[0], place);
     if (state != READY)
         return not_ready(state);
-    RUN(s, S.moe_final(s.handle, &h, &w2, optional(&b2), &route, &out, &opt));
+    RUN_WITH_WORKSPACE(s, place,
+                       S.moe_final_workspace_size(s.handle, &h, &w2, optional(&b2), &route, &out,
+                                                  &opt, &bytes_),
+                       S.moe_final(s.handle, &h, &w2, optional(&b2), &route, &out, &opt));
 }
 
 /* moe_forward(ctx, x, w1, w2, b1, b2, topk_ids, topk_weights, expert_map, out,
@@ -760,8 +853,11 @@ static PyObject *fc_moe_forward(PyObject *self, PyObject *const *args, Py_ssize_
     int state = enter(&s, args[0], place);
     if (state != READY)
         return not_ready(state);
-    RUN(s, S.moe_forward(s.handle, &x, &w1, &w2, optional(&b1), optional(&b2), &route, &out,
-                         &opt));
+    RUN_WITH_WORKSPACE(s, place,
+                       S.moe_forward_workspace_size(s.handle, &x, &w1, &w2, optional(&b1),
+                                                    optional(&b2), &route, &out, &opt, &bytes_),
+                       S.moe_forward(s.handle, &x, &w1, &w2, optional(&b1), optional(&b2), &route,
+                                     &out, &opt));
 }
 
 /* topk_softmax(ctx, logits, renormalize, ids, weights) */
@@ -878,6 +974,19 @@ static PyObject *fc_bind_torch(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+/* bind_workspace(alloc): alloc(nbytes, device) gives a torch uint8 tensor on that CUDA device,
+ * from which CUDA calls take their scratch; None: they use the context's own. */
+static PyObject *fc_bind_workspace(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 1 || (args[0] != Py_None && !PyCallable_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "moefuse._fastcall.bind_workspace: a callable or None");
+        return NULL;
+    }
+    replace(&S.alloc_workspace, args[0] == Py_None ? NULL : args[0]);
+    Py_RETURN_NONE;
+}
+
 static PyObject *fc_calls(PyObject *self, PyObject *unused)
 {
     (void)self;
@@ -889,6 +998,7 @@ static PyObject *fc_calls(PyObject *self, PyObject *unused)
 static PyMethodDef methods[] = {
     OP(bind, "Bind the loaded libmoefuse's functions and the binding's helpers."),
     OP(bind_torch, "Bind torch's tensor types, dtypes and CUDA device and stream functions."),
+    OP(bind_workspace, "Bind the allocator CUDA calls take their workspace from (or None)."),
     {"calls", fc_calls, METH_NOARGS, "How many calls ran through the fast path."},
     OP(act_quant, "moefuse_act_quant on torch tensors; False: not taken."),
     OP(act_quant_masked, "moefuse_act_quant_masked on torch tensors; False: not taken."),
