@@ -49,18 +49,22 @@ def test_moe_calls_allocate_their_workspace_with_torch(path, M):
     out = torch.empty_like(x)
     h = torch.empty(M, 2, 128, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(M, 2, 256, dtype=torch.bfloat16, device="cuda")
+    # Decode-sized calls (16 slots or fewer) route nothing: their gate and un-reduced final
+    # take no scratch, the whole layer (h) and the reduced final (its counters) still do.
+    routed = M * 2 > 16
     calls = [
-        lambda: moefuse.moe_forward(x, w1, w2, ids, wts, out=out),
-        lambda: moefuse.moe_gate(x, w1, ids, out=h),
-        lambda: moefuse.moe_final(h, w2, ids, wts, out=out),
-        lambda: moefuse.moe_final(h, w2, ids, reduce=False, out=y),
+        ("moe_forward", 1, lambda: moefuse.moe_forward(x, w1, w2, ids, wts, out=out)),
+        ("moe_gate", int(routed), lambda: moefuse.moe_gate(x, w1, ids, out=h)),
+        ("moe_final", 1, lambda: moefuse.moe_final(h, w2, ids, wts, out=out)),
+        ("moe_final un-reduced", int(routed),
+         lambda: moefuse.moe_final(h, w2, ids, reduce=False, out=y)),
     ]
-    for call in calls:
+    for name, want, call in calls:
         call()  # warm: device tables, kernel attributes
         before = _allocations()
         call()
-        # the outputs are given: the one allocation is the call's workspace
-        assert _allocations() - before == 1
+        # the outputs are given: an allocation is the call's workspace
+        assert _allocations() - before == want, name
     before = _allocations()
     moefuse.topk_softmax(torch.randn(M, 8, device="cuda"), 2, ids=ids, weights=wts)
     assert _allocations() - before == 1  # the logits only: topk takes no workspace on CUDA
