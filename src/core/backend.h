@@ -97,6 +97,13 @@ typedef struct mf_region {
  * *_workspace member declared, so a request beyond it is a bug (MOEFUSE_ERR_INTERNAL).
  */
 bool mf_caller_workspace(const moefuse_context *ctx, mf_region *ws);
+/*
+ * An operation's scratch of `bytes` from the caller's workspace: *given is false when none is
+ * set (the backend allocates its own), else *ws is the workspace. A request beyond it is
+ * MOEFUSE_ERR_INTERNAL: the operation's *_workspace member under-reported.
+ */
+moefuse_status mf_caller_scratch(moefuse_context *ctx, const char *op, size_t bytes,
+                                 mf_region *ws, bool *given);
 
 /* ---------------------------------------------------------------- vtable */
 

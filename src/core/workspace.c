@@ -18,6 +18,18 @@ bool mf_caller_workspace(const moefuse_context *ctx, mf_region *ws)
     return true;
 }
 
+moefuse_status mf_caller_scratch(moefuse_context *ctx, const char *op, size_t bytes,
+                                 mf_region *ws, bool *given)
+{
+    *given = mf_caller_workspace(ctx, ws);
+    if (*given && bytes > ws->bytes)
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                        "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
+                        "that the size query said was enough",
+                        op, bytes, ws->bytes);
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_workspace_step(moefuse_context *ctx, const char *op, size_t need,
                                  size_t *measure, bool *run)
 {

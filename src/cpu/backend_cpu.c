@@ -37,12 +37,9 @@ moefuse_status mf_cpu_scratch_take(moefuse_context *ctx, const char *op, size_t 
                                    mf_cpu_scratch *out)
 {
     mf_region ws;
-    if (mf_caller_workspace(ctx, &ws)) {
-        if (bytes > ws.bytes)
-            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
-                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
-                            "that the size query said was enough",
-                            op, bytes, ws.bytes);
+    bool given;
+    MF_TRY(mf_caller_scratch(ctx, op, bytes, &ws, &given));
+    if (given) {
         out->mem = (char *)ws.data + ws.offset;
         out->owned = false;
         return MOEFUSE_OK;

@@ -25,12 +25,9 @@ moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes
                                void **out)
 {
     mf_region ws;
-    if (mf_caller_workspace(ctx, &ws)) {
-        if (bytes > ws.bytes)
-            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
-                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
-                            "that the size query said was enough",
-                            op, bytes, ws.bytes);
+    bool given;
+    MF_TRY(mf_caller_scratch(ctx, op, bytes, &ws, &given));
+    if (given) {
         *out = (char *)ws.data + ws.offset;
         return MOEFUSE_OK;
     }

@@ -145,12 +145,9 @@ moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, 
                               cl_mem *out)
 {
     mf_region ws;
-    if (mf_caller_workspace(ctx, &ws)) { /* a whole cl_mem: the core refuses an offset */
-        if (bytes > ws.bytes)
-            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
-                            "%s: internal error: %zu bytes of scratch asked of a workspace of %zu "
-                            "that the size query said was enough",
-                            op, bytes, ws.bytes);
+    bool given;
+    MF_TRY(mf_caller_scratch(ctx, op, bytes, &ws, &given));
+    if (given) { /* a whole cl_mem: the core refuses an offset */
         *out = (cl_mem)ws.data;
         return MOEFUSE_OK;
     }
