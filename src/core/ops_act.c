@@ -22,8 +22,9 @@ static moefuse_status row_width(moefuse_context *ctx, const char *op, const moef
 }
 
 /* Run (or measure) a row-wise operation whose arguments are valid. */
-static moefuse_status run_rows(moefuse_context *ctx, const char *op,
-                               moefuse_status (*fn)(moefuse_context *, void *, const mf_rows_args *),
+typedef moefuse_status (*rows_fn)(moefuse_context *, void *, const mf_rows_args *);
+
+static moefuse_status run_rows(moefuse_context *ctx, const char *op, rows_fn fn,
                                const mf_rows_args *a, size_t *measure)
 {
     if (!fn)

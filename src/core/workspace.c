@@ -35,8 +35,8 @@ moefuse_status mf_workspace_step(moefuse_context *ctx, const char *op, size_t ne
 {
     *run = false;
     if (need == SIZE_MAX)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: the workspace this call needs overflows size_t",
-                        op);
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                        "%s: the workspace this call needs overflows size_t", op);
     if (measure) {
         *measure = need;
         return MOEFUSE_OK;
