@@ -184,8 +184,9 @@ static void cmp_gemm(tbuf *dev, tbuf *cpu, int64_t M, int64_t K, const char *wha
 
 typedef moefuse_status (*issue_fn)(void *arg, int graph);
 
-/* Captures issue(arg, 1) on stream cs, attaching cs to the context mid-capture. */
-static cudaGraphExec_t capture(cudaStream_t cs, issue_fn issue, void *arg)
+/* The graph of issue(arg, 1) captured on stream cs, cs attached to the context mid-capture
+ * (and the context's own stream again after it). */
+static cudaGraph_t capture_graph(cudaStream_t cs, issue_fn issue, void *arg)
 {
     CU(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
     moefuse_status st = moefuse_set_stream(g_ctx, cs);
@@ -196,10 +197,17 @@ static cudaGraphExec_t capture(cudaStream_t cs, issue_fn issue, void *arg)
     HCHECK(st == MOEFUSE_OK, "captured call: %s (%s)", moefuse_status_name(st),
            moefuse_last_error(g_ctx));
     HCHECK(e == cudaSuccess && graph, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    OK(moefuse_set_stream(g_ctx, NULL));
+    return graph;
+}
+
+/* The same, instantiated. */
+static cudaGraphExec_t capture(cudaStream_t cs, issue_fn issue, void *arg)
+{
+    cudaGraph_t graph = capture_graph(cs, issue, arg);
     cudaGraphExec_t exec = NULL;
     CU(cudaGraphInstantiate(&exec, graph, 0));
     CU(cudaGraphDestroy(graph));
-    OK(moefuse_set_stream(g_ctx, NULL));
     return exec;
 }
 
@@ -434,15 +442,7 @@ START_TEST(moe_forward_in_a_graph_with_workspace)
     const moefuse_tensor ws = moefuse_tensor_dense(buf, MOEFUSE_U8, 1, &n);
     OK(moefuse_set_workspace(g_ctx, &ws));
 
-    CU(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-    moefuse_status st = moefuse_set_stream(g_ctx, cs);
-    if (st == MOEFUSE_OK)
-        st = layer_issue(&L, 1);
-    cudaGraph_t graph = NULL;
-    cudaError_t e = cudaStreamEndCapture(cs, &graph);
-    HCHECK(st == MOEFUSE_OK, "captured call: %s (%s)", moefuse_status_name(st),
-           moefuse_last_error(g_ctx));
-    HCHECK(e == cudaSuccess && graph, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    cudaGraph_t graph = capture_graph(cs, layer_issue, &L);
     size_t count = 0;
     CU(cudaGraphGetNodes(graph, NULL, &count));
     cudaGraphNode_t *nodes = calloc(count ? count : 1, sizeof *nodes);
@@ -457,7 +457,6 @@ START_TEST(moe_forward_in_a_graph_with_workspace)
     cudaGraphExec_t exec = NULL;
     CU(cudaGraphInstantiate(&exec, graph, 0));
     CU(cudaGraphDestroy(graph));
-    OK(moefuse_set_stream(g_ctx, NULL));
 
     for (int r = 0; r < 2; r++) {
         if (r) { /* new inputs */

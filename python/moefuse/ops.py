@@ -77,6 +77,17 @@ def _fast_result(given, x, shape, dtype, zero=False):
     return given if given is not None else _fast.empty(x, shape, dtype, zero)
 
 
+def _fast_codes(out, scales, x, shapes, dtype, scale_layout, scale_dtype, zero=False):
+    """The codes and scales of a quantizing call in the fast path: the given ones, or new ones
+    of shapes() = (codes' shape, scales' shape) on x's device."""
+    if out is not None and scales is not None:
+        return out, scales
+    q_shape, s_shape = shapes()
+    return (_fast_result(out, x, q_shape, dtype, zero),
+            _fast_result(scales, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype),
+                         zero))
+
+
 def _ref(t):
     return ctypes.byref(t) if t.data else None
 
@@ -100,11 +111,9 @@ def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit
     """
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
-            q, s = out, scales
-            if q is None or s is None:
-                q_shape, s_shape = _act_quant_shapes(x, group_size, scale_layout)
-                q = _fast_result(q, x, q_shape, dtype)
-                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype))
+            q, s = _fast_codes(out, scales, x,
+                               lambda: _act_quant_shapes(x, group_size, scale_layout), dtype,
+                               scale_layout, scale_dtype)
         except Exception:  # the ctypes path raises it, after its own checks
             pass
         else:
@@ -139,12 +148,9 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
     """
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
-            q, s = out, scales
-            if q is None or s is None:
-                q_shape, s_shape = _act_quant_masked_shapes(x, group_size, scale_layout)
-                q = _fast_result(q, x, q_shape, dtype, zero=True)
-                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype),
-                                 zero=True)
+            q, s = _fast_codes(out, scales, x,
+                               lambda: _act_quant_masked_shapes(x, group_size, scale_layout),
+                               dtype, scale_layout, scale_dtype, zero=True)
         except Exception:  # the ctypes path raises it, after its own checks
             pass
         else:
@@ -200,11 +206,9 @@ def quant(x, *, group_size=128, scale_layout="row_major", ue8m0=False, eps=None,
     """Per-token-group quantization of x [T, H]: returns (q [T, H], scales)."""
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
-            q, s = out, scales
-            if q is None or s is None:
-                q_shape, s_shape = _quant_shapes_of(x, group_size, scale_layout)
-                q = _fast_result(q, x, q_shape, dtype)
-                s = _fast_result(s, x, s_shape, _options.scales_dtype(scale_layout, scale_dtype))
+            q, s = _fast_codes(out, scales, x,
+                               lambda: _quant_shapes_of(x, group_size, scale_layout), dtype,
+                               scale_layout, scale_dtype)
         except Exception:  # the ctypes path raises it, after its own checks
             pass
         else:

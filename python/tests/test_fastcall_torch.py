@@ -23,13 +23,7 @@ from moefuse import _fast  # noqa: E402
 FP8 = torch.float8_e4m3fn
 
 
-def _cuda_ready():
-    return torch.cuda.is_available() and "cuda" in moefuse.built_backends()
-
-
-DEVICES = [pytest.param("cuda", marks=pytest.mark.skipif(
-               not _cuda_ready(), reason="needs a CUDA device and the cuda backend")),
-           "cpu"]
+from torch_devices import DEVICES, cuda_ready as _cuda_ready  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

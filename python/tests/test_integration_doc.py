@@ -9,12 +9,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="the examples are PyTorch's")
 
 import moefuse  # noqa: E402
+from torch_devices import NEEDS_CUDA  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "INTEGRATION.md")
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and "cuda" in moefuse.built_backends()),
-    reason="needs a CUDA device and the cuda backend")
+pytestmark = NEEDS_CUDA
 
 
 def _blocks(section):

@@ -18,13 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import torch_reference as tref  # noqa: E402
 
 
-def _cuda_ready():
-    return torch.cuda.is_available() and "cuda" in moefuse.built_backends()
-
-
-DEVICES = [pytest.param("cuda", marks=pytest.mark.skipif(
-               not _cuda_ready(), reason="needs a CUDA device and the cuda backend")),
-           "cpu"]
+from torch_devices import DEVICES, cuda_ready as _cuda_ready  # noqa: E402
 
 
 @pytest.fixture(params=DEVICES)

@@ -27,13 +27,7 @@ nn = torch.nn
 OPS = torch.ops.moefuse
 
 
-def _cuda_ready():
-    return torch.cuda.is_available() and "cuda" in moefuse.built_backends()
-
-
-DEVICES = [pytest.param("cuda", marks=pytest.mark.skipif(
-               not _cuda_ready(), reason="needs a CUDA device and the cuda backend")),
-           "cpu"]
+from torch_devices import DEVICES, cuda_ready as _cuda_ready  # noqa: E402
 
 
 @pytest.fixture(params=DEVICES)

@@ -11,11 +11,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="the workspace comes from torch's allocator")
 
 import moefuse  # noqa: E402
+from torch_devices import NEEDS_CUDA  # noqa: E402
 from moefuse import _fast  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and "cuda" in moefuse.built_backends()),
-    reason="needs a CUDA device and the cuda backend")
+pytestmark = NEEDS_CUDA
 
 
 @pytest.fixture(params=["fast", "ctypes"])

@@ -98,6 +98,10 @@ moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer);
  */
 moefuse_status mf_workspace_step(moefuse_context *ctx, const char *op, size_t need,
                                  size_t *measure, bool *run);
+/* Whether a call must know the workspace it takes: it is a size query (`measure`), or it runs
+ * with the caller's workspace, which must hold it. Otherwise the backend sizes its own scratch
+ * as it goes, and asking first would plan the call twice. */
+bool mf_workspace_matters(const moefuse_context *ctx, const size_t *measure);
 /* mf_enter for a moefuse_<call>_workspace_size query, which also needs `bytes`. */
 moefuse_status mf_enter_query(moefuse_context *ctx, const char *op, const size_t *bytes);
 /* The same for a call with nothing to write (every output empty): it takes no workspace. */

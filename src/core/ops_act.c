@@ -30,7 +30,7 @@ static moefuse_status run_rows(moefuse_context *ctx, const char *op, rows_fn fn,
     if (!fn)
         return mf_unimplemented(ctx, op);
     size_t need = 0;
-    if (ctx->backend->rows_workspace)
+    if (ctx->backend->rows_workspace && mf_workspace_matters(ctx, measure))
         MF_TRY(ctx->backend->rows_workspace(ctx, ctx->state, a, &need));
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));

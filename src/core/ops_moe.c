@@ -126,27 +126,27 @@ static moefuse_status check_final_weights(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-/* The scratch a GEMM step takes: its backend member's answer, or none. */
-static moefuse_status step_workspace(moefuse_context *ctx,
-                                     moefuse_status (*size)(moefuse_context *, void *,
-                                                            const mf_moe_args *, size_t *),
-                                     const mf_moe_args *a, size_t *bytes)
+typedef moefuse_status (*moe_fn)(moefuse_context *, void *, const mf_moe_args *);
+typedef moefuse_status (*moe_size_fn)(moefuse_context *, void *, const mf_moe_args *, size_t *);
+
+/* The scratch a GEMM step takes: its backend member's answer, or none; 0 as well when the size
+ * does not matter to this call (mf_workspace_matters). */
+static moefuse_status step_workspace(moefuse_context *ctx, moe_size_fn size, const mf_moe_args *a,
+                                     size_t *measure, size_t *bytes)
 {
     *bytes = 0;
-    return size ? size(ctx, ctx->state, a, bytes) : MOEFUSE_OK;
+    return size && mf_workspace_matters(ctx, measure) ? size(ctx, ctx->state, a, bytes)
+                                                      : MOEFUSE_OK;
 }
 
 /* Run (or measure) moe_gate or moe_final, whose arguments are valid. */
-static moefuse_status run_step(moefuse_context *ctx, const char *op,
-                               moefuse_status (*fn)(moefuse_context *, void *, const mf_moe_args *),
-                               moefuse_status (*size)(moefuse_context *, void *,
-                                                      const mf_moe_args *, size_t *),
+static moefuse_status run_step(moefuse_context *ctx, const char *op, moe_fn fn, moe_size_fn size,
                                const mf_moe_args *a, size_t *measure)
 {
     if (!fn)
         return mf_unimplemented(ctx, op);
     size_t need;
-    MF_TRY(step_workspace(ctx, size, a, &need));
+    MF_TRY(step_workspace(ctx, size, a, measure, &need));
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
     return run ? fn(ctx, ctx->state, a) : MOEFUSE_OK;
@@ -252,8 +252,8 @@ static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_m
     const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
     a->h = moefuse_tensor_dense(NULL, dt, 3, h_shape); /* the steps' sizes read its shape only */
     size_t gate_need, final_need;
-    MF_TRY(step_workspace(ctx, ctx->backend->moe_gate_workspace, a, &gate_need));
-    MF_TRY(step_workspace(ctx, ctx->backend->moe_final_workspace, a, &final_need));
+    MF_TRY(step_workspace(ctx, ctx->backend->moe_gate_workspace, a, measure, &gate_need));
+    MF_TRY(step_workspace(ctx, ctx->backend->moe_final_workspace, a, measure, &final_need));
     const size_t off_h = mf_workspace_align(gate_need > final_need ? gate_need : final_need);
     const size_t need = off_h > SIZE_MAX - h_bytes ? SIZE_MAX : off_h + h_bytes;
     bool run;
@@ -297,7 +297,7 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a.h = mf_absent();
         size_t need;
-        MF_TRY(step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, &need));
+        MF_TRY(step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, measure, &need));
         bool run;
         MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
         return run ? ctx->backend->moe_forward(ctx, ctx->state, &a) : MOEFUSE_OK;

@@ -33,7 +33,7 @@ static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
     if (!ctx->backend->topk_softmax)
         return mf_unimplemented(ctx, op);
     size_t need = 0;
-    if (ctx->backend->topk_workspace)
+    if (ctx->backend->topk_workspace && mf_workspace_matters(ctx, measure))
         MF_TRY(ctx->backend->topk_workspace(ctx, ctx->state, &a, &need));
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));

@@ -18,6 +18,11 @@ bool mf_caller_workspace(const moefuse_context *ctx, mf_region *ws)
     return true;
 }
 
+bool mf_workspace_matters(const moefuse_context *ctx, const size_t *measure)
+{
+    return measure != NULL || ctx->caller_workspace.data != NULL;
+}
+
 moefuse_status mf_caller_scratch(moefuse_context *ctx, const char *op, size_t bytes,
                                  mf_region *ws, bool *given)
 {

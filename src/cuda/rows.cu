@@ -1578,15 +1578,19 @@ static int table_kernel(const cuda_state *s, rows_params *p)
     return 1;
 }
 
-/* The masked layout keeps its row offsets in scratch past MF_SMEM_EXPERTS experts. */
+/* The masked layout's row offsets go to scratch past MF_SMEM_EXPERTS experts: their bytes, or
+ * 0 (2-D calls, or offsets in shared memory). */
+static size_t offsets_scratch_bytes(bool masked, int64_t experts)
+{
+    return masked && experts > MF_SMEM_EXPERTS ? (size_t)(experts + 1) * sizeof(int64_t) : 0;
+}
+
 extern "C" moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *state,
                                                  const mf_rows_args *a, size_t *bytes)
 {
     (void)ctx;
     (void)state;
-    *bytes = a->counts.data && a->experts > MF_SMEM_EXPERTS
-                 ? (size_t)(a->experts + 1) * sizeof(int64_t)
-                 : 0;
+    *bytes = offsets_scratch_bytes(a->counts.data != NULL, a->experts);
     return MOEFUSE_OK;
 }
 
@@ -1597,12 +1601,13 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
     *smem = 0;
     if (!p->counts)
         return MOEFUSE_OK;
-    if (p->E <= MF_SMEM_EXPERTS) {
+    const size_t bytes = offsets_scratch_bytes(true, p->E);
+    if (bytes == 0) {
         *smem = (size_t)(p->E + 1) * sizeof(int64_t);
         return MOEFUSE_OK;
     }
     void *offs;
-    MF_TRY(mf_cuda_scratch(ctx, s, (size_t)(p->E + 1) * sizeof(int64_t), op, &offs));
+    MF_TRY(mf_cuda_scratch(ctx, s, bytes, op, &offs));
     mf_k_count_prefix<<<1, 1024, 0, s->stream>>>(p->counts, p->cs0, p->E, p->T, (int64_t *)offs);
     MF_TRY(mf_cuda_launched(ctx, op, "mf_k_count_prefix"));
     p->offs_g = (const int64_t *)offs;

@@ -62,13 +62,18 @@ static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a
     return MF_K_ROWS_QUANT;
 }
 
+/* The masked layout's row offsets, in scratch (rows_quant); 0 for the 2-D calls. */
+static size_t offsets_bytes(const mf_rows_args *a)
+{
+    return a->counts.data ? (size_t)(a->experts + 1) * sizeof(cl_long) : 0;
+}
+
 moefuse_status mf_ocl_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
                                      size_t *bytes)
 {
     (void)ctx;
     (void)state;
-    /* the masked layout's row offsets (rows_quant) */
-    *bytes = a->counts.data ? (size_t)(a->experts + 1) * sizeof(cl_long) : 0;
+    *bytes = offsets_bytes(a);
     return MOEFUSE_OK;
 }
 
@@ -79,7 +84,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     const moefuse_scale_layout layout = a->quant.scale_layout;
     cl_mem offs = NULL;
     if (masked) {
-        MF_TRY(mf_ocl_scratch(ctx, s, (size_t)(a->experts + 1) * sizeof(cl_long), op, &offs));
+        MF_TRY(mf_ocl_scratch(ctx, s, offsets_bytes(a), op, &offs));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_COUNT_PREFIX]);
         mf_karg_operand(&k, &a->counts, 1, false);
         mf_karg_long(&k, a->experts);
