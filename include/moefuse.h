@@ -43,7 +43,7 @@ extern "C" {
 /* The version of this header (meson.build holds the same). moefuse_version() returns the
  * library's: a program can compare the two to find that it runs against another build. */
 #define MOEFUSE_VERSION_MAJOR 0
-#define MOEFUSE_VERSION_MINOR 2
+#define MOEFUSE_VERSION_MINOR 3
 #define MOEFUSE_VERSION_PATCH 0
 #define MOEFUSE_VERSION                                                                            \
     (MOEFUSE_VERSION_MAJOR * 10000 + MOEFUSE_VERSION_MINOR * 100 + MOEFUSE_VERSION_PATCH)
@@ -453,6 +453,88 @@ MOEFUSE_API moefuse_status moefuse_moe_forward_workspace_size(
     moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *w1,
     const moefuse_tensor *w2, const moefuse_tensor *b1, const moefuse_tensor *b2,
     const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_moe_options *opt,
+    size_t *bytes);
+
+/* ------------------------------------------------------------------ FP8 MoE */
+
+/*
+ * Block-scaled FP8 MoE layers (the DeepSeek-V3 recipe), exact definition in docs/NUMERICS.md
+ * "FP8 MoE".
+ *  Weights: f8_e4m3 codes with one scale per 128 x 128 block, f32 or u8 (UE8M0 exponents):
+ *   w1 [E, 2I, K] with w1_scales [E, 2I/128, K/128], w2 [E, K, I] with w2_scales
+ *   [E, K/128, I/128]. K and I must be multiples of 128. Biases as in moefuse_moe_gate.
+ *  Activations: f8_e4m3 codes with one scale per 1 x 128 group of a row, in the layout and
+ *   form that moefuse_quant writes with opt->act (ROW_MAJOR or COLUMN_MAJOR f32, or u8 with
+ *   ue8m0; PACKED_UE8M0 i32). An x of f32/f16/bf16 is quantized inside the call (x_scales
+ *   absent, NULL or data == NULL); an f8_e4m3 x comes with its x_scales.
+ */
+typedef struct moefuse_fp8_moe_options {
+    moefuse_moe_options moe;   /* activation, order, limit */
+    moefuse_quant_options act; /* activation quantization: group_size 0 or 128, scale layout of
+                                  x_scales and h_scales, ue8m0, eps */
+    uint32_t reserved[4];      /* must be 0 */
+} moefuse_fp8_moe_options;
+
+/*
+ * Gate: h [M, k, I] f8_e4m3 = quant(act(x @ w1[e]^T + b1[e])) for each valid slot, with its
+ * group scales h_scales laid out as for a quantized [M * k, I] tensor (row t = m * k + j).
+ * Invalid slots get codes 0 and scale bytes 0.
+ */
+MOEFUSE_API moefuse_status moefuse_moe_gate_fp8(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *w1, const moefuse_tensor *w1_scales, const moefuse_tensor *b1,
+    const moefuse_routing *routing, const moefuse_tensor *h, const moefuse_tensor *h_scales,
+    const moefuse_fp8_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_gate_fp8_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *w1, const moefuse_tensor *w1_scales, const moefuse_tensor *b1,
+    const moefuse_routing *routing, const moefuse_tensor *h, const moefuse_tensor *h_scales,
+    const moefuse_fp8_moe_options *opt, size_t *bytes);
+
+/* Final: as moefuse_moe_final, with h [M, k, I] f8_e4m3 and h_scales as the gate writes them. */
+MOEFUSE_API moefuse_status moefuse_moe_final_fp8(
+    moefuse_context *ctx, const moefuse_tensor *h, const moefuse_tensor *h_scales,
+    const moefuse_tensor *w2, const moefuse_tensor *w2_scales, const moefuse_tensor *b2,
+    const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_final_fp8_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *h, const moefuse_tensor *h_scales,
+    const moefuse_tensor *w2, const moefuse_tensor *w2_scales, const moefuse_tensor *b2,
+    const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt,
+    size_t *bytes);
+
+/*
+ * Whole routed layer: gate then final, with h and its scales kept in FP8 in the call's
+ * workspace. out [M, K] f32/f16/bf16.
+ */
+MOEFUSE_API moefuse_status moefuse_moe_forward_fp8(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *w1, const moefuse_tensor *w1_scales, const moefuse_tensor *w2,
+    const moefuse_tensor *w2_scales, const moefuse_tensor *b1, const moefuse_tensor *b2,
+    const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_forward_fp8_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *w1, const moefuse_tensor *w1_scales, const moefuse_tensor *w2,
+    const moefuse_tensor *w2_scales, const moefuse_tensor *b1, const moefuse_tensor *b2,
+    const moefuse_routing *routing, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt,
+    size_t *bytes);
+
+/*
+ * Whole layer in the 3-D expert-masked layout of expert parallelism: x [E, Tmax, K] (x_scales
+ * in the 3-D layout of act_quant_masked when x is f8_e4m3), counts [E] i32 in the backend's
+ * memory (each clamped to [0, Tmax]), out [E, Tmax, K] f32/f16/bf16. Row t of expert e is
+ * computed for t < n[e] only, as a routed slot of expert e with weight 1 and no reduction;
+ * rows n[e] <= t < Tmax of out are not written. Time follows the valid rows.
+ */
+MOEFUSE_API moefuse_status moefuse_moe_masked_fp8(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *counts, const moefuse_tensor *w1, const moefuse_tensor *w1_scales,
+    const moefuse_tensor *w2, const moefuse_tensor *w2_scales, const moefuse_tensor *b1,
+    const moefuse_tensor *b2, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt);
+MOEFUSE_API moefuse_status moefuse_moe_masked_fp8_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *x, const moefuse_tensor *x_scales,
+    const moefuse_tensor *counts, const moefuse_tensor *w1, const moefuse_tensor *w1_scales,
+    const moefuse_tensor *w2, const moefuse_tensor *w2_scales, const moefuse_tensor *b1,
+    const moefuse_tensor *b2, const moefuse_tensor *out, const moefuse_fp8_moe_options *opt,
     size_t *bytes);
 
 /*

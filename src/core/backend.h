@@ -80,6 +80,21 @@ typedef struct mf_moe_args {
     int64_t topk;           /* k */
     bool reduce;            /* out is [M, K] (true) or [M, k, K] */
     moefuse_moe_options opt;
+    /*
+     * FP8 calls only (the *_fp8 members; docs/NUMERICS.md "FP8 MoE"). Codes are f8_e4m3.
+     *  x_scales: absent when x is f32/f16/bf16 (the backend quantizes x's rows itself), else
+     *            x's group scales normalised to rank 3 [1 or E, ...] as mf_rows_args.scales;
+     *  w1_scales [E, 2I/128, K/128], w2_scales [E, K/128, I/128]: f32 or u8 (UE8M0);
+     *  h_scales: h's group scales, rank 3 [1 or E, ...], rows t = m * k + j (routed) or t
+     *            (masked); act: the activation quantization (group 128, layout, ue8m0, eps).
+     * Masked layout (masked = true): x [E, Tmax, K], h [E, Tmax, I], out [E, Tmax, K],
+     * counts [E] i32 (device data: clamp to [0, Tmax]); tokens = Tmax, topk = 1, no routing
+     * tensors, reduce = false, and rows t >= n[e] of h and out are not written.
+     */
+    moefuse_tensor x_scales, w1_scales, h_scales, w2_scales, counts;
+    moefuse_quant_options act; /* a scales tensor of R rows pads them to round_up(R, 4): R is
+                                  M (x) or M * k (h) routed, Tmax masked */
+    bool masked;
 } mf_moe_args;
 
 /* -------------------------------------------------------------- workspace */
@@ -190,6 +205,23 @@ struct moefuse_backend_i {
     /* with moe_forward: its scratch, the [M, k, I] intermediate included */
     moefuse_status (*moe_forward_workspace)(moefuse_context *ctx, void *state,
                                             const mf_moe_args *a, size_t *bytes);
+
+    /*
+     * [optional] FP8 MoE (the FP8 fields of mf_moe_args; routed or masked). Default:
+     * MOEFUSE_ERR_UNSUPPORTED. The gate writes h and h_scales; the final reads them.
+     */
+    moefuse_status (*moe_gate_fp8)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+    moefuse_status (*moe_final_fp8)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+    /* [optional] whole layer with h and h_scales in scratch of its own (a->h absent).
+     * Default: moe_gate_fp8 then moe_final_fp8 with h in the core's workspace. */
+    moefuse_status (*moe_forward_fp8)(moefuse_context *ctx, void *state, const mf_moe_args *a);
+    /* [optional] their scratch, as for moe_gate_workspace */
+    moefuse_status (*moe_gate_fp8_workspace)(moefuse_context *ctx, void *state,
+                                             const mf_moe_args *a, size_t *bytes);
+    moefuse_status (*moe_final_fp8_workspace)(moefuse_context *ctx, void *state,
+                                              const mf_moe_args *a, size_t *bytes);
+    moefuse_status (*moe_forward_fp8_workspace)(moefuse_context *ctx, void *state,
+                                                const mf_moe_args *a, size_t *bytes);
 };
 
 /* Backends compiled in; each file defines one (NULL-terminated table in registry.c). */

@@ -60,7 +60,7 @@ static moefuse_status rows_2d(moefuse_context *ctx, const char *op, bool gated,
     a->group = a->quant.group_size;
     a->groups = a->hidden / a->group;
     a->rows_padded = (a->rows + 3) / 4 * 4;
-    MF_TRY(mf_check_scales(ctx, op, scales, &a->quant, false, 1, a->rows, a->groups, &a->scales));
+    MF_TRY(mf_check_scales(ctx, op, "scales", scales, &a->quant, false, 1, a->rows, a->groups, &a->scales));
     a->activate = gated;
     a->x = mf_with_leading_unit(x);
     a->out = mf_with_leading_unit(q);
@@ -131,7 +131,7 @@ static moefuse_status act_quant_masked(moefuse_context *ctx, const char *op,
     a.group = a.quant.group_size;
     a.groups = a.hidden / a.group;
     a.rows_padded = (a.rows + 3) / 4 * 4;
-    MF_TRY(mf_check_scales(ctx, op, scales, &a.quant, true, a.experts, a.rows, a.groups,
+    MF_TRY(mf_check_scales(ctx, op, "scales", scales, &a.quant, true, a.experts, a.rows, a.groups,
                           &a.scales));
     a.activate = true;
     a.zero_tail = opt && opt->zero_tail;
@@ -199,7 +199,7 @@ static moefuse_status dequant(moefuse_context *ctx, const char *op, const moefus
     a.group = a.quant.group_size;
     a.groups = a.hidden / a.group;
     a.rows_padded = (a.rows + 3) / 4 * 4;
-    MF_TRY(mf_check_scales(ctx, op, scales, &a.quant, false, 1, a.rows, a.groups, &a.scales));
+    MF_TRY(mf_check_scales(ctx, op, "scales", scales, &a.quant, false, 1, a.rows, a.groups, &a.scales));
     a.q = *q;
     a.out = *out;
     const mf_operand operands[] = {{"q", q, false}, {"scales", scales, false}, {"out", out, true}};

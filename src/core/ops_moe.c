@@ -3,12 +3,12 @@
  * Operands are validated once here; moe_forward falls back to gate + final, with h in the
  * caller's workspace or in context-owned scratch, when the backend has no whole-layer kernel.
  */
-#include "core/core.h"
+#include "core/moe_checks.h"
 #include "core/options.h"
 
 #include <string.h>
 
-static moefuse_status check_moe_options(moefuse_context *ctx, const char *op,
+moefuse_status mf_moe_check_options(moefuse_context *ctx, const char *op,
                                         const moefuse_moe_options *in, moefuse_moe_options *out)
 {
     moefuse_moe_options opt = {0};
@@ -29,14 +29,15 @@ static moefuse_status check_moe_options(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-/* Weights must share the activations' dtype; FP8 weights are the project's next stage. */
+/* Weights must share the activations' dtype (FP8 weights take the *_fp8 calls). */
 static moefuse_status check_weight(moefuse_context *ctx, const char *op, const char *name,
                                    const moefuse_tensor *w, moefuse_dtype act_dtype,
                                    const char *act_name)
 {
     if (mf_present(w) && w->dtype == MOEFUSE_F8_E4M3)
-        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: %s is f8_e4m3; FP8 MoE weights are not implemented yet", op, name);
+        return mf_error(ctx, MOEFUSE_ERR_DTYPE,
+                        "%s: %s is f8_e4m3; FP8 weights need their block scales: use %s_fp8",
+                        op, name, op);
     MF_TRY(mf_check_tensor(ctx, op, name, w, 3, MF_FLOATS));
     if (w->dtype != act_dtype)
         return mf_error(ctx, MOEFUSE_ERR_DTYPE, "%s: %s is %s but %s is %s; they must match", op,
@@ -50,7 +51,7 @@ static moefuse_status check_weight(moefuse_context *ctx, const char *op, const c
 }
 
 /* topk_ids [M, k], topk_weights [M, k] (when needed), expert_map [E_global]. */
-static moefuse_status check_routing(moefuse_context *ctx, const char *op,
+moefuse_status mf_moe_check_routing(moefuse_context *ctx, const char *op,
                                     const moefuse_routing *r, bool need_weights, mf_moe_args *a)
 {
     if (!r)
@@ -75,7 +76,7 @@ static moefuse_status check_routing(moefuse_context *ctx, const char *op,
 }
 
 /* The routing tensors as inputs of the overlap check, at ops[0..2]. */
-static void routing_operands(const moefuse_routing *r, mf_operand *ops)
+void mf_moe_routing_operands(const moefuse_routing *r, mf_operand *ops)
 {
     ops[0] = (mf_operand){"topk_ids", &r->topk_ids, false};
     ops[1] = (mf_operand){"topk_weights", &r->topk_weights, false};
@@ -126,12 +127,10 @@ static moefuse_status check_final_weights(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-typedef moefuse_status (*moe_fn)(moefuse_context *, void *, const mf_moe_args *);
-typedef moefuse_status (*moe_size_fn)(moefuse_context *, void *, const mf_moe_args *, size_t *);
 
 /* The scratch a GEMM step takes: its backend member's answer, or none; 0 as well when the size
  * does not matter to this call (mf_workspace_matters). */
-static moefuse_status step_workspace(moefuse_context *ctx, moe_size_fn size, const mf_moe_args *a,
+moefuse_status mf_moe_step_workspace(moefuse_context *ctx, mf_moe_size_fn size, const mf_moe_args *a,
                                      size_t *measure, size_t *bytes)
 {
     *bytes = 0;
@@ -140,13 +139,13 @@ static moefuse_status step_workspace(moefuse_context *ctx, moe_size_fn size, con
 }
 
 /* Run (or measure) moe_gate or moe_final, whose arguments are valid. */
-static moefuse_status run_step(moefuse_context *ctx, const char *op, moe_fn fn, moe_size_fn size,
+moefuse_status mf_moe_run_step(moefuse_context *ctx, const char *op, mf_moe_fn fn, mf_moe_size_fn size,
                                const mf_moe_args *a, size_t *measure)
 {
     if (!fn)
         return mf_unimplemented(ctx, op);
     size_t need;
-    MF_TRY(step_workspace(ctx, size, a, measure, &need));
+    MF_TRY(mf_moe_step_workspace(ctx, size, a, measure, &need));
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
     return run ? fn(ctx, ctx->state, a) : MOEFUSE_OK;
@@ -158,9 +157,9 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
                                const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
-    MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
+    MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
-    MF_TRY(check_routing(ctx, op, routing, false, &a));
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a));
     MF_TRY(mf_check_tensor(ctx, op, "h", h, 3, MF_FLOATS));
     int64_t want[3] = {a.tokens, a.topk, a.inter_dim};
     MF_TRY(mf_expect_shape(ctx, op, "h", h, want, "[M, k, I] from x, topk_ids and w1"));
@@ -168,13 +167,13 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
     a.w2 = a.b2 = a.out = mf_absent();
     mf_operand operands[7] = {{"x", x, false}, {"w1", w1, false}, {"b1", b1, false},
                               {"h", h, true}};
-    routing_operands(routing, operands + 4);
+    mf_moe_routing_operands(routing, operands + 4);
     operands[5].t = NULL; /* the gate reads no router weights */
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return run_step(ctx, op, ctx->backend->moe_gate, ctx->backend->moe_gate_workspace, &a, measure);
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_gate, ctx->backend->moe_gate_workspace, &a, measure);
 }
 
 static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
@@ -183,7 +182,7 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
                                 const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
-    MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
+    MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
     MF_TRY(mf_check_tensor(ctx, op, "h", h, 3, MF_FLOATS));
     a.tokens = h->shape[0];
     a.inter_dim = h->shape[2];
@@ -196,7 +195,7 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     }
     MF_TRY(check_final_weights(ctx, op, w2, b2, h->dtype, "h", &a));
     bool reduce = out && out->rank == 2;
-    MF_TRY(check_routing(ctx, op, routing, reduce, &a));
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a));
     if (h->shape[1] != a.topk)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: h has k = %lld slots but topk_ids has k = %lld",
                         op, (long long)h->shape[1], (long long)a.topk);
@@ -211,20 +210,18 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     a.x = a.w1 = a.b1 = mf_absent();
     mf_operand operands[7] = {{"h", h, false}, {"w2", w2, false}, {"b2", b2, false},
                               {"out", out, true}};
-    routing_operands(routing, operands + 4);
+    mf_moe_routing_operands(routing, operands + 4);
     if (!reduce)
         operands[5].t = NULL; /* the un-reduced output reads no router weights */
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return run_step(ctx, op, ctx->backend->moe_final, ctx->backend->moe_final_workspace, &a,
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_final, ctx->backend->moe_final_workspace, &a,
                     measure);
 }
 
-/* A step of the gate + final fallback failed: its message names the step ("moe_gate: ...");
- * put the call the user made in front of it. */
-static moefuse_status in_forward(moefuse_context *ctx, const char *op, moefuse_status status)
+moefuse_status mf_moe_in_forward(moefuse_context *ctx, const char *op, moefuse_status status)
 {
     if (status != MOEFUSE_OK) {
         char step[MF_MESSAGE_BYTES];
@@ -252,8 +249,8 @@ static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_m
     const int64_t h_shape[3] = {a->tokens, a->topk, a->inter_dim};
     a->h = moefuse_tensor_dense(NULL, dt, 3, h_shape); /* the steps' sizes read its shape only */
     size_t gate_need, final_need;
-    MF_TRY(step_workspace(ctx, ctx->backend->moe_gate_workspace, a, measure, &gate_need));
-    MF_TRY(step_workspace(ctx, ctx->backend->moe_final_workspace, a, measure, &final_need));
+    MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_gate_workspace, a, measure, &gate_need));
+    MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_final_workspace, a, measure, &final_need));
     const size_t off_h = mf_workspace_align(gate_need > final_need ? gate_need : final_need);
     const size_t need = off_h > SIZE_MAX - h_bytes ? SIZE_MAX : off_h + h_bytes;
     bool run;
@@ -265,10 +262,10 @@ static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_m
         a->h.data = ws.data;
         a->h.offset = (int64_t)(ws.offset + off_h);
     } else {
-        MF_TRY(in_forward(ctx, op, mf_workspace(ctx, h_bytes ? h_bytes : 1, &a->h.data)));
+        MF_TRY(mf_moe_in_forward(ctx, op, mf_workspace(ctx, h_bytes ? h_bytes : 1, &a->h.data)));
     }
-    MF_TRY(in_forward(ctx, op, ctx->backend->moe_gate(ctx, ctx->state, a)));
-    return in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, a));
+    MF_TRY(mf_moe_in_forward(ctx, op, ctx->backend->moe_gate(ctx, ctx->state, a)));
+    return mf_moe_in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, a));
 }
 
 static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
@@ -278,10 +275,10 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
                                   const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
-    MF_TRY(check_moe_options(ctx, op, opt, &a.opt));
+    MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
     MF_TRY(check_final_weights(ctx, op, w2, b2, x->dtype, "x", &a));
-    MF_TRY(check_routing(ctx, op, routing, true, &a));
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a));
     MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
     int64_t want[2] = {a.tokens, a.model_dim};
     MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
@@ -289,7 +286,7 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     a.out = *out;
     mf_operand operands[9] = {{"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
                               {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
-    routing_operands(routing, operands + 6);
+    mf_moe_routing_operands(routing, operands + 6);
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, 9, &idle));
     if (idle)
@@ -297,7 +294,7 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a.h = mf_absent();
         size_t need;
-        MF_TRY(step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, measure, &need));
+        MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, measure, &need));
         bool run;
         MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
         return run ? ctx->backend->moe_forward(ctx, ctx->state, &a) : MOEFUSE_OK;

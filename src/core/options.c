@@ -83,7 +83,8 @@ moefuse_status mf_normalize_quant(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const moefuse_tensor *scales,
+moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const char *name,
+                               const moefuse_tensor *scales,
                                const moefuse_quant_options *opt, bool masked, int64_t experts, int64_t rows,
                                int64_t groups, moefuse_tensor *normalized)
 {
@@ -107,8 +108,8 @@ moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const moefu
     }
     if (mf_present(scales) && scales->dtype == MOEFUSE_U8 && !opt->ue8m0)
         return mf_error(ctx, MOEFUSE_ERR_DTYPE,
-                        "%s: scales are u8 (UE8M0 exponents) but the ue8m0 option is off", op);
-    moefuse_status status = mf_check_tensor(ctx, op, "scales", scales, rank, allowed);
+                        "%s: %s are u8 (UE8M0 exponents) but the ue8m0 option is off", op, name);
+    moefuse_status status = mf_check_tensor(ctx, op, name, scales, rank, allowed);
     if (status != MOEFUSE_OK)
         return status;
     static const char *const layout_what[] = {
@@ -116,7 +117,7 @@ moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const moefu
         "the column-major layout [H/G, round_up(T, 4)]",
         "the packed UE8M0 layout [ceil(H/G/4), round_up(T, 4)]",
     };
-    status = mf_expect_shape(ctx, op, "scales", scales, want, layout_what[opt->scale_layout]);
+    status = mf_expect_shape(ctx, op, name, scales, want, layout_what[opt->scale_layout]);
     if (status != MOEFUSE_OK)
         return status;
     *normalized = masked ? *scales : mf_with_leading_unit(scales);

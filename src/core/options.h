@@ -21,7 +21,8 @@ moefuse_status mf_normalize_quant(moefuse_context *ctx, const char *op,
  * Check the scales tensor against its layout (masked: the 3-D layout)
  * and return it normalised to rank 3. `experts` is read only when masked.
  */
-moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const moefuse_tensor *scales,
+moefuse_status mf_check_scales(moefuse_context *ctx, const char *op, const char *name,
+                               const moefuse_tensor *scales,
                                const moefuse_quant_options *opt, bool masked, int64_t experts, int64_t rows,
                                int64_t groups, moefuse_tensor *normalized);
 
