@@ -1,0 +1,548 @@
+/*
+ * Hopper (sm_90a) FP8 GEMM of the MoE layer, warp-specialised and persistent, with the
+ * DeepSeek-V3 block scaling (docs/NUMERICS.md "FP8 MoE"): e4m3 x e4m3 wgmma, and the f32
+ * promotion of every 128-deep block, scaled by the A row's group scale times the weight
+ * block's scale, into a second accumulator.
+ *
+ * Tile: 64 rows (slots) x 256 weight rows, one stage per 128-deep block (128 bytes of every
+ * row: the block of the scales). Roles (384 threads, one block per SM):
+ *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
+ *    gate and up rows of h columns nb * 128 + [0, 64) and then of [64, 128), so that each
+ *    consumer holds both halves of its 64 h columns), the A rows gathered by cp.async (TMA
+ *    cannot gather), and the A rows' f32 scales of the block beside them.
+ *  - consumers, warpgroups 1 and 2: warpgroup w multiplies the 64 rows by weight rows
+ *    [128 w, 128 w + 128) with wgmma m64n128k32 (four per stage, the first overwriting the
+ *    block accumulator), waits, releases the stage and promotes:
+ *    main = fmaf(block, sa * sw, main). While one warpgroup promotes, the other's wgmma run.
+ * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (the two
+ *    warpgroups' halves meet in shared memory), the scale, the codes and the scale stored in
+ *    the caller's layout; final: bias and y in the output dtype (or f32 scratch for the
+ *    reduction).
+ * Scheduler: as moe_ws.cu, tiles from a counter in the route's order.
+ */
+#include "cuda/moe_fp8_ws.h"
+#include "cuda/moe_math.cuh"
+#include "cuda/moe_tiles.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/wgmma.cuh"
+
+#include <cuda.h>
+#include <limits.h>
+#include <string.h>
+
+#define F8_BN 256
+#ifndef F8_STAGES
+#define F8_STAGES 5
+#endif
+#define F8_THREADS 384
+#define F8_CONSUMERS 256
+#define F8_A_BYTES (F8_BM * 128)
+#define F8_BOX_ROWS 64
+#define F8_BOX_BYTES (F8_BOX_ROWS * 128)
+#define F8_B_BYTES (F8_BN * 128)
+#define F8_STAGE_BYTES (F8_A_BYTES + F8_B_BYTES)
+#define F8_FULL_ARRIVALS (128 + 1) /* the producer threads' cp.async, and the TMA bytes */
+#define F8_EMPTY_ARRIVALS 8        /* consumer warps */
+#define F8_BAR 1                   /* named barrier of the consumers */
+#define F8_BAR_PRODUCER 2          /* and of the producer warpgroup */
+#define F8_TILE_SLOTS 2
+#define F8_SMEM (F8_STAGES * F8_STAGE_BYTES + 1024)
+
+/* Tiles taken by the producer for the consumers, with each row's id (-1 past the tile). */
+struct F8Tiles {
+    uint64_t full[F8_TILE_SLOTS];  /* 128 producer arrivals: tile and rows written */
+    uint64_t empty[F8_TILE_SLOTS]; /* 1 arrival: the consumers have read the slot */
+    long long e[F8_TILE_SLOTS], nb[F8_TILE_SLOTS];
+    long long row[F8_TILE_SLOTS][F8_BM];
+};
+
+typedef struct F8Params {
+    CUtensorMap map_w; /* the weights as [E, rows, depth] bytes */
+    MoeFp8Ws g;
+} F8Params;
+
+#define F8_STATIC_SMEM                                                                             \
+    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + (F8_STAGES + 2) * F8_BM * 4 + 256)
+
+#ifdef MOE_WGMMA_DEVICE
+#define F8_DREGS \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define F8_DOUTS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 128, db), K-major. */
+static __device__ __forceinline__ void f8_wgmma(float (&d)[64], uint64_t da, uint64_t db,
+                                                int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" F8_DREGS "}, %64, "
+                 "%65, p, 1, 1;\n}\n"
+                 : F8_DOUTS(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+static __device__ __forceinline__ void f8_pin(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* One stage: d = A (64 rows at a0) x B (128 rows at b0) over 128 bytes of depth, in order. */
+static __device__ __forceinline__ void f8_block(float (&d)[64], uint32_t a0, uint32_t b0)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        f8_wgmma(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kk > 0);
+    wgmma_commit();
+}
+
+#ifdef F8_PROBE_NO_PROMOTE
+static __device__ __forceinline__ void f8_block_acc(float (&d)[64], uint32_t a0, uint32_t b0)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        f8_wgmma(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), 1);
+    wgmma_commit();
+}
+#endif
+
+/* 4-byte copy global -> shared; bytes 0 writes zeros and reads nothing. */
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* The tile of linear index lin: expert (-1 when none is left), column block, first list
+ * entry and entries (1..F8_BM). */
+static __device__ __forceinline__ void f8_tile_at(const MoeFp8Ws &p, long long lin,
+                                                  long long *e, long long *nb, long long *first,
+                                                  long long *count)
+{
+    *e = -1, *nb = 0, *first = 0, *count = 0;
+    if (lin >= p.tiles[p.E] * p.nblk)
+        return;
+    const long long ee = p.tile_expert[lin / p.nblk];
+    const long long t0 = p.tiles[ee], mtc = p.tiles[ee + 1] - t0;
+    const long long r = lin - t0 * p.nblk, mt = r % mtc;
+    *e = ee;
+    *nb = r / mtc;
+    *first = p.row_start[ee] + mt * F8_BM;
+    const long long c = p.row_end[ee] - *first;
+    *count = c < F8_BM ? c : F8_BM;
+}
+
+/* The weight rows (the first of each TMA box) of column block nb. */
+template <bool GATE>
+static __device__ __forceinline__ int f8_box_row(const MoeFp8Ws &p, long long nb, int box)
+{
+    if (GATE)
+        return (int)((box & 1 ? p.up_row : p.gate_row) + nb * 128 + (box >> 1) * F8_BOX_ROWS);
+    return (int)(nb * F8_BN + box * F8_BOX_ROWS);
+}
+
+template <bool GATE>
+static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sbase,
+                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl,
+                                                  float (*sc)[F8_BM])
+{
+    const MoeFp8Ws &p = P.g;
+    const int tid = threadIdx.x; /* 0..127 */
+    const int crow = tid >> 3, chunk = tid & 7;
+    const uint32_t dst = (uint32_t)crow * 128u + (uint32_t)((chunk ^ (crow & 7)) << 4);
+    constexpr int ROWS = F8_BM / 16; /* A rows per thread: crow + 16 i */
+    HpPipe<F8_STAGES> ps = {0, 0u};
+    HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
+    __shared__ long long first_s, count_s;
+    for (;;) {
+        const int slot = ts.stage;
+        if (tid == 0) {
+            hp_mbar_wait(smem_u32(&tl.empty[slot]), ts.phase ^ 1u);
+            long long e, nb, first, count;
+            f8_tile_at(p, (long long)atomicAdd(p.tile_ctr, 1u), &e, &nb, &first, &count);
+            tl.e[slot] = e;
+            tl.nb[slot] = nb;
+            first_s = first;
+            count_s = count;
+        }
+        moe_sync<F8_BAR_PRODUCER, 128>();
+        const long long e = tl.e[slot], nb = tl.nb[slot], first = first_s, count = count_s;
+        ts.advance();
+        const uint8_t *arow[ROWS];
+        const float *srow[ROWS];
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            const int r = crow + 16 * i;
+            long long row = -1;
+            if (r < count) {
+                row = p.list ? p.list[first + r] : first + r;
+                const long long pp = row / p.div, q = row % p.div;
+                arow[i] = p.a + pp * p.a_s0 + q * p.a_s1;
+                srow[i] = p.a_sc + (pp * p.sc_s0 + q * p.sc_s1) * p.nkb;
+            } else {
+                arow[i] = nullptr;
+                srow[i] = nullptr;
+            }
+            if (chunk == 0)
+                tl.row[slot][r] = row;
+        }
+        hp_mbar_arrive(smem_u32(&tl.full[slot])); /* release: this thread's rows are visible */
+        moe_sync<F8_BAR_PRODUCER, 128>();         /* first_s, count_s read by all */
+        if (e < 0)
+            break;
+        for (long long kb = 0; kb < p.nkb; kb++) {
+            const uint32_t stage = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
+            const uint32_t fb = smem_u32(&full[ps.stage]);
+            hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
+            if (tid == 0) {
+                hp_mbar_arrive_tx(fb, F8_B_BYTES);
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    hp_tma_load_3d(stage + F8_A_BYTES + b * F8_BOX_BYTES, &P.map_w, fb,
+                                   (int)(kb * F8_BK), f8_box_row<GATE>(p, nb, b), (int)e);
+            }
+#pragma unroll
+            for (int i = 0; i < ROWS; i++)
+                cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
+                           arow[i] ? (const void *)(arow[i] + kb * F8_BK + chunk * 16)
+                                   : (const void *)p.a,
+                           arow[i] ? 16 : 0);
+            if (chunk == 0) {
+#pragma unroll
+                for (int i = 0; i < ROWS; i++)
+                    cp_async4(smem_u32(&sc[ps.stage][crow + 16 * i]),
+                              srow[i] ? (const void *)(srow[i] + kb) : (const void *)p.a_sc,
+                              srow[i] ? 4 : 0);
+            }
+            hp_cp_async_arrive(fb);
+            ps.advance();
+        }
+    }
+    cp_async_wait<0>(); /* no copy of this thread outlives it */
+}
+
+/* The scale of weight block (e, row block rb, depth block kb) as f32. */
+static __device__ __forceinline__ float f8_wscale(const MoeFp8Ws &p, long long e, long long rb,
+                                                  long long kb)
+{
+    const long long i = e * p.wsc_s0 + rb * p.wsc_s1 + kb;
+    return p.w_sc_u8 ? mf_ue8m0_read(__ldg((const uint8_t *)p.w_sc + i))
+                     : __ldg((const float *)p.w_sc + i);
+}
+
+/* Store the scale of (lead, row, group g) of Gn groups in the caller's layout; the unused bytes
+ * of a packed row's last word go with its last group. */
+static __device__ __forceinline__ void f8_store_scale(const Fp8ScaleView &v, long long lead,
+                                                      long long row, long long g, long long gn,
+                                                      float s, uint32_t ue)
+{
+    const long long i1 = v.column_major ? (v.kind == 2 ? g / 4 : g) : row;
+    const long long i2 = v.column_major ? row : g;
+    const long long at = lead * v.s0 + i1 * v.s1 + i2 * v.s2;
+    if (v.kind == 0) {
+        ((float *)v.p)[at] = s;
+    } else if (v.kind == 1) {
+        ((uint8_t *)v.p)[at] = (uint8_t)ue;
+    } else {
+        uint8_t *w = (uint8_t *)v.p + at * 4;
+        w[g % 4] = (uint8_t)ue;
+        if (g == gn - 1)
+            for (long long b = g % 4 + 1; b < 4; b++)
+                w[b] = 0;
+    }
+}
+
+/* The code of one value of h with scale s (docs/NUMERICS.md quantization step 5). */
+static __device__ __forceinline__ uint32_t f8_code(float v, float s)
+{
+    if (mf_is_nan(v))
+        return ((mf_f32_bits(v) >> 24) & 0x80u) | 0x7Fu;
+    return mf_f32_to_e4m3(__fdiv_rn(v, s));
+}
+
+/*
+ * Gate epilogue. Accumulator 4 i + v: tile row r0 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4)
+ * + (v & 1) of this warpgroup's 128: i < 8 the gate rows, i + 8 their up rows, of h column
+ * nb * 128 + 64 cw + 8 i + 2 (lane % 4) + (v & 1).
+ */
+static __device__ __forceinline__ void f8_gate_out(const MoeFp8Ws &p, long long e, long long nb,
+                                                   const long long (&row)[2], float (&m)[64],
+                                                   float (*amx)[F8_BM], int cw, int r0, int lane)
+{
+    const long long c0 = nb * 128 + 64 * cw + 2 * (lane & 3);
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const long long c = c0 + 8 * i + (v & 1);
+            float g = m[4 * i + v], u = m[4 * (i + 8) + v];
+            if (p.bias) {
+                g = __fadd_rn(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + c));
+                u = __fadd_rn(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + c));
+            }
+            const float h = mfm_gated(p.act, p.limit, g, u);
+            m[4 * i + v] = h;
+            const float a = fabsf(h);
+            if (mf_is_finite(h) && a > amax[v >> 1])
+                amax[v >> 1] = a;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
+    }
+    if ((lane & 3) == 0) {
+        amx[cw][r0] = amax[0];
+        amx[cw][r0 + 8] = amax[1];
+    }
+    moe_sync<F8_BAR, F8_CONSUMERS>();
+    const long long gn = p.ncols / 128;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] < 0)
+            continue;
+        const int r = r0 + 8 * h;
+        float a = fmaxf(amx[0][r], amx[1][r]);
+        a = a > p.eps ? a : p.eps;
+        float s = __fdiv_rn(a, 448.0f);
+        uint32_t ue = 0u;
+        if (p.ue8m0) {
+            ue = mf_ue8m0_exponent(s);
+            s = mf_bits_f32(ue << 23);
+        }
+        const long long pp = row[h] / p.div, q = row[h] % p.div;
+        uint8_t *dst = p.h + pp * p.h_s0 + q * p.h_s1 + c0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = f8_code(m[4 * i + 2 * h], s), hi = f8_code(m[4 * i + 2 * h + 1], s);
+            *(uint16_t *)(dst + 8 * i) = (uint16_t)(lo | (hi << 8));
+        }
+        if (cw == 0 && (lane & 3) == 0)
+            f8_store_scale(p.hs, p.masked ? pp : 0, p.masked ? q : row[h], nb, gn, s, ue);
+    }
+}
+
+/* Final epilogue: y = main + bias in out's dtype, columns nb * 256 + 128 cw + 8 i + ... */
+static __device__ __forceinline__ void f8_final_out(const MoeFp8Ws &p, long long e, long long nb,
+                                                    const long long (&row)[2],
+                                                    const float (&m)[64], int cw, int lane)
+{
+    const long long c0 = nb * F8_BN + 128 * cw + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] < 0)
+            continue;
+        const long long pp = row[h] / p.div, q = row[h] % p.div;
+        const long long base = pp * p.o_s0 + q * p.o_s1;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const long long c = c0 + 8 * i + x;
+                if (c >= p.ncols)
+                    continue;
+                float y = m[4 * i + 2 * h + x];
+                if (p.bias)
+                    y = __fadd_rn(y, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + c));
+                mfm_store(p.out, p.out_dt, base + c, y);
+            }
+        }
+    }
+}
+
+template <bool GATE>
+static __device__ __forceinline__ void f8_consume(const MoeFp8Ws &p, uint32_t sbase,
+                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl,
+                                                  float (*sc)[F8_BM], float (*amx)[F8_BM])
+{
+    const int ctid = (int)threadIdx.x - 128; /* 0..255 */
+    const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+    const int r0 = warp * 16 + (lane >> 2);
+    HpPipe<F8_STAGES> ps = {0, 0u};
+    HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
+    float acc[64], m[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f;
+    for (;;) {
+        const int slot = ts.stage;
+        hp_mbar_wait(smem_u32(&tl.full[slot]), ts.phase);
+        ts.advance();
+        const long long e = tl.e[slot], nb = tl.nb[slot];
+        const long long row[2] = {e >= 0 ? tl.row[slot][r0] : -1,
+                                  e >= 0 ? tl.row[slot][r0 + 8] : -1};
+        moe_sync<F8_BAR, F8_CONSUMERS>(); /* every consumer has read the slot */
+        if (ctid == 0)
+            hp_mbar_arrive(smem_u32(&tl.empty[slot]));
+        if (e < 0)
+            break;
+        /* the weight scale blocks of this warpgroup's rows: gate (and up) rows, or y rows */
+        const long long rb_a = GATE ? (p.gate_row + nb * 128) / 128 : (nb * F8_BN + 128 * cw) / 128;
+        const long long rb_b = GATE ? (p.up_row + nb * 128) / 128 : rb_a;
+        const bool live = GATE || nb * F8_BN + 128 * cw < p.ncols; /* final: rows past K */
+#pragma unroll
+        for (int i = 0; i < 64; i++)
+            m[i] = 0.0f;
+        float swa = live ? f8_wscale(p, e, rb_a, 0) : 0.0f;
+        float swb = GATE ? f8_wscale(p, e, rb_b, 0) : swa;
+        for (long long kb = 0; kb < p.nkb; kb++) {
+            float swa_next = 0.0f, swb_next = 0.0f; /* the next block's, loaded ahead */
+            if (kb + 1 < p.nkb && live) {
+                swa_next = f8_wscale(p, e, rb_a, kb + 1);
+                swb_next = GATE ? f8_wscale(p, e, rb_b, kb + 1) : swa_next;
+            }
+            hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
+            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+            const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
+            f8_pin(acc);
+#ifdef F8_PROBE_NO_PROMOTE
+            f8_block_acc(acc, sa, sa + F8_A_BYTES + (uint32_t)(cw * 128 * 128));
+            wgmma_wait<1>();
+#else
+            f8_block(acc, sa, sa + F8_A_BYTES + (uint32_t)(cw * 128 * 128));
+            wgmma_wait<0>();
+#endif
+            f8_pin(acc);
+            const float s_lo = sc[ps.stage][r0], s_hi = sc[ps.stage][r0 + 8];
+            __syncwarp();
+            if (lane == 0)
+                hp_mbar_arrive(smem_u32(&empty[ps.stage]));
+            ps.advance();
+            const float f_lo_a = __fmul_rn(s_lo, swa), f_hi_a = __fmul_rn(s_hi, swa);
+            const float f_lo_b = __fmul_rn(s_lo, swb), f_hi_b = __fmul_rn(s_hi, swb);
+#ifndef F8_PROBE_NO_PROMOTE
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const bool up = GATE && i >= 8;
+                const float flo = up ? f_lo_b : f_lo_a, fhi = up ? f_hi_b : f_hi_a;
+                m[4 * i + 0] = __fmaf_rn(acc[4 * i + 0], flo, m[4 * i + 0]);
+                m[4 * i + 1] = __fmaf_rn(acc[4 * i + 1], flo, m[4 * i + 1]);
+                m[4 * i + 2] = __fmaf_rn(acc[4 * i + 2], fhi, m[4 * i + 2]);
+                m[4 * i + 3] = __fmaf_rn(acc[4 * i + 3], fhi, m[4 * i + 3]);
+            }
+#endif
+            swa = swa_next;
+            swb = swb_next;
+        }
+        if (GATE)
+            f8_gate_out(p, e, nb, row, m, amx, cw, r0, lane);
+        else if (live)
+            f8_final_out(p, e, nb, row, m, cw, lane);
+    }
+}
+#endif
+
+template <bool GATE>
+__global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_constant__ F8Params P)
+{
+#ifdef MOE_WGMMA_DEVICE
+    extern __shared__ uint4 smem_raw[];
+    __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
+    __shared__ F8Tiles tl;
+    __shared__ float sc[F8_STAGES][F8_BM];
+    __shared__ float amx[2][F8_BM];
+    /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
+    const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < F8_STAGES; st++) {
+            hp_mbar_init(smem_u32(&full[st]), F8_FULL_ARRIVALS);
+            hp_mbar_init(smem_u32(&empty[st]), F8_EMPTY_ARRIVALS);
+        }
+        for (int st = 0; st < F8_TILE_SLOTS; st++) {
+            hp_mbar_init(smem_u32(&tl.full[st]), 128);
+            hp_mbar_init(smem_u32(&tl.empty[st]), 1);
+        }
+        hp_mbar_init_fence();
+    }
+    if (threadIdx.x == 32)
+        hp_tma_prefetch(&P.map_w);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        hp_regs_dec<56>();
+        f8_produce<GATE>(P, sbase, full, empty, tl, sc);
+    } else {
+        hp_regs_inc<224>();
+        f8_consume<GATE>(P.g, sbase, full, empty, tl, sc, amx);
+    }
+#else
+    (void)P; /* never launched: the host checks for sm_90a first */
+#endif
+}
+
+typedef CUresult (*f8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                 const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                 const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The weights as a 3-D byte tensor map [E, rows, depth], boxes of 64 rows x 128 bytes. */
+static int encode_weights(const cuda_state *s, const MoeFp8Ws *p, int gate, CUtensorMap *map)
+{
+    const int64_t rows = gate ? 2 * p->ncols : p->ncols, depth = p->nkb * F8_BK;
+    if (!s->tensor_map_encode || depth >= INT_MAX - 256 || rows >= INT_MAX - 512 ||
+        p->E >= INT_MAX || p->w_s1 <= 0 || p->w_s0 <= 0 || p->w_s1 % 16 || p->w_s0 % 16 ||
+        ((uintptr_t)p->w & 15u))
+        return 0;
+    const cuuint64_t dims[3] = {(cuuint64_t)depth, (cuuint64_t)rows, (cuuint64_t)p->E};
+    const cuuint64_t strides[2] = {(cuuint64_t)p->w_s1, (cuuint64_t)p->w_s0};
+    const cuuint32_t box[3] = {F8_BK, F8_BOX_ROWS, 1}, estride[3] = {1, 1, 1};
+    f8_encode_fn encode = (f8_encode_fn)s->tensor_map_encode;
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)p->w, dims, strides, box,
+                  estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int moe_fp8_ws_usable(const cuda_state *s)
+{
+    return moe_wgmma_usable(s) && s->tensor_map_encode &&
+           (size_t)F8_SMEM + F8_STATIC_SMEM <= s->smem_optin;
+}
+
+template <bool GATE>
+static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op,
+                             const MoeFp8Ws *p)
+{
+    void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE>;
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, F8_SMEM, F8_SMEM + F8_STATIC_SMEM,
+                          &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0)),
+                          "cudaFuncSetAttribute(moe_fp8_ws_kernel)"));
+    if (!p)
+        return MOEFUSE_OK;
+    F8Params P;
+    memset(&P, 0, sizeof P);
+    if (!encode_weights(s, p, GATE, &P.map_w))
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                        "%s: internal error: the FP8 weights were taken for a tensor map that "
+                        "the driver refused",
+                        op);
+    P.g = *p;
+    const long long tiles = p->lin_bound;
+    const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
+    moe_fp8_ws_kernel<GATE><<<grid > 0 ? grid : 1, F8_THREADS, F8_SMEM, s->stream>>>(P);
+    return mf_cuda_launched(ctx, op, GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
+}
+
+moefuse_status moe_fp8_ws_launch(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
+                                 const MoeFp8Ws *p)
+{
+    return gate ? launch<true>(ctx, s, op, p) : launch<false>(ctx, s, op, p);
+}
