@@ -139,6 +139,13 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
                         "cuda: MOEFUSE_CUDA_SPLIT=%.64s is not an integer from 1 to 8",
                         getenv("MOEFUSE_CUDA_SPLIT"));
     }
+    s->fp8_gemm = mf_cuda_fp8_gemm_from_env();
+    if (s->fp8_gemm < 0) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_FP8=%.64s is neither portable nor wgmma",
+                        getenv("MOEFUSE_CUDA_FP8"));
+    }
     cudaError_t e = cudaSetDevice(s->device);
     struct cudaDeviceProp prop;
     if (e == cudaSuccess)
@@ -386,6 +393,8 @@ MF_CUDA_OP(topk_softmax, mf_topk_args)
 MF_CUDA_OP(moe_gate, mf_moe_args)
 MF_CUDA_OP(moe_final, mf_moe_args)
 MF_CUDA_OP(moe_forward, mf_moe_args)
+MF_CUDA_OP(moe_gate_fp8, mf_moe_args)
+MF_CUDA_OP(moe_final_fp8, mf_moe_args)
 #undef MF_CUDA_OP
 
 const moefuse_backend_i mf_backend_cuda = {
@@ -416,4 +425,9 @@ const moefuse_backend_i mf_backend_cuda = {
     .moe_gate_workspace = mf_cuda_moe_gate_workspace,
     .moe_final_workspace = mf_cuda_moe_final_workspace,
     .moe_forward_workspace = mf_cuda_moe_forward_workspace,
+    /* FP8: gate and final; the core runs a whole layer as the two (h in its workspace) */
+    .moe_gate_fp8 = cuda_moe_gate_fp8,
+    .moe_final_fp8 = cuda_moe_final_fp8,
+    .moe_gate_fp8_workspace = mf_cuda_moe_gate_fp8_workspace,
+    .moe_final_fp8_workspace = mf_cuda_moe_final_fp8_workspace,
 };

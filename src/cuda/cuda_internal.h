@@ -65,6 +65,9 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_SPLIT: blocks sharing the depth of a decode tile (1..8), or 0 for the
      * choice by shape (mf_cuda_split_from_env) */
     int forced_split;
+    /* MOEFUSE_CUDA_FP8: the FP8 GEMM forced (enum fp8_gemm_kind), or 0 for the choice by
+     * device (mf_cuda_fp8_gemm_from_env; moe_fp8.cu's fp8_gemm_for) */
+    int fp8_gemm;
     const void *checked_ptr;
     unsigned long long checked_base;
     size_t checked_size;
@@ -138,6 +141,24 @@ moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_
 moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state, const mf_moe_args *a);
+/*
+ * quant as a step of another operation (the FP8 MoE's x): the same kernels and bits, with the
+ * scratch it needs (mf_cuda_quant_scratch_bytes: the masked layout's row offsets past 4096
+ * experts, else 0) a share of the caller's own request, so a call still asks once.
+ */
+size_t mf_cuda_quant_scratch_bytes(const mf_rows_args *a);
+moefuse_status mf_cuda_quant_in_call(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
+                                     const char *op, void *scratch);
+/* FP8 MoE (moe_fp8.cu). */
+moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
+                                              const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
+                                               const mf_moe_args *a, size_t *bytes);
+/* MOEFUSE_CUDA_FP8 as an FP8 GEMM (enum fp8_gemm_kind, moe_fp8.h): 0 when unset or empty,
+ * -1 when it names none. */
+int mf_cuda_fp8_gemm_from_env(void);
 /* The bytes of scratch each takes (backend.h's *_workspace members). */
 moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
                                       size_t *bytes);

@@ -1594,9 +1594,10 @@ extern "C" moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *sta
     return MOEFUSE_OK;
 }
 
-/* Row offsets of the masked layout: shared memory (dynamic bytes in *smem) or global scratch. */
+/* Row offsets of the masked layout: shared memory (dynamic bytes in *smem) or global scratch
+ * (`given`, a caller's share of its own scratch, or this call's request). */
 static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_params *p,
-                                     const char *op, size_t *smem)
+                                     const char *op, void *given, size_t *smem)
 {
     *smem = 0;
     if (!p->counts)
@@ -1606,8 +1607,9 @@ static moefuse_status masked_offsets(moefuse_context *ctx, cuda_state *s, rows_p
         *smem = (size_t)(p->E + 1) * sizeof(int64_t);
         return MOEFUSE_OK;
     }
-    void *offs;
-    MF_TRY(mf_cuda_scratch(ctx, s, bytes, op, &offs));
+    void *offs = given;
+    if (!offs)
+        MF_TRY(mf_cuda_scratch(ctx, s, bytes, op, &offs));
     mf_k_count_prefix<<<1, 1024, 0, s->stream>>>(p->counts, p->cs0, p->E, p->T, (int64_t *)offs);
     MF_TRY(mf_cuda_launched(ctx, op, "mf_k_count_prefix"));
     p->offs_g = (const int64_t *)offs;
@@ -1660,7 +1662,7 @@ void mf_cuda_probe_pdl(cuda_state *s)
 }
 
 static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
-                                 const char *op)
+                                 const char *op, void *offs_scratch)
 {
     rows_params p;
     fill_common(&p, a);
@@ -1692,7 +1694,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
         p.vec_x = rows_aligned(&a->x, 16, E) && (p.H * p.xes) % 16 == 0;
         p.vec_q = rows_aligned(&a->out, 8, E);
         size_t smem;
-        MF_TRY(masked_offsets(ctx, s, &p, op, &smem));
+        MF_TRY(masked_offsets(ctx, s, &p, op, offs_scratch, &smem));
         if (warp_path) {
             /* quant (no activation) runs in the plain kernels, which never call act8 for it */
             const int tab = table_kernel(s, &p);
@@ -1764,12 +1766,23 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
 moefuse_status mf_cuda_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a)
 {
     return rows_quant(ctx, (cuda_state *)state, a,
-                      a->counts.data ? "act_quant_masked" : "act_quant");
+                      a->counts.data ? "act_quant_masked" : "act_quant", NULL);
 }
 
 moefuse_status mf_cuda_quant(moefuse_context *ctx, void *state, const mf_rows_args *a)
 {
-    return rows_quant(ctx, (cuda_state *)state, a, "quant");
+    return rows_quant(ctx, (cuda_state *)state, a, "quant", NULL);
+}
+
+size_t mf_cuda_quant_scratch_bytes(const mf_rows_args *a)
+{
+    return offsets_scratch_bytes(a->counts.data != NULL, a->experts);
+}
+
+moefuse_status mf_cuda_quant_in_call(moefuse_context *ctx, cuda_state *s, const mf_rows_args *a,
+                                     const char *op, void *scratch)
+{
+    return rows_quant(ctx, s, a, op, scratch);
 }
 
 moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a)

@@ -1,0 +1,398 @@
+/*
+ * moe_gate_fp8 and moe_final_fp8 of the CUDA backend: the host side (docs/NUMERICS.md "FP8
+ * MoE"). As moe_ops.cu: everything is enqueued on s->stream, no device data is read on the
+ * host, and each call makes one scratch request sized from the shapes alone, so the calls are
+ * graph-capturable with a caller's workspace (no allocation, no synchronisation).
+ *
+ * A call, routed: the route kernels (moe_route.cu) list the valid slots by expert in tiles of
+ * bm; an f32/f16/bf16 x is quantized into scratch by quant's own kernels (rows.cu, row-major
+ * f32 scales: the same codes and scale values as any act layout); one GEMM; the gate fills
+ * what no tile writes (invalid slots, scale padding rows); the reduced final sums y [S, K]
+ * (f32 scratch) in slot order. Masked: tiles (expert, rows t0..t0+bm-1) whose rows past n[e]
+ * (clamped on the device) exit at once; x is quantized for the valid rows only.
+ * The kernel: fp8_gemm_for; the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
+ */
+#include "cuda/moe_fp8.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" int mf_cuda_fp8_gemm_from_env(void)
+{
+    const char *v = getenv("MOEFUSE_CUDA_FP8");
+    if (!v || !*v)
+        return FP8_GEMM_AUTO;
+    if (strcmp(v, "portable") == 0)
+        return FP8_GEMM_PORTABLE;
+    if (strcmp(v, "wgmma") == 0)
+        return FP8_GEMM_WGMMA;
+    return -1;
+}
+
+/*
+ * The FP8 GEMM a call runs: what MOEFUSE_CUDA_FP8 forces, else by device. The one place to
+ * choose: the Hopper kernel, once written, goes here (sm_90a built and a 9.0 device), and
+ * both steps of a layer ask it the same way, so a layer's gate and final agree.
+ */
+static int fp8_gemm_for(const cuda_state *s)
+{
+    (void)s->fp8_gemm; /* FP8_GEMM_WGMMA and FP8_GEMM_AUTO: no Hopper kernel yet */
+    return FP8_GEMM_PORTABLE;
+}
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+typedef struct fp8_plan {
+    int gate, bm, quant_x, reduce;
+    int64_t S, rows, blocks; /* slots (routed) or Tmax (masked); expert blocks of x (1 routed) */
+    int64_t tiles_bound;
+    size_t off_count, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of, off_list;
+    size_t off_tok_valid, off_qscratch, off_xq, off_xs, off_y, bytes;
+    size_t qscratch;
+    mf_rows_args q; /* x's quantization (quant_x), data set at the call */
+} fp8_plan;
+
+/* Reserve `n` (= a * b * c bytes) at *at; false on overflow. */
+static bool reserve(size_t *at, size_t *off, size_t a, size_t b, size_t c)
+{
+    size_t n;
+    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n))
+        return false;
+    *off = align256(*at);
+    return !__builtin_add_overflow(*off, n, at);
+}
+
+/* Tile height: from the rows per touched expert (routed) or Tmax (masked). */
+static int pick_bm(int gate, int64_t per_expert)
+{
+    if (per_expert <= 8)
+        return 8; /* decode: the weights stream through, 8 rows each */
+    if (gate || per_expert <= 32)
+        return 32;
+    return 64;
+}
+
+/* A rank-2 tensor as rank 3 with a leading unit dimension. */
+static moefuse_tensor lift(const moefuse_tensor *t)
+{
+    moefuse_tensor r = *t;
+    if (t->rank == 2) {
+        r.rank = 3;
+        r.shape[0] = 1, r.shape[1] = t->shape[0], r.shape[2] = t->shape[1];
+        r.stride[0] = 0, r.stride[1] = t->stride[0], r.stride[2] = t->stride[1];
+    }
+    return r;
+}
+
+static moefuse_status plan_fp8(moefuse_context *ctx, const char *op, const mf_moe_args *a,
+                               int gate, fp8_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    const int64_t E = a->experts, K = a->model_dim, M = a->tokens;
+    pl->gate = gate;
+    pl->reduce = !gate && a->reduce;
+    pl->S = a->masked ? 0 : M * a->topk;
+    pl->rows = a->masked ? a->tokens : pl->S;
+    pl->blocks = a->masked ? E : 1;
+    pl->quant_x = gate && a->x.dtype != MOEFUSE_F8_E4M3;
+    if (a->masked) {
+        pl->bm = pick_bm(gate, M);
+    } else {
+        const int64_t busy = E < pl->S ? E : pl->S;
+        pl->bm = pick_bm(gate, busy > 0 ? (pl->S + busy - 1) / busy : 1);
+    }
+    if (!a->masked && pl->S == 0)
+        return MOEFUSE_OK; /* nothing to multiply; no scratch */
+    pl->tiles_bound = pl->S / pl->bm + (E < pl->S ? E : pl->S);
+    size_t at = 0;
+    bool ok = true;
+    if (!a->masked) {
+        const size_t S = (size_t)pl->S;
+        ok = ok && reserve(&at, &pl->off_count, (size_t)E, 8, 1);
+        ok = ok && reserve(&at, &pl->off_fill, (size_t)E, 8, 1);
+        ok = ok && reserve(&at, &pl->off_offs, (size_t)E + 1, 8, 1);
+        ok = ok && reserve(&at, &pl->off_tiles, (size_t)E + 1, 8, 1);
+        ok = ok && reserve(&at, &pl->off_tile_expert, (size_t)pl->tiles_bound, 4, 1);
+        ok = ok && reserve(&at, &pl->off_expert_of, S, 4, 1);
+        ok = ok && reserve(&at, &pl->off_list, S, 8, 1);
+        ok = ok && reserve(&at, &pl->off_tok_valid, (size_t)M, 4, 1);
+    }
+    if (pl->quant_x) {
+        /* x's codes [blocks, T, K] and row-major f32 scales [blocks, T, K / 128] */
+        const int64_t T = M, groups = K / FP8_BLOCK; /* T: M routed, Tmax masked */
+        mf_rows_args *q = &pl->q;
+        q->x = lift(&a->x);
+        if (a->masked)
+            q->counts = a->counts; /* the valid rows only; routed: absent (data NULL) */
+        q->experts = pl->blocks;
+        q->rows = T;
+        q->hidden = K;
+        q->group = FP8_BLOCK;
+        q->groups = groups;
+        q->rows_padded = (T + 3) / 4 * 4;
+        q->activate = false;
+        q->quant = a->act;
+        q->quant.group_size = FP8_BLOCK;
+        q->quant.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+        q->quant.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+        q->zero_tail = false;
+        const int64_t qshape[3] = {pl->blocks, T, K}, sshape[3] = {pl->blocks, T, groups};
+        q->out = moefuse_tensor_dense(NULL, MOEFUSE_F8_E4M3, 3, qshape);
+        q->scales = moefuse_tensor_dense(NULL, MOEFUSE_F32, 3, sshape);
+        pl->qscratch = mf_cuda_quant_scratch_bytes(q);
+        ok = ok && reserve(&at, &pl->off_qscratch, pl->qscratch, 1, 1);
+        ok = ok && reserve(&at, &pl->off_xq, (size_t)pl->blocks * (size_t)T, (size_t)K, 1);
+        ok = ok && reserve(&at, &pl->off_xs, (size_t)pl->blocks * (size_t)T, (size_t)groups, 4);
+    }
+    if (pl->reduce)
+        ok = ok && reserve(&at, &pl->off_y, (size_t)pl->S, (size_t)K, 4);
+    if (!ok)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
+    pl->bytes = at;
+    return MOEFUSE_OK;
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static Fp8ActScales act_view(const moefuse_tensor *t, const mf_moe_args *a)
+{
+    Fp8ActScales v;
+    v.p = mf_cuda_base(t);
+    v.s0 = t->stride[0];
+    v.s1 = t->stride[1];
+    v.layout = (int)a->act.scale_layout;
+    v.u8 = t->dtype != MOEFUSE_F32;
+    return v;
+}
+
+static Fp8WScales w_view(const moefuse_tensor *t)
+{
+    Fp8WScales v;
+    v.p = mf_cuda_base(t);
+    v.s0 = t->stride[0];
+    v.s1 = t->stride[1];
+    v.s2 = t->stride[2];
+    v.u8 = t->dtype == MOEFUSE_U8;
+    return v;
+}
+
+/* The route over the scratch (routed), or the masked layout's expert count (rt.E). */
+static MoeRoute route_view(const mf_moe_args *a, const fp8_plan *pl, char *scratch,
+                           MoeRouteBufs *b)
+{
+    MoeRoute rt;
+    memset(&rt, 0, sizeof rt);
+    memset(b, 0, sizeof *b);
+    rt.E = a->experts;
+    if (a->masked || pl->S == 0)
+        return rt;
+    b->count = (unsigned long long *)(scratch + pl->off_count);
+    b->fill = (unsigned long long *)(scratch + pl->off_fill);
+    b->offs = (long long *)(scratch + pl->off_offs);
+    b->tiles = (long long *)(scratch + pl->off_tiles);
+    b->tile_expert = (int *)(scratch + pl->off_tile_expert);
+    b->expert_of = (int *)(scratch + pl->off_expert_of);
+    b->list = (long long *)(scratch + pl->off_list);
+    b->tok_valid = (int *)(scratch + pl->off_tok_valid);
+    rt.ids = (const int32_t *)mf_cuda_base(&a->topk_ids);
+    rt.ids_s0 = a->topk_ids.stride[0];
+    rt.map = a->expert_map.data ? (const int32_t *)mf_cuda_base(&a->expert_map) : NULL;
+    rt.map_s0 = a->expert_map.data ? a->expert_map.stride[0] : 0;
+    rt.topk = a->topk;
+    rt.S = pl->S;
+    rt.Eg = a->global_experts;
+    rt.offs = b->offs;
+    rt.tiles = b->tiles;
+    rt.tile_expert = b->tile_expert;
+    rt.list = b->list;
+    return rt;
+}
+
+/* What both GEMMs share: layout, route, weights, bias, tiles. */
+static Fp8Gemm common_params(const mf_moe_args *a, const fp8_plan *pl, const MoeRoute *rt,
+                             const moefuse_tensor *w, const moefuse_tensor *ws,
+                             const moefuse_tensor *bias, int64_t depth, int64_t ncols)
+{
+    Fp8Gemm g;
+    memset(&g, 0, sizeof g);
+    g.rt = *rt;
+    g.masked = a->masked;
+    if (a->masked) {
+        g.counts = (const int32_t *)mf_cuda_base(&a->counts);
+        g.counts_s0 = a->counts.stride[0];
+        g.tmax = a->tokens;
+    }
+    g.w = (const uint8_t *)mf_cuda_base(w);
+    g.w_s0 = w->stride[0];
+    g.w_s1 = w->stride[1];
+    g.ws = w_view(ws);
+    g.vec_w = aligned16(g.w) && g.w_s0 % 16 == 0 && g.w_s1 % 16 == 0;
+    g.depth = depth;
+    g.ncols = ncols;
+    g.nblk = ncols / FP8_BLOCK;
+    if (bias->data) {
+        g.bias = mf_cuda_base(bias);
+        g.bias_s0 = bias->stride[0];
+        g.bias_dt = (int)bias->dtype;
+    }
+    g.act = (int)a->opt.activation;
+    g.limit = a->opt.limit;
+    long long lb;
+    if (__builtin_mul_overflow((long long)pl->tiles_bound, (long long)g.nblk, &lb))
+        lb = LLONG_MAX; /* blocks stop at the first index past the real tiles */
+    g.lin_bound = lb;
+    return g;
+}
+
+static void set_a(Fp8Gemm *g, const uint8_t *codes, int64_t s0, int64_t s1)
+{
+    g->a = codes;
+    g->a_s0 = s0;
+    g->a_s1 = s1;
+    g->vec_a = aligned16(codes) && s0 % 16 == 0 && s1 % 16 == 0;
+}
+
+extern "C" moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
+                                                         const mf_moe_args *a, size_t *bytes)
+{
+    (void)state;
+    fp8_plan pl;
+    MF_TRY(plan_fp8(ctx, "moe_gate_fp8", a, 1, &pl));
+    *bytes = pl.bytes;
+    return MOEFUSE_OK;
+}
+
+extern "C" moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
+                                                          const mf_moe_args *a, size_t *bytes)
+{
+    (void)state;
+    fp8_plan pl;
+    MF_TRY(plan_fp8(ctx, "moe_final_fp8", a, 0, &pl));
+    *bytes = pl.bytes;
+    return MOEFUSE_OK;
+}
+
+static moefuse_status take_scratch(moefuse_context *ctx, cuda_state *s, const char *op,
+                                   const fp8_plan *pl, char **scratch)
+{
+    *scratch = NULL;
+    if (pl->bytes > 0)
+        MF_TRY(mf_cuda_scratch(ctx, s, pl->bytes, op, (void **)scratch));
+    return MOEFUSE_OK;
+}
+
+extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state,
+                                               const mf_moe_args *a)
+{
+    static const char op[] = "moe_gate_fp8";
+    cuda_state *s = (cuda_state *)state;
+    fp8_plan pl;
+    MF_TRY(plan_fp8(ctx, op, a, 1, &pl));
+    if (!a->masked && pl.S == 0)
+        return MOEFUSE_OK; /* h has no rows */
+    (void)fp8_gemm_for(s);
+    char *scratch;
+    MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
+    MoeRouteBufs b;
+    const MoeRoute rt = route_view(a, &pl, scratch, &b);
+    if (!a->masked) {
+        const MoeZero none = {NULL, 0, 0, 0, 0}; /* the fill below zeroes h's invalid rows */
+        MF_TRY(moe_route(ctx, s, op, &rt, &b, pl.bm, a->tokens, &none, &none));
+    }
+    const int64_t K = a->model_dim, I = a->inter_dim;
+    Fp8Gemm g = common_params(a, &pl, &rt, &a->w1, &a->w1_scales, &a->b1, K, I);
+    if (pl.quant_x) {
+        mf_rows_args q = pl.q;
+        q.out.data = scratch + pl.off_xq;
+        q.scales.data = scratch + pl.off_xs;
+        MF_TRY(mf_cuda_quant_in_call(ctx, s, &q, op, pl.qscratch ? scratch + pl.off_qscratch
+                                                                  : NULL));
+        /* row-major codes [blocks, T, K] and f32 scales [blocks, T, K / 128] */
+        set_a(&g, (const uint8_t *)q.out.data, a->masked ? pl.rows * K : K,
+              a->masked ? K : 0);
+        g.as.p = q.scales.data;
+        g.as.s0 = q.scales.stride[0];
+        g.as.s1 = q.scales.stride[1];
+        g.as.layout = MF_LAYOUT_ROW;
+        g.as.u8 = 0;
+    } else {
+        set_a(&g, (const uint8_t *)mf_cuda_base(&a->x), a->x.stride[0],
+              a->masked ? a->x.stride[1] : 0);
+        g.as = act_view(&a->x_scales, a);
+    }
+    g.a_scale_slot = 0; /* routed: x's scale rows are tokens */
+    g.gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
+    g.up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    g.epi = FP8_EPI_GATE;
+    g.h.q = (uint8_t *)mf_cuda_base(&a->h);
+    g.h.sc = act_view(&a->h_scales, a);
+    g.h.groups = I / FP8_BLOCK;
+    g.h.eps = a->act.eps;
+    g.h.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+    g.o_s0 = a->h.stride[0];
+    g.o_s1 = a->h.stride[1];
+    MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 1, &g));
+    /* invalid slots, and the scale padding rows of the column-major and packed layouts */
+    const int64_t padded = a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR
+                               ? pl.rows
+                               : (pl.rows + 3) / 4 * 4;
+    return fp8_launch_gate_fill(ctx, s, op, &rt, &a->h, &g.h, pl.rows, padded, pl.blocks);
+}
+
+extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *state,
+                                                const mf_moe_args *a)
+{
+    static const char op[] = "moe_final_fp8";
+    cuda_state *s = (cuda_state *)state;
+    fp8_plan pl;
+    MF_TRY(plan_fp8(ctx, op, a, 0, &pl));
+    const int64_t K = a->model_dim, I = a->inter_dim;
+    if (!a->masked && pl.S == 0) {
+        if (!a->reduce || a->tokens == 0)
+            return MOEFUSE_OK;
+        /* k = 0: every token's sum is empty, 0 */
+        const size_t es = moefuse_dtype_size(a->out.dtype);
+        cudaError_t e = cudaMemset2DAsync(mf_cuda_base(&a->out), (size_t)a->out.stride[0] * es, 0,
+                                          (size_t)K * es, (size_t)a->tokens, s->stream);
+        return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaMemset2DAsync(out)");
+    }
+    (void)fp8_gemm_for(s);
+    char *scratch;
+    MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
+    MoeRouteBufs b;
+    const MoeRoute rt = route_view(a, &pl, scratch, &b);
+    if (!a->masked) {
+        const MoeZero none = {NULL, 0, 0, 0, 0};
+        MoeZero z = none; /* un-reduced: the rows of invalid slots are 0 */
+        if (!a->reduce) {
+            z.p = mf_cuda_base(&a->out);
+            z.s0 = a->out.stride[0];
+            z.s1 = a->out.stride[1];
+            z.width = K;
+            z.dt = (int)a->out.dtype;
+        }
+        MF_TRY(moe_route(ctx, s, op, &rt, &b, pl.bm, a->tokens, &z, &none));
+    }
+    Fp8Gemm g = common_params(a, &pl, &rt, &a->w2, &a->w2_scales, &a->b2, I, K);
+    set_a(&g, (const uint8_t *)mf_cuda_base(&a->h), a->h.stride[0], a->h.stride[1]);
+    g.as = act_view(&a->h_scales, a);
+    g.a_scale_slot = 1; /* h's scale rows are slots m * k + j */
+    if (pl.reduce) {
+        g.epi = FP8_EPI_Y_F32;
+        g.out = scratch + pl.off_y;
+        g.o_s0 = a->topk * K; /* row of slot s = m * k + j at s * K */
+        g.o_s1 = K;
+        g.out_dt = MF_DT_F32;
+    } else {
+        g.epi = FP8_EPI_OUT;
+        g.out = mf_cuda_base(&a->out);
+        g.o_s0 = a->out.stride[0];
+        g.o_s1 = a->out.stride[1];
+        g.out_dt = (int)a->out.dtype;
+    }
+    MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 0, &g));
+    if (!pl.reduce)
+        return MOEFUSE_OK;
+    return fp8_launch_reduce(ctx, s, op, (const float *)g.out, b.expert_of, a);
+}

@@ -1,0 +1,34 @@
+/*
+ * What the FP8 MoE files of the CUDA backend share: the launchers of the portable kernel
+ * (moe_fp8_portable.cu) that the host side (moe_fp8.cu) strings together, and the choice of
+ * FP8 GEMM. Only .cu files include this (C++, C style); the parameter blocks are in fp8.cuh.
+ */
+#ifndef MOEFUSE_CUDA_MOE_FP8_H
+#define MOEFUSE_CUDA_MOE_FP8_H
+
+#include "cuda/fp8.cuh"
+
+/* FP8 GEMM kernels; s->fp8_gemm holds the one MOEFUSE_CUDA_FP8 forces, or FP8_GEMM_AUTO. */
+enum fp8_gemm_kind {
+    FP8_GEMM_AUTO = 0,     /* by device: wgmma on sm_90a once it exists, else portable */
+    FP8_GEMM_PORTABLE = 1, /* moe_fp8_portable.cu: exact, any sm_80+ */
+    FP8_GEMM_WGMMA = 2     /* the Hopper kernel (not written yet: runs the portable one) */
+};
+
+/* One GEMM on the portable kernel: tiles of bm rows (8 or 32; the final also 64), gate or
+ * final epilogue as p->epi says. */
+extern "C" moefuse_status fp8_launch_portable(moefuse_context *ctx, cuda_state *s, const char *op,
+                                              int bm, int gate, const Fp8Gemm *p);
+/* The reduced final's top-k sum of y [S, K] f32 into a->out (slot validity from expert_of). */
+extern "C" moefuse_status fp8_launch_reduce(moefuse_context *ctx, cuda_state *s, const char *op,
+                                            const float *y, const int *expert_of,
+                                            const mf_moe_args *a);
+/* The gate's rows no tile writes: invalid slots (rt->ids non-NULL) and the scales' padding
+ * rows [rows, rows_padded) of `blocks` expert blocks. hq: h [M, k, I] or [E, Tmax, I]. */
+extern "C" moefuse_status fp8_launch_gate_fill(moefuse_context *ctx, cuda_state *s,
+                                               const char *op, const MoeRoute *rt,
+                                               const moefuse_tensor *hq, const Fp8HOut *h,
+                                               long long rows, long long rows_padded,
+                                               long long blocks);
+
+#endif /* MOEFUSE_CUDA_MOE_FP8_H */
