@@ -13,6 +13,7 @@
  * The kernel: fp8_gemm_for; the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
  */
 #include "cuda/moe_fp8.h"
+#include "cuda/moe_fp8_ws.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -37,7 +38,8 @@ extern "C" int mf_cuda_fp8_gemm_from_env(void)
  */
 static int fp8_gemm_for(const cuda_state *s)
 {
-    (void)s->fp8_gemm; /* FP8_GEMM_WGMMA and FP8_GEMM_AUTO: no Hopper kernel yet */
+    if (s->fp8_gemm != FP8_GEMM_PORTABLE && moe_fp8_ws_usable(s))
+        return FP8_GEMM_WGMMA;
     return FP8_GEMM_PORTABLE;
 }
 
@@ -45,6 +47,10 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 typedef struct fp8_plan {
     int gate, bm, quant_x, reduce;
+    int wgmma;     /* the Hopper kernel, when the call's operands also suit it (ws_suits) */
+    int dense_a;   /* wgmma: A's scales are copied to f32 rows first (not row-major f32) */
+    int64_t mtiles; /* wgmma, masked: bound of the m-tiles of F8_BM rows */
+    size_t off_ws_tiles, off_ws_start, off_ws_end, off_ws_tile_expert, off_ws_ctr, off_ws_sc;
     int64_t S, rows, blocks; /* slots (routed) or Tmax (masked); expert blocks of x (1 routed) */
     int64_t tiles_bound;
     size_t off_count, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of, off_list;
@@ -85,10 +91,17 @@ static moefuse_tensor lift(const moefuse_tensor *t)
     return r;
 }
 
-static moefuse_status plan_fp8(moefuse_context *ctx, const char *op, const mf_moe_args *a,
-                               int gate, fp8_plan *pl)
+/* Rows of the A operand's scales: x's tokens (routed gate), slots (routed final), Tmax. */
+static int64_t a_rows(const mf_moe_args *a, const fp8_plan *pl)
+{
+    return pl->gate && !a->masked ? a->tokens : pl->rows;
+}
+
+static moefuse_status plan_fp8(moefuse_context *ctx, const cuda_state *s, const char *op,
+                               const mf_moe_args *a, int gate, fp8_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
+    pl->wgmma = fp8_gemm_for(s) == FP8_GEMM_WGMMA;
     const int64_t E = a->experts, K = a->model_dim, M = a->tokens;
     pl->gate = gate;
     pl->reduce = !gate && a->reduce;
@@ -104,7 +117,8 @@ static moefuse_status plan_fp8(moefuse_context *ctx, const char *op, const mf_mo
     }
     if (!a->masked && pl->S == 0)
         return MOEFUSE_OK; /* nothing to multiply; no scratch */
-    pl->tiles_bound = pl->S / pl->bm + (E < pl->S ? E : pl->S);
+    /* tiles of 8 rows or more: the route's bound for either kernel */
+    pl->tiles_bound = pl->S / 8 + (E < pl->S ? E : pl->S);
     size_t at = 0;
     bool ok = true;
     if (!a->masked) {
@@ -147,6 +161,26 @@ static moefuse_status plan_fp8(moefuse_context *ctx, const char *op, const mf_mo
     }
     if (pl->reduce)
         ok = ok && reserve(&at, &pl->off_y, (size_t)pl->S, (size_t)K, 4);
+    if (pl->wgmma) {
+        /* the Hopper kernel's tile counter, masked tile table and f32 A scales; kept even when
+         * a call's operands send it to the portable kernel, so that the size never depends on
+         * pointers */
+        const moefuse_tensor *as = gate ? &a->x_scales : &a->h_scales;
+        pl->dense_a = !pl->quant_x && !(a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR &&
+                                        as->dtype == MOEFUSE_F32);
+        const int64_t depth = gate ? K : a->inter_dim;
+        ok = ok && reserve(&at, &pl->off_ws_ctr, 1, 4, 1);
+        if (a->masked) {
+            pl->mtiles = E * ((M + F8_BM - 1) / F8_BM);
+            ok = ok && reserve(&at, &pl->off_ws_tiles, (size_t)E + 1, 8, 1);
+            ok = ok && reserve(&at, &pl->off_ws_start, (size_t)E, 8, 1);
+            ok = ok && reserve(&at, &pl->off_ws_end, (size_t)E, 8, 1);
+            ok = ok && reserve(&at, &pl->off_ws_tile_expert, (size_t)pl->mtiles + 1, 4, 1);
+        }
+        if (pl->dense_a)
+            ok = ok && reserve(&at, &pl->off_ws_sc, (size_t)pl->blocks * (size_t)a_rows(a, pl),
+                               (size_t)(depth / FP8_BLOCK), 4);
+    }
     if (!ok)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
     pl->bytes = at;
@@ -256,9 +290,8 @@ static void set_a(Fp8Gemm *g, const uint8_t *codes, int64_t s0, int64_t s1)
 extern "C" moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
                                                          const mf_moe_args *a, size_t *bytes)
 {
-    (void)state;
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, "moe_gate_fp8", a, 1, &pl));
+    MF_TRY(plan_fp8(ctx, (const cuda_state *)state, "moe_gate_fp8", a, 1, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -266,9 +299,8 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, v
 extern "C" moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
                                                           const mf_moe_args *a, size_t *bytes)
 {
-    (void)state;
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, "moe_final_fp8", a, 0, &pl));
+    MF_TRY(plan_fp8(ctx, (const cuda_state *)state, "moe_final_fp8", a, 0, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -282,24 +314,85 @@ static moefuse_status take_scratch(moefuse_context *ctx, cuda_state *s, const ch
     return MOEFUSE_OK;
 }
 
+/*
+ * Whether this call's GEMM runs on the Hopper kernel: the device has it and the operands suit
+ * it (16-byte aligned A rows, weights a tensor map describes, h's 2-byte code stores aligned);
+ * else the portable kernel, which takes any operands.
+ */
+static bool ws_suits(const cuda_state *s, const fp8_plan *pl, const Fp8Gemm *g)
+{
+    if (!pl->wgmma || !g->vec_a || !moe_fp8_ws_weights_ok(s, g, pl->gate))
+        return false;
+    return !pl->gate ||
+           (((uintptr_t)g->h.q & 1u) == 0 && g->o_s0 % 2 == 0 && g->o_s1 % 2 == 0);
+}
+
+/* The GEMM on the Hopper kernel: its tile table, its counter, A's f32 scales, the launch. */
+static moefuse_status launch_ws(moefuse_context *ctx, cuda_state *s, const char *op,
+                                const mf_moe_args *a, const fp8_plan *pl, char *scratch,
+                                const Fp8Gemm *g)
+{
+    Fp8WsExtra x;
+    memset(&x, 0, sizeof x);
+    long long mtiles;
+    if (a->masked) {
+        x.tiles = (long long *)(scratch + pl->off_ws_tiles);
+        x.row_start = (long long *)(scratch + pl->off_ws_start);
+        x.row_end = (long long *)(scratch + pl->off_ws_end);
+        x.tile_expert = (int *)(scratch + pl->off_ws_tile_expert);
+        MF_TRY(moe_fp8_ws_masked_tiles(ctx, s, op, g, (long long *)x.tiles, (int *)x.tile_expert,
+                                       (long long *)x.row_start, (long long *)x.row_end));
+        x.div = a->tokens;
+        mtiles = pl->mtiles;
+    } else {
+        x.tiles = g->rt.tiles;
+        x.tile_expert = g->rt.tile_expert;
+        x.row_start = g->rt.offs;
+        x.row_end = g->rt.offs + 1;
+        x.list = g->rt.list;
+        x.div = a->topk;
+        mtiles = pl->S / F8_BM + (a->experts < pl->S ? a->experts : pl->S);
+    }
+    x.nblk = pl->gate ? a->inter_dim / FP8_BLOCK : (a->model_dim + 255) / 256;
+    if (__builtin_mul_overflow(mtiles, x.nblk, &x.lin_bound))
+        x.lin_bound = LLONG_MAX;
+    x.tile_ctr = (unsigned *)(scratch + pl->off_ws_ctr);
+    cudaError_t e = cudaMemsetAsync(x.tile_ctr, 0, 4, s->stream);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(tile counter)");
+    const int64_t nkb = g->depth / FP8_BLOCK;
+    const float *base = (const float *)g->as.p;
+    int64_t row_s = g->as.s1, block_s = g->as.s0; /* row-major f32: element (b, t, g) */
+    if (pl->dense_a) {
+        float *d = (float *)(scratch + pl->off_ws_sc);
+        MF_TRY(moe_fp8_ws_dense_scales(ctx, s, op, &g->as, d, pl->blocks, a_rows(a, pl), nkb));
+        base = d;
+        row_s = nkb;
+        block_s = a_rows(a, pl) * nkb;
+    }
+    x.a_sc = base;
+    if (a->masked)
+        x.sc_p = block_s, x.sc_q = row_s; /* (e, t) */
+    else if (pl->gate)
+        x.sc_p = row_s, x.sc_q = 0; /* token m of slot (m, j) */
+    else
+        x.sc_p = a->topk * row_s, x.sc_q = row_s; /* slot row m * k + j */
+    return moe_fp8_ws_launch(ctx, s, op, pl->gate, g, &x);
+}
+
 extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state,
                                                const mf_moe_args *a)
 {
     static const char op[] = "moe_gate_fp8";
     cuda_state *s = (cuda_state *)state;
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, op, a, 1, &pl));
+    MF_TRY(plan_fp8(ctx, s, op, a, 1, &pl));
     if (!a->masked && pl.S == 0)
         return MOEFUSE_OK; /* h has no rows */
-    (void)fp8_gemm_for(s);
     char *scratch;
     MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
     MoeRouteBufs b;
     const MoeRoute rt = route_view(a, &pl, scratch, &b);
-    if (!a->masked) {
-        const MoeZero none = {NULL, 0, 0, 0, 0}; /* the fill below zeroes h's invalid rows */
-        MF_TRY(moe_route(ctx, s, op, &rt, &b, pl.bm, a->tokens, &none, &none));
-    }
     const int64_t K = a->model_dim, I = a->inter_dim;
     Fp8Gemm g = common_params(a, &pl, &rt, &a->w1, &a->w1_scales, &a->b1, K, I);
     if (pl.quant_x) {
@@ -332,7 +425,15 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
     g.h.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
     g.o_s0 = a->h.stride[0];
     g.o_s1 = a->h.stride[1];
-    MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 1, &g));
+    const bool ws = ws_suits(s, &pl, &g);
+    if (!a->masked) {
+        const MoeZero none = {NULL, 0, 0, 0, 0}; /* the fill below zeroes h's invalid rows */
+        MF_TRY(moe_route(ctx, s, op, &rt, &b, ws ? F8_BM : pl.bm, a->tokens, &none, &none));
+    }
+    if (ws)
+        MF_TRY(launch_ws(ctx, s, op, a, &pl, scratch, &g));
+    else
+        MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 1, &g));
     /* invalid slots, and the scale padding rows of the column-major and packed layouts */
     const int64_t padded = a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR
                                ? pl.rows
@@ -346,7 +447,7 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
     static const char op[] = "moe_final_fp8";
     cuda_state *s = (cuda_state *)state;
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, op, a, 0, &pl));
+    MF_TRY(plan_fp8(ctx, s, op, a, 0, &pl));
     const int64_t K = a->model_dim, I = a->inter_dim;
     if (!a->masked && pl.S == 0) {
         if (!a->reduce || a->tokens == 0)
@@ -357,23 +458,10 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
                                           (size_t)K * es, (size_t)a->tokens, s->stream);
         return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaMemset2DAsync(out)");
     }
-    (void)fp8_gemm_for(s);
     char *scratch;
     MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
     MoeRouteBufs b;
     const MoeRoute rt = route_view(a, &pl, scratch, &b);
-    if (!a->masked) {
-        const MoeZero none = {NULL, 0, 0, 0, 0};
-        MoeZero z = none; /* un-reduced: the rows of invalid slots are 0 */
-        if (!a->reduce) {
-            z.p = mf_cuda_base(&a->out);
-            z.s0 = a->out.stride[0];
-            z.s1 = a->out.stride[1];
-            z.width = K;
-            z.dt = (int)a->out.dtype;
-        }
-        MF_TRY(moe_route(ctx, s, op, &rt, &b, pl.bm, a->tokens, &z, &none));
-    }
     Fp8Gemm g = common_params(a, &pl, &rt, &a->w2, &a->w2_scales, &a->b2, I, K);
     set_a(&g, (const uint8_t *)mf_cuda_base(&a->h), a->h.stride[0], a->h.stride[1]);
     g.as = act_view(&a->h_scales, a);
@@ -391,7 +479,23 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
         g.o_s1 = a->out.stride[1];
         g.out_dt = (int)a->out.dtype;
     }
-    MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 0, &g));
+    const bool ws = ws_suits(s, &pl, &g);
+    if (!a->masked) {
+        const MoeZero none = {NULL, 0, 0, 0, 0};
+        MoeZero z = none; /* un-reduced: the rows of invalid slots are 0 */
+        if (!a->reduce) {
+            z.p = mf_cuda_base(&a->out);
+            z.s0 = a->out.stride[0];
+            z.s1 = a->out.stride[1];
+            z.width = K;
+            z.dt = (int)a->out.dtype;
+        }
+        MF_TRY(moe_route(ctx, s, op, &rt, &b, ws ? F8_BM : pl.bm, a->tokens, &z, &none));
+    }
+    if (ws)
+        MF_TRY(launch_ws(ctx, s, op, a, &pl, scratch, &g));
+    else
+        MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 0, &g));
     if (!pl.reduce)
         return MOEFUSE_OK;
     return fp8_launch_reduce(ctx, s, op, (const float *)g.out, b.expert_of, a);

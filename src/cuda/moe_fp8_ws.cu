@@ -58,7 +58,8 @@ struct F8Tiles {
 
 typedef struct F8Params {
     CUtensorMap map_w; /* the weights as [E, rows, depth] bytes */
-    MoeFp8Ws g;
+    Fp8Gemm g;
+    Fp8WsExtra x;
 } F8Params;
 
 #define F8_STATIC_SMEM                                                                             \
@@ -132,16 +133,17 @@ static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, 
 
 /* The tile of linear index lin: expert (-1 when none is left), column block, first list
  * entry and entries (1..F8_BM). */
-static __device__ __forceinline__ void f8_tile_at(const MoeFp8Ws &p, long long lin,
-                                                  long long *e, long long *nb, long long *first,
+static __device__ __forceinline__ void f8_tile_at(const Fp8WsExtra &p, long long E,
+                                                  long long nblk, long long lin, long long *e,
+                                                  long long *nb, long long *first,
                                                   long long *count)
 {
     *e = -1, *nb = 0, *first = 0, *count = 0;
-    if (lin >= p.tiles[p.E] * p.nblk)
+    if (lin >= p.tiles[E] * nblk)
         return;
-    const long long ee = p.tile_expert[lin / p.nblk];
+    const long long ee = p.tile_expert[lin / nblk];
     const long long t0 = p.tiles[ee], mtc = p.tiles[ee + 1] - t0;
-    const long long r = lin - t0 * p.nblk, mt = r % mtc;
+    const long long r = lin - t0 * nblk, mt = r % mtc;
     *e = ee;
     *nb = r / mtc;
     *first = p.row_start[ee] + mt * F8_BM;
@@ -151,7 +153,7 @@ static __device__ __forceinline__ void f8_tile_at(const MoeFp8Ws &p, long long l
 
 /* The weight rows (the first of each TMA box) of column block nb. */
 template <bool GATE>
-static __device__ __forceinline__ int f8_box_row(const MoeFp8Ws &p, long long nb, int box)
+static __device__ __forceinline__ int f8_box_row(const Fp8Gemm &p, long long nb, int box)
 {
     if (GATE)
         return (int)((box & 1 ? p.up_row : p.gate_row) + nb * 128 + (box >> 1) * F8_BOX_ROWS);
@@ -163,7 +165,9 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                                                   uint64_t *full, uint64_t *empty, F8Tiles &tl,
                                                   float (*sc)[F8_BM])
 {
-    const MoeFp8Ws &p = P.g;
+    const Fp8Gemm &p = P.g;
+    const Fp8WsExtra &x = P.x;
+    const long long nkb = p.depth / F8_BK;
     const int tid = threadIdx.x; /* 0..127 */
     const int crow = tid >> 3, chunk = tid & 7;
     const uint32_t dst = (uint32_t)crow * 128u + (uint32_t)((chunk ^ (crow & 7)) << 4);
@@ -176,7 +180,8 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         if (tid == 0) {
             hp_mbar_wait(smem_u32(&tl.empty[slot]), ts.phase ^ 1u);
             long long e, nb, first, count;
-            f8_tile_at(p, (long long)atomicAdd(p.tile_ctr, 1u), &e, &nb, &first, &count);
+            f8_tile_at(x, p.rt.E, x.nblk, (long long)atomicAdd(x.tile_ctr, 1u), &e, &nb, &first,
+                       &count);
             tl.e[slot] = e;
             tl.nb[slot] = nb;
             first_s = first;
@@ -192,10 +197,10 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
             const int r = crow + 16 * i;
             long long row = -1;
             if (r < count) {
-                row = p.list ? p.list[first + r] : first + r;
-                const long long pp = row / p.div, q = row % p.div;
+                row = x.list ? x.list[first + r] : first + r;
+                const long long pp = row / x.div, q = row % x.div;
                 arow[i] = p.a + pp * p.a_s0 + q * p.a_s1;
-                srow[i] = p.a_sc + (pp * p.sc_s0 + q * p.sc_s1) * p.nkb;
+                srow[i] = x.a_sc + pp * x.sc_p + q * x.sc_q;
             } else {
                 arow[i] = nullptr;
                 srow[i] = nullptr;
@@ -207,7 +212,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         moe_sync<F8_BAR_PRODUCER, 128>();         /* first_s, count_s read by all */
         if (e < 0)
             break;
-        for (long long kb = 0; kb < p.nkb; kb++) {
+        for (long long kb = 0; kb < nkb; kb++) {
             const uint32_t stage = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t fb = smem_u32(&full[ps.stage]);
             hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
@@ -228,7 +233,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
 #pragma unroll
                 for (int i = 0; i < ROWS; i++)
                     cp_async4(smem_u32(&sc[ps.stage][crow + 16 * i]),
-                              srow[i] ? (const void *)(srow[i] + kb) : (const void *)p.a_sc,
+                              srow[i] ? (const void *)(srow[i] + kb) : (const void *)x.a_sc,
                               srow[i] ? 4 : 0);
             }
             hp_cp_async_arrive(fb);
@@ -238,53 +243,15 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
     cp_async_wait<0>(); /* no copy of this thread outlives it */
 }
 
-/* The scale of weight block (e, row block rb, depth block kb) as f32. */
-static __device__ __forceinline__ float f8_wscale(const MoeFp8Ws &p, long long e, long long rb,
-                                                  long long kb)
-{
-    const long long i = e * p.wsc_s0 + rb * p.wsc_s1 + kb;
-    return p.w_sc_u8 ? mf_ue8m0_read(__ldg((const uint8_t *)p.w_sc + i))
-                     : __ldg((const float *)p.w_sc + i);
-}
-
-/* Store the scale of (lead, row, group g) of Gn groups in the caller's layout; the unused bytes
- * of a packed row's last word go with its last group. */
-static __device__ __forceinline__ void f8_store_scale(const Fp8ScaleView &v, long long lead,
-                                                      long long row, long long g, long long gn,
-                                                      float s, uint32_t ue)
-{
-    const long long i1 = v.column_major ? (v.kind == 2 ? g / 4 : g) : row;
-    const long long i2 = v.column_major ? row : g;
-    const long long at = lead * v.s0 + i1 * v.s1 + i2 * v.s2;
-    if (v.kind == 0) {
-        ((float *)v.p)[at] = s;
-    } else if (v.kind == 1) {
-        ((uint8_t *)v.p)[at] = (uint8_t)ue;
-    } else {
-        uint8_t *w = (uint8_t *)v.p + at * 4;
-        w[g % 4] = (uint8_t)ue;
-        if (g == gn - 1)
-            for (long long b = g % 4 + 1; b < 4; b++)
-                w[b] = 0;
-    }
-}
-
-/* The code of one value of h with scale s (docs/NUMERICS.md quantization step 5). */
-static __device__ __forceinline__ uint32_t f8_code(float v, float s)
-{
-    if (mf_is_nan(v))
-        return ((mf_f32_bits(v) >> 24) & 0x80u) | 0x7Fu;
-    return mf_f32_to_e4m3(__fdiv_rn(v, s));
-}
-
 /*
  * Gate epilogue. Accumulator 4 i + v: tile row r0 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4)
  * + (v & 1) of this warpgroup's 128: i < 8 the gate rows, i + 8 their up rows, of h column
  * nb * 128 + 64 cw + 8 i + 2 (lane % 4) + (v & 1).
  */
-static __device__ __forceinline__ void f8_gate_out(const MoeFp8Ws &p, long long e, long long nb,
-                                                   const long long (&row)[2], float (&m)[64],
-                                                   float (*amx)[F8_BM], int cw, int r0, int lane)
+static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long div, long long e,
+                                                   long long nb, const long long (&row)[2],
+                                                   float (&m)[64], float (*amx)[F8_BM], int cw,
+                                                   int r0, int lane)
 {
     const long long c0 = nb * 128 + 64 * cw + 2 * (lane & 3);
     float amax[2] = {0.0f, 0.0f};
@@ -315,35 +282,33 @@ static __device__ __forceinline__ void f8_gate_out(const MoeFp8Ws &p, long long 
         amx[cw][r0 + 8] = amax[1];
     }
     moe_sync<F8_BAR, F8_CONSUMERS>();
-    const long long gn = p.ncols / 128;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (row[h] < 0)
             continue;
         const int r = r0 + 8 * h;
-        float a = fmaxf(amx[0][r], amx[1][r]);
-        a = a > p.eps ? a : p.eps;
-        float s = __fdiv_rn(a, 448.0f);
-        uint32_t ue = 0u;
-        if (p.ue8m0) {
-            ue = mf_ue8m0_exponent(s);
-            s = mf_bits_f32(ue << 23);
-        }
-        const long long pp = row[h] / p.div, q = row[h] % p.div;
-        uint8_t *dst = p.h + pp * p.h_s0 + q * p.h_s1 + c0;
+        uint32_t ue;
+        const float s = fp8_group_scale(fmaxf(amx[0][r], amx[1][r]), p.h.eps, p.h.ue8m0, &ue);
+        const long long pp = row[h] / div, q = row[h] % div;
+        uint8_t *dst = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const uint32_t lo = f8_code(m[4 * i + 2 * h], s), hi = f8_code(m[4 * i + 2 * h + 1], s);
+            const uint32_t lo = fp8_code(m[4 * i + 2 * h], s), hi = fp8_code(m[4 * i + 2 * h + 1], s);
             *(uint16_t *)(dst + 8 * i) = (uint16_t)(lo | (hi << 8));
         }
-        if (cw == 0 && (lane & 3) == 0)
-            f8_store_scale(p.hs, p.masked ? pp : 0, p.masked ? q : row[h], nb, gn, s, ue);
+        if (cw == 0 && (lane & 3) == 0) {
+            /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
+            const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
+            fp8_put_scale(p.h, blk, t, nb, s, ue);
+            if (nb == p.h.groups - 1)
+                fp8_put_scale_tail(p.h, blk, t);
+        }
     }
 }
 
 /* Final epilogue: y = main + bias in out's dtype, columns nb * 256 + 128 cw + 8 i + ... */
-static __device__ __forceinline__ void f8_final_out(const MoeFp8Ws &p, long long e, long long nb,
-                                                    const long long (&row)[2],
+static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
+                                                    long long nb, const long long (&row)[2],
                                                     const float (&m)[64], int cw, int lane)
 {
     const long long c0 = nb * F8_BN + 128 * cw + 2 * (lane & 3);
@@ -351,7 +316,7 @@ static __device__ __forceinline__ void f8_final_out(const MoeFp8Ws &p, long long
     for (int h = 0; h < 2; h++) {
         if (row[h] < 0)
             continue;
-        const long long pp = row[h] / p.div, q = row[h] % p.div;
+        const long long pp = row[h] / div, q = row[h] % div;
         const long long base = pp * p.o_s0 + q * p.o_s1;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -370,13 +335,14 @@ static __device__ __forceinline__ void f8_final_out(const MoeFp8Ws &p, long long
 }
 
 template <bool GATE>
-static __device__ __forceinline__ void f8_consume(const MoeFp8Ws &p, uint32_t sbase,
+static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long div, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, F8Tiles &tl,
                                                   float (*sc)[F8_BM], float (*amx)[F8_BM])
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int r0 = warp * 16 + (lane >> 2);
+    const long long nkb = p.depth / F8_BK;
     HpPipe<F8_STAGES> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
     float acc[64], m[64];
@@ -402,13 +368,13 @@ static __device__ __forceinline__ void f8_consume(const MoeFp8Ws &p, uint32_t sb
 #pragma unroll
         for (int i = 0; i < 64; i++)
             m[i] = 0.0f;
-        float swa = live ? f8_wscale(p, e, rb_a, 0) : 0.0f;
-        float swb = GATE ? f8_wscale(p, e, rb_b, 0) : swa;
-        for (long long kb = 0; kb < p.nkb; kb++) {
+        float swa = live ? fp8_w_scale(p.ws, e, rb_a, 0) : 0.0f;
+        float swb = GATE ? fp8_w_scale(p.ws, e, rb_b, 0) : swa;
+        for (long long kb = 0; kb < nkb; kb++) {
             float swa_next = 0.0f, swb_next = 0.0f; /* the next block's, loaded ahead */
-            if (kb + 1 < p.nkb && live) {
-                swa_next = f8_wscale(p, e, rb_a, kb + 1);
-                swb_next = GATE ? f8_wscale(p, e, rb_b, kb + 1) : swa_next;
+            if (kb + 1 < nkb && live) {
+                swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
+                swb_next = GATE ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : swa_next;
             }
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
@@ -444,9 +410,9 @@ static __device__ __forceinline__ void f8_consume(const MoeFp8Ws &p, uint32_t sb
             swb = swb_next;
         }
         if (GATE)
-            f8_gate_out(p, e, nb, row, m, amx, cw, r0, lane);
+            f8_gate_out(p, div, e, nb, row, m, amx, cw, r0, lane);
         else if (live)
-            f8_final_out(p, e, nb, row, m, cw, lane);
+            f8_final_out(p, div, e, nb, row, m, cw, lane);
     }
 }
 #endif
@@ -481,7 +447,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
         f8_produce<GATE>(P, sbase, full, empty, tl, sc);
     } else {
         hp_regs_inc<224>();
-        f8_consume<GATE>(P.g, sbase, full, empty, tl, sc, amx);
+        f8_consume<GATE>(P.g, P.x.div, sbase, full, empty, tl, sc, amx);
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
@@ -493,21 +459,22 @@ typedef CUresult (*f8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* The weights as a 3-D byte tensor map [E, rows, depth], boxes of 64 rows x 128 bytes. */
-static int encode_weights(const cuda_state *s, const MoeFp8Ws *p, int gate, CUtensorMap *map)
+/* The weights as a 3-D byte tensor map [E, rows, depth], boxes of 64 rows x 128 bytes; with
+ * map NULL only whether the driver would take it. */
+static int encode_weights(const cuda_state *s, const Fp8Gemm *g, int gate, CUtensorMap *map)
 {
-    const int64_t rows = gate ? 2 * p->ncols : p->ncols, depth = p->nkb * F8_BK;
-    if (!s->tensor_map_encode || depth >= INT_MAX - 256 || rows >= INT_MAX - 512 ||
-        p->E >= INT_MAX || p->w_s1 <= 0 || p->w_s0 <= 0 || p->w_s1 % 16 || p->w_s0 % 16 ||
-        ((uintptr_t)p->w & 15u))
+    const int64_t rows = gate ? 2 * g->ncols : g->ncols;
+    if (!s->tensor_map_encode || !g->vec_w || g->depth >= INT_MAX - 256 ||
+        rows >= INT_MAX - 512 || g->rt.E >= INT_MAX || g->w_s1 <= 0 || g->w_s0 <= 0)
         return 0;
-    const cuuint64_t dims[3] = {(cuuint64_t)depth, (cuuint64_t)rows, (cuuint64_t)p->E};
-    const cuuint64_t strides[2] = {(cuuint64_t)p->w_s1, (cuuint64_t)p->w_s0};
+    CUtensorMap scratch_map;
+    const cuuint64_t dims[3] = {(cuuint64_t)g->depth, (cuuint64_t)rows, (cuuint64_t)g->rt.E};
+    const cuuint64_t strides[2] = {(cuuint64_t)g->w_s1, (cuuint64_t)g->w_s0};
     const cuuint32_t box[3] = {F8_BK, F8_BOX_ROWS, 1}, estride[3] = {1, 1, 1};
     f8_encode_fn encode = (f8_encode_fn)s->tensor_map_encode;
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)p->w, dims, strides, box,
-                  estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    return encode(map ? map : &scratch_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)g->w, dims,
+                  strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -517,32 +484,97 @@ int moe_fp8_ws_usable(const cuda_state *s)
            (size_t)F8_SMEM + F8_STATIC_SMEM <= s->smem_optin;
 }
 
+int moe_fp8_ws_weights_ok(const cuda_state *s, const Fp8Gemm *g, int gate)
+{
+    return encode_weights(s, g, gate, NULL);
+}
+
 template <bool GATE>
 static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op,
-                             const MoeFp8Ws *p)
+                             const Fp8Gemm *g, const Fp8WsExtra *x)
 {
     void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE>;
     MF_TRY(moe_ready_smem(ctx, s, op, kern, F8_SMEM, F8_SMEM + F8_STATIC_SMEM,
                           &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0)),
                           "cudaFuncSetAttribute(moe_fp8_ws_kernel)"));
-    if (!p)
+    if (!g)
         return MOEFUSE_OK;
     F8Params P;
     memset(&P, 0, sizeof P);
-    if (!encode_weights(s, p, GATE, &P.map_w))
+    if (!encode_weights(s, g, GATE, &P.map_w))
         return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
-                        "%s: internal error: the FP8 weights were taken for a tensor map that "
-                        "the driver refused",
+                        "%s: internal error: the driver refused the FP8 weights' tensor map "
+                        "after accepting them",
                         op);
-    P.g = *p;
-    const long long tiles = p->lin_bound;
+    P.g = *g;
+    P.x = *x;
+    const long long tiles = x->lin_bound;
     const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
     moe_fp8_ws_kernel<GATE><<<grid > 0 ? grid : 1, F8_THREADS, F8_SMEM, s->stream>>>(P);
-    return mf_cuda_launched(ctx, op, GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
+    return mf_cuda_launched(ctx, op,
+                            GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
 }
 
 moefuse_status moe_fp8_ws_launch(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
-                                 const MoeFp8Ws *p)
+                                 const Fp8Gemm *g, const Fp8WsExtra *x)
 {
-    return gate ? launch<true>(ctx, s, op, p) : launch<false>(ctx, s, op, p);
+    return gate ? launch<true>(ctx, s, op, g, x) : launch<false>(ctx, s, op, g, x);
+}
+
+/* One block: the prefix of m-tiles per expert (thread 0), then each expert's tiles. */
+__global__ void fp8_ws_masked_tiles_kernel(const int32_t *counts, long long counts_s0,
+                                           long long E, long long tmax, long long *tiles,
+                                           int *tile_expert, long long *row_start,
+                                           long long *row_end)
+{
+    if (threadIdx.x == 0) {
+        long long t = 0;
+        for (long long e = 0; e < E; e++) {
+            long long n = counts[e * counts_s0]; /* device data: clamped */
+            n = n < 0 ? 0 : (n > tmax ? tmax : n);
+            tiles[e] = t;
+            row_start[e] = e * tmax;
+            row_end[e] = e * tmax + n;
+            t += (n + F8_BM - 1) / F8_BM;
+        }
+        tiles[E] = t;
+    }
+    __syncthreads();
+    for (long long e = threadIdx.x; e < E; e += blockDim.x)
+        for (long long t = tiles[e]; t < tiles[e + 1]; t++)
+            tile_expert[t] = (int)e;
+}
+
+moefuse_status moe_fp8_ws_masked_tiles(moefuse_context *ctx, cuda_state *s, const char *op,
+                                       const Fp8Gemm *g, long long *tiles, int *tile_expert,
+                                       long long *row_start, long long *row_end)
+{
+    fp8_ws_masked_tiles_kernel<<<1, 256, 0, s->stream>>>(g->counts, g->counts_s0, g->rt.E,
+                                                         g->tmax, tiles, tile_expert, row_start,
+                                                         row_end);
+    return mf_cuda_launched(ctx, op, "fp8_ws_masked_tiles_kernel");
+}
+
+__global__ void fp8_ws_dense_scales_kernel(Fp8ActScales v, float *out, long long blocks,
+                                           long long rows, long long groups)
+{
+    const long long n = blocks * rows * groups;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long g = i % groups, t = (i / groups) % rows, b = i / (groups * rows);
+        out[i] = fp8_act_scale(v, b, t, g);
+    }
+}
+
+moefuse_status moe_fp8_ws_dense_scales(moefuse_context *ctx, cuda_state *s, const char *op,
+                                       const Fp8ActScales *v, float *out, long long blocks,
+                                       long long rows, long long groups)
+{
+    const long long n = blocks * rows * groups;
+    if (n == 0)
+        return MOEFUSE_OK;
+    const long long want = (n + 255) / 256;
+    const unsigned grid = (unsigned)(want < 4L * s->sm_count ? want : 4L * s->sm_count);
+    fp8_ws_dense_scales_kernel<<<grid, 256, 0, s->stream>>>(*v, out, blocks, rows, groups);
+    return mf_cuda_launched(ctx, op, "fp8_ws_dense_scales_kernel");
 }
