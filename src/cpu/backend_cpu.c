@@ -152,4 +152,9 @@ const moefuse_backend_i mf_backend_cpu = {
     .topk_workspace = mf_cpu_topk_workspace,
     .moe_gate_workspace = mf_cpu_moe_gate_workspace,
     .moe_final_workspace = mf_cpu_moe_final_workspace,
+    /* FP8: forward and masked run as the gate then the final (the core's fallback) */
+    .moe_gate_fp8 = mf_cpu_moe_gate_fp8,
+    .moe_final_fp8 = mf_cpu_moe_final_fp8,
+    .moe_gate_fp8_workspace = mf_cpu_moe_gate_fp8_workspace,
+    .moe_final_fp8_workspace = mf_cpu_moe_final_fp8_workspace,
 };

@@ -54,6 +54,9 @@ moefuse_status mf_cpu_topk_softmax(moefuse_context *ctx, void *state, const mf_t
 moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
 
+moefuse_status mf_cpu_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_cpu_moe_final_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+
 /* The bytes of scratch each takes (backend.h's *_workspace members). */
 moefuse_status mf_cpu_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
                                      size_t *bytes);
@@ -63,5 +66,23 @@ moefuse_status mf_cpu_moe_gate_workspace(moefuse_context *ctx, void *state, cons
                                          size_t *bytes);
 moefuse_status mf_cpu_moe_final_workspace(moefuse_context *ctx, void *state,
                                           const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_cpu_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
+                                             const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_cpu_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
+                                              const mf_moe_args *a, size_t *bytes);
+
+/*
+ * Group scales in the layouts of moefuse_scale_layout (rows.c), rank-3 scale tensors [E, ...]:
+ * the address of (e, t, g) (a byte of the word when packed), a store of the f32 scale s or
+ * its exponent byte ue as the tensor holds, and the zeroing of a row's slots (the unused
+ * bytes of its last packed word included).
+ */
+char *mf_cpu_scale_addr(const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
+                        int64_t t, int64_t g);
+void mf_cpu_put_scale(const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
+                      int64_t t, int64_t g, float s, uint8_t ue);
+int64_t mf_cpu_scale_slots(moefuse_scale_layout layout, int64_t groups);
+void mf_cpu_zero_scales_row(const moefuse_tensor *scales, moefuse_scale_layout layout,
+                            int64_t groups, int64_t e, int64_t t);
 
 #endif /* MOEFUSE_CPU_INTERNAL_H */

@@ -48,40 +48,57 @@ static mf_row_plan make_plan(const mf_rows_args *a, enum row_mode mode)
     return p;
 }
 
-/* Address of the scale of (e, t, g) for ROW_MAJOR / COLUMN_MAJOR; byte address for PACKED. */
-static char *scale_addr(const mf_rows_args *a, int64_t e, int64_t t, int64_t g)
+/* Address of the scale of (e, t, g) for ROW_MAJOR / COLUMN_MAJOR; byte address for PACKED.
+ * Shared with the FP8 MoE (moe_fp8.c), whose h scales are written as quant writes them. */
+char *mf_cpu_scale_addr(const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
+                        int64_t t, int64_t g)
 {
-    switch (a->quant.scale_layout) {
-    case MOEFUSE_SCALE_COLUMN_MAJOR: return mf_at3(&a->scales, e, g, t);
-    case MOEFUSE_SCALE_PACKED_UE8M0: return mf_at3(&a->scales, e, g / 4, t) + (g % 4);
+    switch (layout) {
+    case MOEFUSE_SCALE_COLUMN_MAJOR: return mf_at3(scales, e, g, t);
+    case MOEFUSE_SCALE_PACKED_UE8M0: return mf_at3(scales, e, g / 4, t) + (g % 4);
     case MOEFUSE_SCALE_ROW_MAJOR:
-    default: return mf_at3(&a->scales, e, t, g);
+    default: return mf_at3(scales, e, t, g);
     }
 }
 
 /* Write scale s (exponent byte ue when the scales hold exponents) of (e, t, g). */
-static void put_scale(const mf_rows_args *a, int64_t e, int64_t t, int64_t g, float s, uint8_t ue)
+void mf_cpu_put_scale(const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
+                      int64_t t, int64_t g, float s, uint8_t ue)
 {
-    char *p = scale_addr(a, e, t, g);
-    if (a->scales.dtype == MOEFUSE_F32)
+    char *p = mf_cpu_scale_addr(scales, layout, e, t, g);
+    if (scales->dtype == MOEFUSE_F32)
         *(float *)p = s;
     else
         *(uint8_t *)p = ue; /* u8 tensor, or one byte of a packed i32 word */
 }
 
+int64_t mf_cpu_scale_slots(moefuse_scale_layout layout, int64_t groups)
+{
+    return layout == MOEFUSE_SCALE_PACKED_UE8M0 ? (groups + 3) / 4 * 4 : groups;
+}
+
+void mf_cpu_zero_scales_row(const moefuse_tensor *scales, moefuse_scale_layout layout,
+                            int64_t groups, int64_t e, int64_t t)
+{
+    const int64_t slots = mf_cpu_scale_slots(layout, groups);
+    for (int64_t g = 0; g < slots; g++)
+        mf_cpu_put_scale(scales, layout, e, t, g, 0.0f, 0);
+}
+
+static void put_scale(const mf_rows_args *a, int64_t e, int64_t t, int64_t g, float s, uint8_t ue)
+{
+    mf_cpu_put_scale(&a->scales, a->quant.scale_layout, e, t, g, s, ue);
+}
+
 /* Number of scale slots per row including the unused bytes of the last packed word. */
 static int64_t scale_slots(const mf_rows_args *a)
 {
-    if (a->quant.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0)
-        return (a->groups + 3) / 4 * 4;
-    return a->groups;
+    return mf_cpu_scale_slots(a->quant.scale_layout, a->groups);
 }
 
 static void zero_scales_row(const mf_rows_args *a, int64_t e, int64_t t)
 {
-    const int64_t slots = scale_slots(a);
-    for (int64_t g = 0; g < slots; g++)
-        put_scale(a, e, t, g, 0.0f, 0);
+    mf_cpu_zero_scales_row(&a->scales, a->quant.scale_layout, a->groups, e, t);
 }
 
 /* Scratch of a row call: the row offsets of the experts, then per thread 3H floats and the
