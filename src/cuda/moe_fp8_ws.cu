@@ -4,20 +4,20 @@
  * promotion of every 128-deep block, scaled by the A row's group scale times the weight
  * block's scale, into a second accumulator.
  *
- * Tile: 64 rows (slots) x 256 weight rows, one stage per 128-deep block (128 bytes of every
+ * Tile: 128 rows (slots) x 256 weight rows, one stage per 128-deep block (128 bytes of every
  * row: the block of the scales). Roles (384 threads, one block per SM):
  *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
- *    gate and up rows of h columns nb * 128 + [0, 64) and then of [64, 128), so that each
- *    consumer holds both halves of its 64 h columns), the A rows gathered by cp.async (TMA
- *    cannot gather), and the A rows' f32 scales of the block beside them.
- *  - consumers, warpgroups 1 and 2: warpgroup w multiplies the 64 rows by weight rows
- *    [128 w, 128 w + 128) with wgmma m64n128k32 (four per stage, the first overwriting the
- *    block accumulator), waits, releases the stage and promotes:
+ *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)), the A rows gathered
+ *    by cp.async (TMA cannot gather) and the A rows' f32 scales of the block beside them.
+ *  - consumers, warpgroups 1 and 2: warpgroup w owns rows [64 w, 64 w + 64) of the tile and
+ *    multiplies them by the 256 weight rows in two waves of 128 (wgmma m64n128k32, four per
+ *    wave, the first overwriting the wave accumulator); after each wave it waits and promotes:
  *    main = fmaf(block, sa * sw, main). While one warpgroup promotes, the other's wgmma run.
- * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (the two
- *    warpgroups' halves meet in shared memory), the scale, the codes and the scale stored in
- *    the caller's layout; final: bias and y in the output dtype (or f32 scratch for the
- *    reduction).
+ *    A wave accumulator of 64 registers and a main one of 128 per thread: a 256-wide single
+ *    wave would need 256.
+ * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (all in
+ *    one warpgroup: a quad of threads holds a row), the scale, the codes, and the scale stored
+ *    in the caller's layout; final: bias and y in the output dtype (or f32 for the reduction).
  * Scheduler: as moe_ws.cu, tiles from a counter in the route's order.
  */
 #include "cuda/moe_fp8_ws.h"
@@ -32,7 +32,7 @@
 
 #define F8_BN 256
 #ifndef F8_STAGES
-#define F8_STAGES 5
+#define F8_STAGES 4
 #endif
 #define F8_THREADS 384
 #define F8_CONSUMERS 256
@@ -62,8 +62,7 @@ typedef struct F8Params {
     Fp8WsExtra x;
 } F8Params;
 
-#define F8_STATIC_SMEM                                                                             \
-    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + (F8_STAGES + 2) * F8_BM * 4 + 256)
+#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + F8_STAGES * F8_BM * 4 + 256)
 
 #ifdef MOE_WGMMA_DEVICE
 #define F8_DREGS \
@@ -111,17 +110,6 @@ static __device__ __forceinline__ void f8_block(float (&d)[64], uint32_t a0, uin
         f8_wgmma(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kk > 0);
     wgmma_commit();
 }
-
-#ifdef F8_PROBE_NO_PROMOTE
-static __device__ __forceinline__ void f8_block_acc(float (&d)[64], uint32_t a0, uint32_t b0)
-{
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-        f8_wgmma(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), 1);
-    wgmma_commit();
-}
-#endif
 
 /* 4-byte copy global -> shared; bytes 0 writes zeros and reads nothing. */
 static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes)
@@ -244,32 +232,35 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
 }
 
 /*
- * Gate epilogue. Accumulator 4 i + v: tile row r0 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4)
- * + (v & 1) of this warpgroup's 128: i < 8 the gate rows, i + 8 their up rows, of h column
- * nb * 128 + 64 cw + 8 i + 2 (lane % 4) + (v & 1).
+ * Gate epilogue. Main accumulator 64 w + 4 i + v (wave w): tile row r0 (+ 8 for v >= 2), B row
+ * 128 w + 8 i + 2 (lane % 4) + (v & 1): for i < 8 the gate rows, i + 8 their up rows, of h
+ * column nb * 128 + 64 w + 8 i + 2 (lane % 4) + (v & 1). A row's 128 h columns lie in the
+ * quad of threads lane / 4: its amax is theirs.
  */
 static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long div, long long e,
                                                    long long nb, const long long (&row)[2],
-                                                   float (&m)[64], float (*amx)[F8_BM], int cw,
-                                                   int r0, int lane)
+                                                   float (&m)[128], int lane)
 {
-    const long long c0 = nb * 128 + 64 * cw + 2 * (lane & 3);
+    const long long c0 = nb * 128 + 2 * (lane & 3);
     float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int w = 0; w < 2; w++) {
 #pragma unroll
-        for (int v = 0; v < 4; v++) {
-            const long long c = c0 + 8 * i + (v & 1);
-            float g = m[4 * i + v], u = m[4 * (i + 8) + v];
-            if (p.bias) {
-                g = __fadd_rn(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + c));
-                u = __fadd_rn(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + c));
+        for (int i = 0; i < 8; i++) {
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const long long c = c0 + 64 * w + 8 * i + (v & 1);
+                float g = m[64 * w + 4 * i + v], u = m[64 * w + 4 * (i + 8) + v];
+                if (p.bias) {
+                    g = __fadd_rn(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + c));
+                    u = __fadd_rn(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + c));
+                }
+                const float h = mfm_gated(p.act, p.limit, g, u);
+                m[64 * w + 4 * i + v] = h;
+                const float a = fabsf(h);
+                if (mf_is_finite(h) && a > amax[v >> 1])
+                    amax[v >> 1] = a;
             }
-            const float h = mfm_gated(p.act, p.limit, g, u);
-            m[4 * i + v] = h;
-            const float a = fabsf(h);
-            if (mf_is_finite(h) && a > amax[v >> 1])
-                amax[v >> 1] = a;
         }
     }
 #pragma unroll
@@ -277,26 +268,24 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
     }
-    if ((lane & 3) == 0) {
-        amx[cw][r0] = amax[0];
-        amx[cw][r0 + 8] = amax[1];
-    }
-    moe_sync<F8_BAR, F8_CONSUMERS>();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (row[h] < 0)
             continue;
-        const int r = r0 + 8 * h;
         uint32_t ue;
-        const float s = fp8_group_scale(fmaxf(amx[0][r], amx[1][r]), p.h.eps, p.h.ue8m0, &ue);
+        const float s = fp8_group_scale(amax[h], p.h.eps, p.h.ue8m0, &ue);
         const long long pp = row[h] / div, q = row[h] % div;
         uint8_t *dst = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint32_t lo = fp8_code(m[4 * i + 2 * h], s), hi = fp8_code(m[4 * i + 2 * h + 1], s);
-            *(uint16_t *)(dst + 8 * i) = (uint16_t)(lo | (hi << 8));
+        for (int w = 0; w < 2; w++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t lo = fp8_code(m[64 * w + 4 * i + 2 * h], s);
+                const uint32_t hi = fp8_code(m[64 * w + 4 * i + 2 * h + 1], s);
+                *(uint16_t *)(dst + 64 * w + 8 * i) = (uint16_t)(lo | (hi << 8));
+            }
         }
-        if (cw == 0 && (lane & 3) == 0) {
+        if ((lane & 3) == 0) {
             /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
             const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
             fp8_put_scale(p.h, blk, t, nb, s, ue);
@@ -306,12 +295,12 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     }
 }
 
-/* Final epilogue: y = main + bias in out's dtype, columns nb * 256 + 128 cw + 8 i + ... */
+/* Final epilogue: y = main + bias in out's dtype; wave w's columns nb * 256 + 128 w + ... */
 static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
                                                     long long nb, const long long (&row)[2],
-                                                    const float (&m)[64], int cw, int lane)
+                                                    const float (&m)[128], int lane)
 {
-    const long long c0 = nb * F8_BN + 128 * cw + 2 * (lane & 3);
+    const long long c0 = nb * F8_BN + 2 * (lane & 3);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         if (row[h] < 0)
@@ -319,33 +308,52 @@ static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long 
         const long long pp = row[h] / div, q = row[h] % div;
         const long long base = pp * p.o_s0 + q * p.o_s1;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
+        for (int w = 0; w < 2; w++) {
 #pragma unroll
-            for (int x = 0; x < 2; x++) {
-                const long long c = c0 + 8 * i + x;
-                if (c >= p.ncols)
-                    continue;
-                float y = m[4 * i + 2 * h + x];
-                if (p.bias)
-                    y = __fadd_rn(y, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + c));
-                mfm_store(p.out, p.out_dt, base + c, y);
+            for (int i = 0; i < 16; i++) {
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    const long long c = c0 + 128 * w + 8 * i + x;
+                    if (c >= p.ncols)
+                        continue;
+                    float y = m[64 * w + 4 * i + 2 * h + x];
+                    if (p.bias)
+                        y = __fadd_rn(y, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + c));
+                    mfm_store(p.out, p.out_dt, base + c, y);
+                }
             }
         }
+    }
+}
+
+/* main[64 w + i] += block[i] * the scale of its row and of wave w's weight rows. */
+static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (&acc)[64], int w,
+                                                  float f_lo_a, float f_hi_a, float f_lo_b,
+                                                  float f_hi_b, bool split)
+{
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const bool up = split && i >= 8; /* gate: the up rows have their own weight block */
+        const float flo = up ? f_lo_b : f_lo_a, fhi = up ? f_hi_b : f_hi_a;
+        m[64 * w + 4 * i + 0] = __fmaf_rn(acc[4 * i + 0], flo, m[64 * w + 4 * i + 0]);
+        m[64 * w + 4 * i + 1] = __fmaf_rn(acc[4 * i + 1], flo, m[64 * w + 4 * i + 1]);
+        m[64 * w + 4 * i + 2] = __fmaf_rn(acc[4 * i + 2], fhi, m[64 * w + 4 * i + 2]);
+        m[64 * w + 4 * i + 3] = __fmaf_rn(acc[4 * i + 3], fhi, m[64 * w + 4 * i + 3]);
     }
 }
 
 template <bool GATE>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long div, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, F8Tiles &tl,
-                                                  float (*sc)[F8_BM], float (*amx)[F8_BM])
+                                                  float (*sc)[F8_BM])
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
-    const int r0 = warp * 16 + (lane >> 2);
+    const int r0 = cw * 64 + warp * 16 + (lane >> 2);
     const long long nkb = p.depth / F8_BK;
     HpPipe<F8_STAGES> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
-    float acc[64], m[64];
+    float acc[64], m[128];
 #pragma unroll
     for (int i = 0; i < 64; i++)
         acc[i] = 0.0f;
@@ -361,58 +369,60 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long di
             hp_mbar_arrive(smem_u32(&tl.empty[slot]));
         if (e < 0)
             break;
-        /* the weight scale blocks of this warpgroup's rows: gate (and up) rows, or y rows */
-        const long long rb_a = GATE ? (p.gate_row + nb * 128) / 128 : (nb * F8_BN + 128 * cw) / 128;
-        const long long rb_b = GATE ? (p.up_row + nb * 128) / 128 : rb_a;
-        const bool live = GATE || nb * F8_BN + 128 * cw < p.ncols; /* final: rows past K */
+        /*
+         * Weight scale blocks: gate, the gate rows' and the up rows' (both waves: h columns
+         * nb * 128 + [0, 128) lie in one block); final, wave w's rows nb * 256 + 128 w, whose
+         * block may lie past K (no scale: its rows are zeros and no column is stored).
+         */
+        const long long rb_a = GATE ? (p.gate_row + nb * 128) / 128 : 2 * nb;
+        const long long rb_b = GATE ? (p.up_row + nb * 128) / 128 : 2 * nb + 1;
+        const bool live_b = GATE || (2 * nb + 1) * 128 < p.ncols;
 #pragma unroll
-        for (int i = 0; i < 64; i++)
+        for (int i = 0; i < 128; i++)
             m[i] = 0.0f;
-        float swa = live ? fp8_w_scale(p.ws, e, rb_a, 0) : 0.0f;
-        float swb = GATE ? fp8_w_scale(p.ws, e, rb_b, 0) : swa;
+        float swa = fp8_w_scale(p.ws, e, rb_a, 0);
+        float swb = live_b ? fp8_w_scale(p.ws, e, rb_b, 0) : 0.0f;
         for (long long kb = 0; kb < nkb; kb++) {
             float swa_next = 0.0f, swb_next = 0.0f; /* the next block's, loaded ahead */
-            if (kb + 1 < nkb && live) {
+            if (kb + 1 < nkb) {
                 swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
-                swb_next = GATE ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : swa_next;
+                swb_next = live_b ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : 0.0f;
             }
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
-            f8_pin(acc);
-#ifdef F8_PROBE_NO_PROMOTE
-            f8_block_acc(acc, sa, sa + F8_A_BYTES + (uint32_t)(cw * 128 * 128));
-            wgmma_wait<1>();
-#else
-            f8_block(acc, sa, sa + F8_A_BYTES + (uint32_t)(cw * 128 * 128));
-            wgmma_wait<0>();
-#endif
-            f8_pin(acc);
+            const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + F8_A_BYTES;
             const float s_lo = sc[ps.stage][r0], s_hi = sc[ps.stage][r0 + 8];
+            /* wave 0: weight rows [0, 128) */
+            f8_pin(acc);
+            f8_block(acc, a0, b0);
+            wgmma_wait<0>();
+            f8_pin(acc);
+            const float lo_a = __fmul_rn(s_lo, swa), hi_a = __fmul_rn(s_hi, swa);
+            const float lo_b = __fmul_rn(s_lo, swb), hi_b = __fmul_rn(s_hi, swb);
+            if (GATE)
+                f8_promote(m, acc, 0, lo_a, hi_a, lo_b, hi_b, true);
+            else
+                f8_promote(m, acc, 0, lo_a, hi_a, lo_a, hi_a, false);
+            /* wave 1: weight rows [128, 256) */
+            f8_block(acc, a0, b0 + 128 * 128);
+            wgmma_wait<0>();
+            f8_pin(acc);
             __syncwarp();
             if (lane == 0)
                 hp_mbar_arrive(smem_u32(&empty[ps.stage]));
             ps.advance();
-            const float f_lo_a = __fmul_rn(s_lo, swa), f_hi_a = __fmul_rn(s_hi, swa);
-            const float f_lo_b = __fmul_rn(s_lo, swb), f_hi_b = __fmul_rn(s_hi, swb);
-#ifndef F8_PROBE_NO_PROMOTE
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const bool up = GATE && i >= 8;
-                const float flo = up ? f_lo_b : f_lo_a, fhi = up ? f_hi_b : f_hi_a;
-                m[4 * i + 0] = __fmaf_rn(acc[4 * i + 0], flo, m[4 * i + 0]);
-                m[4 * i + 1] = __fmaf_rn(acc[4 * i + 1], flo, m[4 * i + 1]);
-                m[4 * i + 2] = __fmaf_rn(acc[4 * i + 2], fhi, m[4 * i + 2]);
-                m[4 * i + 3] = __fmaf_rn(acc[4 * i + 3], fhi, m[4 * i + 3]);
-            }
-#endif
+            if (GATE)
+                f8_promote(m, acc, 1, lo_a, hi_a, lo_b, hi_b, true);
+            else
+                f8_promote(m, acc, 1, lo_b, hi_b, lo_b, hi_b, false);
             swa = swa_next;
             swb = swb_next;
         }
         if (GATE)
-            f8_gate_out(p, div, e, nb, row, m, amx, cw, r0, lane);
-        else if (live)
-            f8_final_out(p, div, e, nb, row, m, cw, lane);
+            f8_gate_out(p, div, e, nb, row, m, lane);
+        else
+            f8_final_out(p, div, e, nb, row, m, lane);
     }
 }
 #endif
@@ -425,7 +435,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
     __shared__ float sc[F8_STAGES][F8_BM];
-    __shared__ float amx[2][F8_BM];
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     if (threadIdx.x == 0) {
@@ -447,7 +456,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
         f8_produce<GATE>(P, sbase, full, empty, tl, sc);
     } else {
         hp_regs_inc<224>();
-        f8_consume<GATE>(P.g, P.x.div, sbase, full, empty, tl, sc, amx);
+        f8_consume<GATE>(P.g, P.x.div, sbase, full, empty, tl, sc);
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */

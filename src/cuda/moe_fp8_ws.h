@@ -8,7 +8,7 @@
 
 #include "cuda/fp8.cuh"
 
-#define F8_BM 64 /* rows (slots) of a tile: the route's tile height on this path */
+#define F8_BM 128 /* rows (slots) of a tile: the route's tile height on this path */
 #define F8_BK 128 /* depth of a stage: one scale block, 128 bytes of every row */
 
 typedef struct Fp8WsExtra {
