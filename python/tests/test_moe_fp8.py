@@ -75,7 +75,8 @@ def test_gate_fp8(ctx, rng, x_kind, layout, ue8m0, sdtype):
     kwargs = dict(b1=b1, scale_layout=layout, ue8m0=ue8m0,
                   scale_dtype=sdtype if sdtype == "u8" else None)
     if x_kind == "f8":  # already quantized, as a dispatch would hand it over
-        xq, xs = moefuse.quant(x, scale_layout=layout, ue8m0=ue8m0, scale_dtype=kwargs["scale_dtype"])
+        xq, xs = moefuse.quant(x, scale_layout=layout, ue8m0=ue8m0,
+                               scale_dtype=kwargs["scale_dtype"])
         np.testing.assert_array_equal(codes_of(xq), x_codes)
         x, kwargs["x_scales"] = xq, xs
     h, hs = run(ctx, moefuse.moe_gate_fp8, x, w1, w1s, ids, **kwargs)
@@ -86,7 +87,8 @@ def test_gate_fp8(ctx, rng, x_kind, layout, ue8m0, sdtype):
     assert np.all(codes_of(h)[1, 1] == 0) and np.all(codes_of(h)[2, 0] == 0)
 
 
-@pytest.mark.parametrize("act,order,limit", [("gelu", "up_first", 0.0), ("silu", "gate_first", 0.7)])
+@pytest.mark.parametrize("act,order,limit", [("gelu", "up_first", 0.0),
+                                             ("silu", "gate_first", 0.7)])
 def test_gate_fp8_options(ctx, rng, act, order, limit):
     x, w1, w1s, _, _, ids, *_ = problem(rng)
     h, hs = run(ctx, moefuse.moe_gate_fp8, x, w1, w1s, ids, activation=act, order=order,
