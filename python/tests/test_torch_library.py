@@ -266,10 +266,30 @@ class GateQuantBlock(nn.Module):
         return q, scales, OPS.dequant(q, scales, group_size=64, scale_layout="column_major")
 
 
-BLOCKS = {"moe": MoEBlock, "split_moe": SplitMoEBlock, "gate_quant": GateQuantBlock}
+class FP8MoEBlock(nn.Module):
+    """router -> topk_softmax -> moe_forward_fp8 on 128 x 128 block-scaled FP8 experts."""
+
+    def __init__(self, K=256, I=128, E=8, k=2):
+        super().__init__()
+        self.router = nn.Linear(K, E, bias=False)
+        for name, shape in (("w1", (E, 2 * I, K)), ("w2", (E, K, I))):
+            self.register_buffer(name, (torch.randn(shape) * 0.5).to(FP8))
+            blocks = (E, shape[1] // 128, shape[2] // 128)
+            self.register_buffer(name + "_scales", torch.rand(blocks) * 0.01 + 0.001)
+        self.k = k
+
+    def forward(self, x):
+        ids, weights = OPS.topk_softmax(self.router(x), self.k, True)
+        return OPS.moe_forward_fp8(x, self.w1, self.w1_scales, self.w2, self.w2_scales, ids,
+                                   weights)
+
+
+BLOCKS = {"moe": MoEBlock, "split_moe": SplitMoEBlock, "gate_quant": GateQuantBlock,
+          "fp8_moe": FP8MoEBlock}
 BLOCK_OPS = {"moe": {"topk_softmax", "moe_forward"},
              "split_moe": {"topk_softmax", "moe_gate", "moe_final"},
-             "gate_quant": {"act_quant", "dequant"}}
+             "gate_quant": {"act_quant", "dequant"},
+             "fp8_moe": {"topk_softmax", "moe_forward_fp8"}}
 
 
 def _block(name, device):
