@@ -10,6 +10,7 @@ gives the results' shapes and dtypes from the same shape functions ops.py alloca
 torch.compile traces them without graph breaks and CUDA graphs capture them. There is no
 autograd formula: use them for inference (torch.no_grad, torch.inference_mode).
 Options are those of the moefuse functions, with dtypes as moefuse names ("f8_e4m3", "bf16").
+The FP8 MoE operators (moe_*_fp8) call ops_fp8.py, which always goes through ctypes.
 """
 
 import torch
