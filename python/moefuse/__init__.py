@@ -25,6 +25,7 @@ from .errors import (AlignmentError, BackendFailureError, BackendUnavailableErro
                      WrongDeviceError)
 from .ops import (act_mul, act_quant, act_quant_masked, dequant, moe_final, moe_forward, moe_gate,
                   quant, topk_softmax)
+from .ops_fp8 import moe_final_fp8, moe_forward_fp8, moe_gate_fp8, moe_masked_fp8
 
 try:  # the installed distribution's version (meson.build's project version)
     from importlib.metadata import version as _version
@@ -36,6 +37,7 @@ __all__ = [
     "Context", "Buffer", "built_backends", "default_context", "library_path",
     "act_quant", "act_quant_masked", "act_mul", "quant", "dequant",
     "moe_gate", "moe_final", "moe_forward", "topk_softmax",
+    "moe_gate_fp8", "moe_final_fp8", "moe_forward_fp8", "moe_masked_fp8",
     "Error", "NullPointerError", "InvalidArgumentError", "ShapeError", "DtypeError",
     "StrideError", "AlignmentError", "WrongDeviceError", "UnsupportedError",
     "BackendUnavailableError", "OutOfMemoryError", "BackendFailureError", "InternalError",

@@ -18,7 +18,9 @@ from .context import CUDA_STREAM_LEGACY, Context, default_context
 
 # The calls that can take scratch on CUDA (docs/API.md, Workspace); the others take none there.
 _CUDA_SCRATCH_CALLS = frozenset(("moefuse_act_quant_masked", "moefuse_moe_gate",
-                                 "moefuse_moe_final", "moefuse_moe_forward"))
+                                 "moefuse_moe_final", "moefuse_moe_forward",
+                                 "moefuse_moe_gate_fp8", "moefuse_moe_final_fp8",
+                                 "moefuse_moe_forward_fp8", "moefuse_moe_masked_fp8"))
 
 
 def resolve_context(ctx, operands):

@@ -91,6 +91,15 @@ class MoeOptions(ctypes.Structure):
     ]
 
 
+class Fp8MoeOptions(ctypes.Structure):
+    """moefuse_fp8_moe_options."""
+    _fields_ = [
+        ("moe", MoeOptions),
+        ("act", QuantOptions),
+        ("reserved", ctypes.c_uint32 * 4),
+    ]
+
+
 class Routing(ctypes.Structure):
     """moefuse_routing."""
     _fields_ = [
@@ -140,6 +149,15 @@ _PROTOTYPES = {
     "moefuse_moe_final": (status_t, [ctx_p, T, T, T, POINTER(Routing), T, POINTER(MoeOptions)]),
     "moefuse_moe_forward": (status_t, [ctx_p, T, T, T, T, T, POINTER(Routing), T,
                                        POINTER(MoeOptions)]),
+    # FP8 MoE: the scales follow the tensor they scale
+    "moefuse_moe_gate_fp8": (status_t, [ctx_p, T, T, T, T, T, POINTER(Routing), T, T,
+                                        POINTER(Fp8MoeOptions)]),
+    "moefuse_moe_final_fp8": (status_t, [ctx_p, T, T, T, T, T, POINTER(Routing), T,
+                                         POINTER(Fp8MoeOptions)]),
+    "moefuse_moe_forward_fp8": (status_t, [ctx_p, T, T, T, T, T, T, T, T, POINTER(Routing), T,
+                                           POINTER(Fp8MoeOptions)]),
+    "moefuse_moe_masked_fp8": (status_t, [ctx_p, T, T, T, T, T, T, T, T, T, T,
+                                          POINTER(Fp8MoeOptions)]),
     "moefuse_topk_softmax": (status_t, [ctx_p, T, c_int32, T, T]),
     "moefuse_set_workspace": (status_t, [ctx_p, T]),
 }
@@ -148,7 +166,8 @@ _PROTOTYPES.update({
     name + "_workspace_size": (status_t, _PROTOTYPES[name][1] + [POINTER(c_size_t)])
     for name in ("moefuse_act_quant", "moefuse_act_quant_masked", "moefuse_act_mul",
                  "moefuse_quant", "moefuse_dequant", "moefuse_moe_gate", "moefuse_moe_final",
-                 "moefuse_moe_forward", "moefuse_topk_softmax")})
+                 "moefuse_moe_forward", "moefuse_moe_gate_fp8", "moefuse_moe_final_fp8",
+                 "moefuse_moe_forward_fp8", "moefuse_moe_masked_fp8", "moefuse_topk_softmax")})
 
 
 def _bind():

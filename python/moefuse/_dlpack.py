@@ -36,8 +36,10 @@ def describe(obj, name):
     t = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
     dtype = _dtypes.from_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     if dtype is None:
-        raise _tensors._dtype_error(name, f"DLPack (code {t.dtype.code}, {t.dtype.bits} bits, "
-                                          f"{t.dtype.lanes} lanes)")
+        # DLPack codes 7 to 14 are the FP8 flavours; 10 (e4m3fn) is the one taken
+        kind = "float8 " if 7 <= t.dtype.code <= 14 else ""
+        raise _tensors._dtype_error(name, f"{kind}DLPack (code {t.dtype.code}, {t.dtype.bits} "
+                                          f"bits, {t.dtype.lanes} lanes)")
     shape = [t.shape[d] for d in range(t.ndim)]
     if t.strides:
         strides = [t.strides[d] for d in range(t.ndim)]

@@ -75,6 +75,14 @@ def moe(activation, order, limit):
 
 
 @_shared
+def fp8_moe(activation, order, limit, scale_layout, ue8m0, eps):
+    """moefuse_fp8_moe_options: the MoE options, and the quantization of the activations (x when
+    the call quantizes it, h) in groups of 128, the only size the FP8 calls take."""
+    return _capi.Fp8MoeOptions(moe=moe(activation, order, limit),
+                               act=quant(DEFAULT_GROUP, scale_layout, ue8m0, eps))
+
+
+@_shared
 def scales_shape(layout, rows, hidden, group_size, experts=None):
     """Shape of the scales tensor the C API expects (for allocating it). Cached: it is worked
     out on every call that allocates scales (symbolic sizes, unhashable, are not cached)."""

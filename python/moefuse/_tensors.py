@@ -44,6 +44,10 @@ class Operand:
 
 
 def _dtype_error(name, what):
+    if "float8" in str(what):  # e5m2, e4m3fnuz, ...: a neighbour of the one FP8 format taken
+        return errors.DtypeError(errors.code_of("MOEFUSE_ERR_DTYPE"),
+                                 f"{name} has dtype {what}; moefuse's FP8 is float8_e4m3fn only "
+                                 f"(e4m3, max 448, no Inf): quantize to float8_e4m3fn instead")
     return errors.DtypeError(errors.code_of("MOEFUSE_ERR_DTYPE"),
                              f"{name} has dtype {what}, which has no moefuse dtype "
                              f"(f32, f16, bf16, f8_e4m3, i8, i32, u8)")

@@ -10,16 +10,19 @@ gives the results' shapes and dtypes from the same shape functions ops.py alloca
 torch.compile traces them without graph breaks and CUDA graphs capture them. There is no
 autograd formula: use them for inference (torch.no_grad, torch.inference_mode).
 Options are those of the moefuse functions, with dtypes as moefuse names ("f8_e4m3", "bf16").
+The FP8 MoE operators (moe_*_fp8) call ops_fp8.py, which always goes through ctypes.
 """
 
 import torch
 
-from . import _fast, _options, ops
+from . import _fast, _options, ops, ops_fp8
 
 NAMESPACE = "moefuse"
 
 _GATED = 'str activation="silu", str order="gate_first", float limit=0.0'
 _ACT = _GATED + ', str? intermediate=None'
+_FP8_ACT = 'str scale_layout="row_major", bool? ue8m0=None'
+_FP8 = f'{_GATED}, {_FP8_ACT}, float? eps=None'
 _QUANT = ('int group_size=128, str scale_layout="row_major", bool ue8m0=False, float? eps=None, '
           'str dtype="f8_e4m3", str? scale_dtype=None')
 
@@ -49,6 +52,22 @@ SCHEMAS = {
         f"(Tensor x, Tensor w1, Tensor w2, Tensor topk_ids, Tensor topk_weights, *, "
         f"Tensor? b1=None, Tensor? b2=None, Tensor? expert_map=None, {_GATED}, "
         f"str? dtype=None) -> Tensor",
+    "moe_gate_fp8":
+        f"(Tensor x, Tensor w1, Tensor w1_scales, Tensor topk_ids, *, Tensor? x_scales=None, "
+        f"Tensor? b1=None, Tensor? expert_map=None, {_FP8}, str? scale_dtype=None) "
+        f"-> (Tensor h, Tensor h_scales)",
+    "moe_final_fp8":
+        f"(Tensor h, Tensor h_scales, Tensor w2, Tensor w2_scales, Tensor topk_ids, "
+        f"Tensor? topk_weights=None, *, Tensor? b2=None, Tensor? expert_map=None, "
+        f"bool reduce=True, {_FP8_ACT}, str? dtype=None) -> Tensor",
+    "moe_forward_fp8":
+        f"(Tensor x, Tensor w1, Tensor w1_scales, Tensor w2, Tensor w2_scales, Tensor topk_ids, "
+        f"Tensor topk_weights, *, Tensor? x_scales=None, Tensor? b1=None, Tensor? b2=None, "
+        f"Tensor? expert_map=None, {_FP8}, str? dtype=None) -> Tensor",
+    "moe_masked_fp8":
+        f"(Tensor x, Tensor counts, Tensor w1, Tensor w1_scales, Tensor w2, Tensor w2_scales, *, "
+        f"Tensor? x_scales=None, Tensor? b1=None, Tensor? b2=None, {_FP8}, str? dtype=None) "
+        f"-> Tensor",
 }
 
 
@@ -77,6 +96,22 @@ def _moe_forward(x, w1, w2, topk_ids, topk_weights, **options):
     return _moe_call(ops.moe_forward, x, w1, w2, topk_ids, topk_weights, **options)
 
 
+def _moe_gate_fp8(*args, **options):
+    return _moe_call(ops_fp8.moe_gate_fp8, *args, **options)
+
+
+def _moe_final_fp8(*args, **options):
+    return _moe_call(ops_fp8.moe_final_fp8, *args, **options)
+
+
+def _moe_forward_fp8(*args, **options):
+    return _moe_call(ops_fp8.moe_forward_fp8, *args, **options)
+
+
+def _moe_masked_fp8(*args, **options):
+    return _moe_call(ops_fp8.moe_masked_fp8, *args, **options)
+
+
 # The row operations take the schema's keyword arguments as they are.
 KERNELS = {
     "topk_softmax": _topk_softmax,
@@ -88,6 +123,10 @@ KERNELS = {
     "moe_gate": _moe_gate,
     "moe_final": _moe_final,
     "moe_forward": _moe_forward,
+    "moe_gate_fp8": _moe_gate_fp8,
+    "moe_final_fp8": _moe_final_fp8,
+    "moe_forward_fp8": _moe_forward_fp8,
+    "moe_masked_fp8": _moe_masked_fp8,
 }
 
 
@@ -142,6 +181,26 @@ def _fake_moe_final(h, w2, topk_ids, topk_weights=None, *, reduce=True, dtype=No
 
 def _fake_moe_forward(x, w1, w2, topk_ids, topk_weights, *, dtype=None, **_):
     return _fast.empty(x, ops._dims(x, 2), dtype or x.dtype)
+
+
+def _fake_moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, scale_layout="row_major",
+                       scale_dtype=None, **_):
+    h_shape, s_shape = ops_fp8._gate_shapes(x, w1, topk_ids, scale_layout)
+    return (_fast.empty(x, h_shape, "f8_e4m3"),
+            _fast.empty(x, s_shape, ops_fp8._h_scales_dtype(scale_layout, scale_dtype, x_scales)))
+
+
+def _fake_moe_final_fp8(h, h_scales, w2, w2_scales, topk_ids, topk_weights=None, *,
+                        reduce=True, dtype=None, **_):
+    return _fast.empty(h, ops._moe_final_shape(h, w2, reduce), ops_fp8._out_dtype(dtype, h.dtype))
+
+
+def _fake_moe_forward_fp8(x, *_args, dtype=None, **_):
+    return _fast.empty(x, ops._dims(x, 2), ops_fp8._out_dtype(dtype, x.dtype))
+
+
+def _fake_moe_masked_fp8(x, *_args, dtype=None, **_):
+    return _fast.empty(x, ops._dims(x, 3), ops_fp8._out_dtype(dtype, x.dtype))
 
 
 FAKES = {name: globals()[f"_fake_{name}"] for name in SCHEMAS}

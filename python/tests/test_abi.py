@@ -19,6 +19,7 @@ STRUCTS = {
     "moefuse_act_options": (_capi.ActOptions, ["activation", "order", "limit", "intermediate"]),
     "moefuse_act_quant_options": (_capi.ActQuantOptions, ["act", "quant", "zero_tail"]),
     "moefuse_moe_options": (_capi.MoeOptions, ["activation", "order", "limit"]),
+    "moefuse_fp8_moe_options": (_capi.Fp8MoeOptions, ["moe", "act", "reserved"]),
     "moefuse_routing": (_capi.Routing, ["topk_ids", "topk_weights", "expert_map"]),
 }
 

@@ -99,3 +99,23 @@ def test_a_refused_call_raises_its_own_error_and_leaves_no_workspace(path):
     # the context is usable and takes torch scratch again
     out = moefuse.moe_forward(x, w1, w2, ids, wts)
     assert torch.isfinite(out.float()).all()
+
+
+def test_fp8_forward_takes_its_workspace_from_torch(path):
+    """The FP8 layer keeps h and its scales in its workspace: one torch allocation a call."""
+    x, _, _, ids, wts = _layer(32)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    E, K, I = 8, 256, 128
+    fp8 = torch.float8_e4m3fn
+    w1 = (torch.randn(E, 2 * I, K, device="cuda", generator=g) * 0.5).to(fp8)
+    w2 = (torch.randn(E, K, I, device="cuda", generator=g) * 0.5).to(fp8)
+    w1s = torch.full((E, 2 * I // 128, K // 128), 0.01, device="cuda")
+    w2s = torch.full((E, K // 128, I // 128), 0.01, device="cuda")
+    out = torch.empty_like(x)
+    try:
+        moefuse.moe_forward_fp8(x, w1, w1s, w2, w2s, ids, wts, out=out)  # warm
+    except moefuse.UnsupportedError as exc:
+        pytest.skip(str(exc))
+    before = _allocations()
+    moefuse.moe_forward_fp8(x, w1, w1s, w2, w2s, ids, wts, out=out)
+    assert _allocations() - before == 1
