@@ -15,6 +15,11 @@ from ._call import Call, resolve_context
 from ._capi import lib
 from .ops import _dims, _moe_final_shape, _ref, _result, _routing
 
+
+def _given(t, operand):
+    """x_scales when the caller gave it, even empty (an empty tensor's data pointer is 0)."""
+    return ctypes.byref(t) if operand is not None else None
+
 GROUP = 128  # the activation groups and weight blocks of the FP8 calls
 FLOATS = ("f32", "f16", "bf16")
 
@@ -81,7 +86,7 @@ def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_m
         tx, txs, tw, tws, tb = (call.tensor(o) for o in (xo, xso, wo, wso, bo))
         route = _routing(call, io, None, mo)
         th, ths = call.tensor(ho, output=True), call.tensor(hso, output=True)
-        call.run(lib.moefuse_moe_gate_fp8, ctypes.byref(tx), _ref(txs), ctypes.byref(tw),
+        call.run(lib.moefuse_moe_gate_fp8, ctypes.byref(tx), _given(txs, xso), ctypes.byref(tw),
                  ctypes.byref(tws), _ref(tb), ctypes.byref(route), ctypes.byref(th),
                  ctypes.byref(ths), ctypes.byref(opt))
     return h, h_scales
@@ -130,7 +135,7 @@ def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, 
         tx, txs, t1, t1s, t2, t2s, tb1, tb2 = tensors
         route = _routing(call, io, wto, mo)
         to = call.tensor(oo, output=True)
-        call.run(lib.moefuse_moe_forward_fp8, ctypes.byref(tx), _ref(txs), ctypes.byref(t1),
+        call.run(lib.moefuse_moe_forward_fp8, ctypes.byref(tx), _given(txs, xso), ctypes.byref(t1),
                  ctypes.byref(t1s), ctypes.byref(t2), ctypes.byref(t2s), _ref(tb1), _ref(tb2),
                  ctypes.byref(route), ctypes.byref(to), ctypes.byref(opt))
     return out
@@ -155,7 +160,7 @@ def moe_masked_fp8(x, counts, w1, w1_scales, w2, w2_scales, *, x_scales=None, b1
         tensors = [call.tensor(o) for o in (xo, xso, co, w1o, w1so, w2o, w2so, b1o, b2o)]
         tx, txs, tc, t1, t1s, t2, t2s, tb1, tb2 = tensors
         to = call.tensor(oo, output=True)
-        call.run(lib.moefuse_moe_masked_fp8, ctypes.byref(tx), _ref(txs), ctypes.byref(tc),
+        call.run(lib.moefuse_moe_masked_fp8, ctypes.byref(tx), _given(txs, xso), ctypes.byref(tc),
                  ctypes.byref(t1), ctypes.byref(t1s), ctypes.byref(t2), ctypes.byref(t2s),
                  _ref(tb1), _ref(tb2), ctypes.byref(to), ctypes.byref(opt))
     return out

@@ -244,3 +244,14 @@ def test_shapes_the_blocks_do_not_fit_are_refused(cpu, rng):
         moefuse.moe_gate_fp8(x, small, small_s, ids, ctx=cpu)
     with pytest.raises(moefuse.DtypeError):  # bf16 weights are moe_forward's
         moefuse.moe_forward_fp8(x, w1.astype(ref.BF16), w1s, w2, w2s, ids, weights, ctx=cpu)
+
+
+def test_an_fp8_x_of_no_rows(ctx, rng):
+    """Zero tokens: the scales of an empty FP8 x have no data (torch and numpy give NULL or
+    any pointer); the call has nothing to do and returns an empty output."""
+    x, w1, w1s, w2, w2s, _, _, *_ = problem(rng)
+    xq, xs = moefuse.quant(x[:0])
+    ids = np.zeros((0, TOPK), np.int32)
+    weights = np.zeros((0, TOPK), np.float32)
+    out = run(ctx, moefuse.moe_forward_fp8, xq, w1, w1s, w2, w2s, ids, weights, x_scales=xs)
+    assert out.shape == (0, x.shape[1])

@@ -54,6 +54,13 @@ static moefuse_status check_fp8_weight(moefuse_context *ctx, const char *op, con
     return mf_expect_shape(ctx, op, scales_name, scales, blocks, what_scales);
 }
 
+/* An operand given by the caller: non-NULL data, or an empty tensor (which torch and others
+ * hand over with a NULL data pointer) of rank 1 or more; NULL and {0} are absent. */
+static bool given(const moefuse_tensor *t)
+{
+    return t && (t->data || (t->rank > 0 && moefuse_tensor_numel(t) == 0));
+}
+
 /* The scales of an activation tensor of `rows` rows and `width` channels, in the act layout. */
 static moefuse_status check_act_scales(moefuse_context *ctx, const char *op, const char *name,
                                        const moefuse_tensor *scales, const mf_moe_args *a,
@@ -94,7 +101,7 @@ static moefuse_status check_fp8_gate_operands(moefuse_context *ctx, const char *
                         "%s: I = %lld is not a multiple of 128 (the groups of h)", op,
                         (long long)a->inter_dim);
     if (x->dtype == MOEFUSE_F8_E4M3) {
-        if (!mf_present(x_scales))
+        if (!given(x_scales))
             return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER,
                             "%s: x is f8_e4m3 but x_scales is absent; FP8 activations come with "
                             "their group scales",
@@ -102,7 +109,7 @@ static moefuse_status check_fp8_gate_operands(moefuse_context *ctx, const char *
         MF_TRY(check_act_scales(ctx, op, "x_scales", x_scales, a, a->tokens, a->model_dim,
                                 &a->x_scales));
     } else {
-        if (mf_present(x_scales))
+        if (given(x_scales))
             return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                             "%s: x is %s, which the call quantizes itself; x_scales must be "
                             "absent (give an f8_e4m3 x to pass scales)",
