@@ -416,5 +416,9 @@ const moefuse_backend_i mf_backend_opencl = {
     .rows_workspace = mf_ocl_rows_workspace,
     .moe_gate_workspace = mf_ocl_moe_gate_workspace,
     .moe_final_workspace = mf_ocl_moe_final_workspace,
+    .moe_gate_fp8 = mf_ocl_moe_gate_fp8,
+    .moe_final_fp8 = mf_ocl_moe_final_fp8,
+    .moe_gate_fp8_workspace = mf_ocl_moe_gate_fp8_workspace,
+    .moe_final_fp8_workspace = mf_ocl_moe_final_fp8_workspace,
     .moe_forward = NULL,
 };

@@ -39,6 +39,8 @@ enum mf_ocl_kernel {
     MF_K_MOE_REDUCE,
     MF_K_MOE_GATE_GEMV, /* reqd_work_group_size(256, 1, 1) */
     MF_K_MOE_FINAL_GEMV, /* reqd_work_group_size(256, 1, 1) */
+    MF_K_MOE_FP8_GATE,   /* reqd_work_group_size(128, 1, 1) (kernels/moe_fp8.cl) */
+    MF_K_MOE_FP8_FINAL,  /* reqd_work_group_size(64, 1, 1) */
     MF_K_COUNT_
 };
 
@@ -61,6 +63,7 @@ typedef struct ocl_state {
     bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
     bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */
     bool table_local;     /* the table kernel with a local copy fits (else it reads global) */
+    bool fp8;             /* the FP8 MoE kernels' fixed work-groups (128, 64) fit this device */
     cl_mem act_tables;    /* act(g) of the bf16 gates per activation (mf_act_table.h), or NULL
                            * (MOEFUSE_OPENCL_ACT_TABLE=0: the computed kernels) */
     cl_mem scratch;       /* per-call device scratch (offs of the masked rows), grown on demand */
@@ -139,6 +142,12 @@ moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequan
 moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_ocl_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_ocl_moe_final_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);
+moefuse_status mf_ocl_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
+                                             const mf_moe_args *a, size_t *bytes);
+moefuse_status mf_ocl_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
+                                              const mf_moe_args *a, size_t *bytes);
 /* The bytes of scratch each takes (backend.h's *_workspace members). */
 moefuse_status mf_ocl_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
                                      size_t *bytes);

@@ -22,6 +22,7 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_MOE_GATE_TILED] = "mf_moe_gate_tiled", [MF_K_MOE_FINAL_TILED] = "mf_moe_final_tiled",
     [MF_K_MOE_REDUCE] = "mf_moe_reduce",
     [MF_K_MOE_GATE_GEMV] = "mf_moe_gate_gemv", [MF_K_MOE_FINAL_GEMV] = "mf_moe_final_gemv",
+    [MF_K_MOE_FP8_GATE] = "mf_moe_fp8_gate",   [MF_K_MOE_FP8_FINAL] = "mf_moe_fp8_final",
 };
 
 /* Both kernels of a fixed work-group size can run it on this device. */
@@ -69,6 +70,13 @@ static bool tiled_fits(ocl_state *s)
     if (dims[0] < 16 || dims[1] < 16 || local < 12 * 1024)
         return false;
     return kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
+}
+
+/* The FP8 kernels need work-groups of 128 (gate: one h group) and 64 (final). */
+static bool fp8_fits(ocl_state *s)
+{
+    return kernels_take(s, MF_K_MOE_FP8_GATE, MF_K_MOE_FP8_GATE, 128) &&
+           kernels_take(s, MF_K_MOE_FP8_FINAL, MF_K_MOE_FP8_FINAL, 64);
 }
 
 /* The build log, cut to what fits in a status message. */
@@ -177,8 +185,9 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     for (int k = 0; k < MF_K_COUNT_; k++) {
         size_t kmax = 0;
         if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
-            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV || k == MF_K_ROWS_QUANT_TAB_LOCAL)
-            continue; /* fixed sizes, checked by tiled_fits and gemv_fits; table_local_fits */
+            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV || k == MF_K_ROWS_QUANT_TAB_LOCAL ||
+            k == MF_K_MOE_FP8_GATE || k == MF_K_MOE_FP8_FINAL)
+            continue; /* fixed sizes: tiled_fits, gemv_fits, table_local_fits, fp8_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
             kmax > 0 && kmax < wg)
@@ -191,5 +200,6 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
     s->tiled = tiled_fits(s);
     s->gemv = gemv_fits(s);
     s->table_local = table_local_fits(s);
+    s->fp8 = fp8_fits(s);
     return MOEFUSE_OK;
 }
