@@ -29,6 +29,10 @@ typedef struct ceiling_provider {
      */
     double (*gemm_gflops)(moefuse_context *ctx, moefuse_dtype dtype, int64_t rows, int64_t inner,
                           int64_t n, char *what, size_t what_size);
+    /* [optional, NULL where there is none] the same GEMM on FP8 e4m3 operands, for the FP8
+     * MoE ops; without it they are held to gemm_gflops in bf16. */
+    double (*gemm_fp8_gflops)(moefuse_context *ctx, int64_t rows, int64_t inner, int64_t n,
+                              char *what, size_t what_size);
 } ceiling_provider;
 
 /* The provider for `backend`, or NULL when this build measures no ceiling there. */

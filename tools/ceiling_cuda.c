@@ -271,9 +271,215 @@ done:
     return gflops;
 }
 
+/* ------------------------------------------------------------- cuBLASLt FP8 */
+
+/*
+ * The FP8 dense GEMM ceiling: cuBLASLt e4m3 x e4m3 -> bf16 with f32 compute and precise
+ * accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: cuBLASLt promotes the tensor cores' partial
+ * sums to f32 as the FP8 MoE does), per-tensor scales of 1, the TN layout FP8 requires. Types
+ * and enums come from cublasLt.h; the library is loaded at run time like cuBLAS.
+ */
+#include <cublasLt.h>
+
+typedef cublasStatus_t (*lt_create_fn)(cublasLtHandle_t *);
+typedef cublasStatus_t (*lt_destroy_fn)(cublasLtHandle_t);
+typedef cublasStatus_t (*lt_desc_create_fn)(cublasLtMatmulDesc_t *, cublasComputeType_t,
+                                            cudaDataType_t);
+typedef cublasStatus_t (*lt_desc_destroy_fn)(cublasLtMatmulDesc_t);
+typedef cublasStatus_t (*lt_desc_set_fn)(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t,
+                                         const void *, size_t);
+typedef cublasStatus_t (*lt_layout_create_fn)(cublasLtMatrixLayout_t *, cudaDataType, uint64_t,
+                                              uint64_t, int64_t);
+typedef cublasStatus_t (*lt_layout_destroy_fn)(cublasLtMatrixLayout_t);
+typedef cublasStatus_t (*lt_pref_create_fn)(cublasLtMatmulPreference_t *);
+typedef cublasStatus_t (*lt_pref_destroy_fn)(cublasLtMatmulPreference_t);
+typedef cublasStatus_t (*lt_pref_set_fn)(cublasLtMatmulPreference_t,
+                                         cublasLtMatmulPreferenceAttributes_t, const void *,
+                                         size_t);
+typedef cublasStatus_t (*lt_heuristic_fn)(cublasLtHandle_t, cublasLtMatmulDesc_t,
+                                          cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                          cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                          cublasLtMatmulPreference_t, int,
+                                          cublasLtMatmulHeuristicResult_t *, int *);
+typedef cublasStatus_t (*lt_matmul_fn)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *,
+                                       const void *, cublasLtMatrixLayout_t, const void *,
+                                       cublasLtMatrixLayout_t, const void *, const void *,
+                                       cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,
+                                       const cublasLtMatmulAlgo_t *, void *, size_t,
+                                       cudaStream_t);
+
+typedef struct lt_api {
+    const char *soname;
+    lt_create_fn create;
+    lt_destroy_fn destroy;
+    lt_desc_create_fn desc_create;
+    lt_desc_destroy_fn desc_destroy;
+    lt_desc_set_fn desc_set;
+    lt_layout_create_fn layout_create;
+    lt_layout_destroy_fn layout_destroy;
+    lt_pref_create_fn pref_create;
+    lt_pref_destroy_fn pref_destroy;
+    lt_pref_set_fn pref_set;
+    lt_heuristic_fn heuristic;
+    lt_matmul_fn matmul;
+} lt_api;
+
+static int lt_load(lt_api *api, char *what, size_t what_size)
+{
+    memset(api, 0, sizeof *api);
+#ifndef MOEFUSE_HAVE_DLOPEN
+    snprintf(what, what_size, "cuBLASLt not loaded: this build has no dlopen");
+    return -1;
+#else
+    static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so.12",
+                                        "libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
+        if ((lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL)) != NULL)
+            api->soname = names[i];
+    if (!lib) {
+        const char *err = dlerror();
+        snprintf(what, what_size, "cuBLASLt not found: %s", err ? err : "unknown dlopen error");
+        return -1;
+    }
+    if (bind(lib, "cublasLtCreate", &api->create, what, what_size) != 0 ||
+        bind(lib, "cublasLtDestroy", &api->destroy, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulDescCreate", &api->desc_create, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulDescDestroy", &api->desc_destroy, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulDescSetAttribute", &api->desc_set, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatrixLayoutCreate", &api->layout_create, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatrixLayoutDestroy", &api->layout_destroy, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulPreferenceCreate", &api->pref_create, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulPreferenceDestroy", &api->pref_destroy, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulPreferenceSetAttribute", &api->pref_set, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmulAlgoGetHeuristic", &api->heuristic, what, what_size) != 0 ||
+        bind(lib, "cublasLtMatmul", &api->matmul, what, what_size) != 0)
+        return -1;
+    return 0;
+#endif
+}
+
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+/*
+ * Row-major C[rows, n] = A[rows, inner] B[inner, n] with e4m3 A and B on random codes: in
+ * cuBLASLt's column-major terms D (n x rows) = op(B^T) (n x inner) x op(A^T): the "T" operand
+ * is B stored [n, inner] row-major, the "N" one A stored [rows, inner] row-major.
+ */
+static double cuda_gemm_fp8_gflops(moefuse_context *ctx, int64_t rows, int64_t inner, int64_t n,
+                                   char *what, size_t what_size)
+{
+    lt_api lt;
+    cudaStream_t stream;
+    if (lt_load(&lt, what, what_size) != 0 || stream_of(ctx, &stream, what, what_size) != 0)
+        return 0.0;
+    double gflops = 0.0, times[GEMM_RUNS];
+    cublasLtHandle_t h = NULL;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    void *a = random_matrix((size_t)rows * (size_t)inner, MOEFUSE_F8_E4M3, 99, stream, what,
+                            what_size);
+    void *b = a ? random_matrix((size_t)inner * (size_t)n, MOEFUSE_F8_E4M3, 100, stream, what,
+                                what_size)
+                : NULL;
+    void *c = NULL, *ws = NULL, *one_dev = NULL;
+    if (!b)
+        goto done;
+    cudaError_t ce = cudaMalloc(&c, (size_t)rows * (size_t)n * 2);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&ws, LT_WORKSPACE);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&one_dev, sizeof(float));
+    const float one = 1.0f, zero = 0.0f;
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(one_dev, &one, sizeof one, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaMalloc of the FP8 GEMM's buffers", ce);
+        goto done;
+    }
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int8_t precise = 0;
+    const size_t ws_bytes = LT_WORKSPACE;
+    cublasStatus_t st = lt.create(&h);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &precise, sizeof precise);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &one_dev, sizeof one_dev);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &one_dev, sizeof one_dev);
+    /* column-major: "A" = B^T as inner x n (ld inner), "B" = A^T as inner x rows */
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.layout_create(&la, CUDA_R_8F_E4M3, (uint64_t)inner, (uint64_t)n, inner);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.layout_create(&lb, CUDA_R_8F_E4M3, (uint64_t)inner, (uint64_t)rows, inner);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.layout_create(&lc, CUDA_R_16BF, (uint64_t)n, (uint64_t)rows, n);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.pref_create(&pref);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                         sizeof ws_bytes);
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = lt.heuristic(h, desc, la, lb, lc, lc, pref, 1, &heur, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        snprintf(what, what_size, "cuBLASLt FP8 setup failed: status %d, %d algorithms", (int)st,
+                 found);
+        goto done;
+    }
+    for (int r = -1; r < GEMM_RUNS; r++) {
+        double seconds;
+        const double t0 = now_seconds();
+        st = lt.matmul(h, desc, &one, b, la, a, lb, &zero, c, lc, c, lc, &heur.algo, ws, ws_bytes,
+                       stream);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            snprintf(what, what_size, "cublasLtMatmul (FP8) failed: status %d", (int)st);
+            goto done;
+        }
+        if (sync_timed(stream, t0, &seconds, what, what_size) != 0)
+            goto done;
+        if (r >= 0)
+            times[r] = seconds;
+    }
+    gflops = 2.0 * (double)rows * (double)inner * (double)n / median_sort(times, GEMM_RUNS) / 1e9;
+    snprintf(what, what_size,
+             "cublasLtMatmul e4m3 x e4m3 -> bf16 (%s) %lldx%lldx%lld, f32 compute, precise "
+             "accumulation, median of %d",
+             lt.soname, (long long)rows, (long long)inner, (long long)n, GEMM_RUNS);
+done:
+    if (pref)
+        lt.pref_destroy(pref);
+    if (la)
+        lt.layout_destroy(la);
+    if (lb)
+        lt.layout_destroy(lb);
+    if (lc)
+        lt.layout_destroy(lc);
+    if (desc)
+        lt.desc_destroy(desc);
+    if (h)
+        lt.destroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(ws);
+    cudaFree(one_dev);
+    return gflops;
+}
+
 const ceiling_provider ceiling_cuda = {
     .backend = "cuda",
-    .summary = "cudaMemcpyAsync device to device + cuBLAS cublasGemmEx (loaded at run time)",
+    .summary = "cudaMemcpyAsync device to device + cuBLAS cublasGemmEx and cuBLASLt FP8 "
+               "(loaded at run time)",
     .copy_gbs = cuda_copy_gbs,
     .gemm_gflops = cuda_gemm_gflops,
+    .gemm_fp8_gflops = cuda_gemm_fp8_gflops,
 };

@@ -40,6 +40,8 @@ void help_bench(void)
         "                    (a fixed draw, the same every run)\n"
         "  topk_softmax      M, E, k\n"
         "  moe_gate, moe_final, moe_forward   M, E, k, K, I\n"
+        "  moe_forward_fp8    M, E, k, K, I, xq (1: x given in FP8 with its scales), ue8m0\n"
+        "  moe_masked_fp8     E, Tmax, K, I, valid (rows of each expert)\n"
         "H is the output width: act_* read rows of 2H. Examples:\n"
         "  moefuse bench --op act_quant --shape T=4096,H=7168,layout=col\n"
         "  moefuse bench --op act_quant_masked --shape E=32,Tmax=256,H=2048,fill=skew,tokens=4096\n"
@@ -84,6 +86,8 @@ static const op_info ops[] = {
     {"moe_gate", KIND_MOE, "M, E, k, K, I"},
     {"moe_final", KIND_MOE, "M, E, k, K, I"},
     {"moe_forward", KIND_MOE, "M, E, k, K, I"},
+    {"moe_forward_fp8", KIND_MOE, "M, E, k, K, I, xq, ue8m0"},
+    {"moe_masked_fp8", KIND_MOE, "E, Tmax, K, I, valid"},
 };
 
 /* Everything one benchmark run needs: the context, its buffers and the call's operands. */
@@ -108,6 +112,11 @@ typedef struct bench {
     moefuse_quant_options qo;
     moefuse_act_options ao;
     moefuse_moe_options mo;
+    /* FP8 MoE: block scales of w1 / w2, x's scales (xq=1), the masked layout's valid rows */
+    int fp8, masked;
+    moefuse_tensor w1s, w2s, xs;
+    moefuse_fp8_moe_options fo;
+    int64_t valid;
 } bench;
 
 static int parse_dtype(const char *s, moefuse_dtype *dt)
@@ -246,6 +255,9 @@ static moefuse_tensor scales_tensor(bench *b, int64_t E, void *data, size_t *byt
 }
 
 /* Sets up operands; returns the bytes moved (memory-bound ops) or FLOPs (GEMMs) in *work. */
+/* The FP8 MoE ops' setup (below, beside their calls). */
+static int bench_setup_fp8(bench *b, shape_spec *s, double *work);
+
 static int bench_setup(bench *b, shape_spec *s, double *work)
 {
     const char *name = b->op->name;
@@ -421,6 +433,8 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
         return 0;
     }
 
+    if (strstr(name, "_fp8"))
+        return bench_setup_fp8(b, s, work);
     /* MoE GEMMs. */
     if (shape_int(s, name, "M", -1, MAX_DIM, &b->M) != 0 ||
         shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
@@ -518,6 +532,179 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
     return 0;
 }
 
+/*
+ * A backend buffer of n random e4m3 codes: random bytes with the exponent's top bit cleared
+ * (|value| < 2, never a NaN code), made from one 64 MiB block uploaded again and again, so
+ * that tens of GB of weights fill in seconds.
+ */
+static void *bench_fp8_codes(bench *b, int64_t n, uint64_t seed)
+{
+    void *dev = bench_alloc(b, (size_t)n);
+    if (!dev)
+        return NULL;
+    const int64_t chunk = (int64_t)64 << 20;
+    uint8_t *host = malloc((size_t)(n < chunk ? n : chunk));
+    if (!host) {
+        fprintf(stderr, "moefuse bench: out of host memory\n");
+        return NULL;
+    }
+    rng r = rng_seed(seed);
+    const int64_t len0 = n < chunk ? n : chunk;
+    for (int64_t i = 0; i < len0; i++)
+        host[i] = (uint8_t)(rng_below(&r, 256u) & 0xBFu);
+    for (int64_t at = 0; at < n; at += chunk) {
+        const int64_t len = n - at < chunk ? n - at : chunk;
+        moefuse_status st = moefuse_buffer_write(b->ctx, dev, (size_t)at, host, (size_t)len);
+        if (st != MOEFUSE_OK) {
+            free(host);
+            report_failure(b->ctx, "buffer_write", st);
+            return NULL;
+        }
+    }
+    free(host);
+    return dev;
+}
+
+/* f32 block scales in [0.5, 1.5) x 1e-3 of an [E, rows / 128, depth / 128] weight. */
+static moefuse_tensor bench_block_scales(bench *b, int64_t E, int64_t rows, int64_t depth,
+                                         uint64_t seed)
+{
+    int64_t shape[3] = {E, rows / 128, depth / 128};
+    const int64_t n = shape[0] * shape[1] * shape[2];
+    float *host = malloc((size_t)n * sizeof *host);
+    moefuse_tensor t = {0};
+    if (!host)
+        return t;
+    rng r = rng_seed(seed);
+    for (int64_t i = 0; i < n; i++)
+        host[i] = 1e-3f * (1.0f + 0.5f * rng_uniform(&r));
+    void *dev = bench_upload(b, host, (size_t)n * sizeof *host);
+    free(host);
+    if (dev)
+        t = moefuse_tensor_dense(dev, MOEFUSE_F32, 3, shape);
+    return t;
+}
+
+/* The FP8 MoE ops: FP8 weights with f32 block scales; bf16 x (or FP8 x with its scales). */
+static int bench_setup_fp8(bench *b, shape_spec *s, double *work)
+{
+    const char *name = b->op->name;
+    b->fp8 = 1;
+    b->masked = strcmp(name, "moe_masked_fp8") == 0;
+    int64_t xq = 0, ue8m0 = 0, T = 0;
+    if (shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
+        shape_int(s, name, "K", -1, MAX_DIM, &b->K) != 0 ||
+        shape_int(s, name, "I", -1, MAX_DIM, &b->I) != 0)
+        return -1;
+    if (b->masked) {
+        if (shape_int(s, name, "Tmax", -1, MAX_DIM, &T) != 0 ||
+            shape_int(s, name, "valid", T, T, &b->valid) != 0)
+            return -1;
+        b->M = T;
+        b->k = 1;
+    } else if (shape_int(s, name, "M", -1, MAX_DIM, &b->M) != 0 ||
+               shape_int(s, name, "k", -1, 1 << 20, &b->k) != 0 ||
+               shape_int(s, name, "xq", 0, 1, &xq) != 0 ||
+               shape_int(s, name, "ue8m0", 0, 1, &ue8m0) != 0) {
+        return -1;
+    }
+    if (b->K % 128 || b->I % 128 || (!b->masked && b->k > b->E)) {
+        fprintf(stderr, "moefuse bench: FP8 MoE needs K and I multiples of 128 and k <= E\n");
+        return -1;
+    }
+    const int64_t M = b->M, k = b->k, K = b->K, I = b->I, E = b->E;
+    b->fo.act.ue8m0 = (int32_t)ue8m0;
+    printf("weights: %.2f GB in f8_e4m3 with f32 128x128 block scales\n",
+           (double)(E * 3 * I * K) / 1e9);
+    void *dw1 = bench_fp8_codes(b, E * 2 * I * K, 32), *dw2 = bench_fp8_codes(b, E * K * I, 33);
+    if (!dw1 || !dw2)
+        return -1;
+    int64_t w1s[3] = {E, 2 * I, K}, w2s[3] = {E, K, I};
+    b->w1 = moefuse_tensor_dense(dw1, MOEFUSE_F8_E4M3, 3, w1s);
+    b->w2 = moefuse_tensor_dense(dw2, MOEFUSE_F8_E4M3, 3, w2s);
+    b->w1s = bench_block_scales(b, E, 2 * I, K, 34);
+    b->w2s = bench_block_scales(b, E, K, I, 35);
+    if (!b->w1s.data || !b->w2s.data)
+        return -1;
+    int64_t slots;
+    if (b->masked) {
+        int64_t xs[3] = {E, T, K}, cs[1] = {E};
+        int32_t *counts = malloc((size_t)E * sizeof *counts);
+        if (!counts)
+            return -1;
+        for (int64_t e = 0; e < E; e++)
+            counts[e] = (int32_t)b->valid;
+        void *dc = bench_upload(b, counts, (size_t)E * sizeof *counts);
+        free(counts);
+        void *dx = bench_random(b, MOEFUSE_BF16, E * T * K, 1.0f, 31);
+        void *dout = bench_alloc(b, (size_t)(E * T * K) * 2);
+        if (!dc || !dx || !dout)
+            return -1;
+        b->counts = moefuse_tensor_dense(dc, MOEFUSE_I32, 1, cs);
+        b->x = moefuse_tensor_dense(dx, MOEFUSE_BF16, 3, xs);
+        b->out = moefuse_tensor_dense(dout, MOEFUSE_BF16, 3, xs);
+        slots = E * b->valid;
+        b->weight_bytes = b->valid > 0 ? (double)(E * 3 * I * K) : 0.0;
+    } else {
+        /* k distinct random experts per token, weights summing to 1, as moe_forward's */
+        int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
+        float *wts = malloc((size_t)(M * k) * sizeof *wts);
+        char *hit = calloc((size_t)E, 1);
+        if (!ids || !wts || !hit) {
+            free(ids), free(wts), free(hit);
+            return -1;
+        }
+        rng r = rng_seed(21);
+        int64_t distinct = 0;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < k; j++) {
+                int32_t e;
+                int fresh;
+                do {
+                    e = (int32_t)rng_below(&r, (uint32_t)E);
+                    fresh = 1;
+                    for (int64_t i = 0; i < j; i++)
+                        fresh &= ids[m * k + i] != e;
+                } while (!fresh);
+                ids[m * k + j] = e;
+                wts[m * k + j] = 1.0f / (float)k;
+                distinct += !hit[e];
+                hit[e] = 1;
+            }
+        int64_t rs[2] = {M, k}, xs[2] = {M, K}, ss[2] = {M, K / 128};
+        void *di = bench_upload(b, ids, (size_t)(M * k) * 4);
+        void *dw = bench_upload(b, wts, (size_t)(M * k) * 4);
+        free(ids), free(wts), free(hit);
+        void *dout = bench_alloc(b, (size_t)(M * K) * 2);
+        if (!di || !dw || !dout)
+            return -1;
+        b->route.topk_ids = moefuse_tensor_dense(di, MOEFUSE_I32, 2, rs);
+        b->route.topk_weights = moefuse_tensor_dense(dw, MOEFUSE_F32, 2, rs);
+        b->out = moefuse_tensor_dense(dout, MOEFUSE_BF16, 2, xs);
+        void *dx = xq ? bench_fp8_codes(b, M * K, 31) : bench_random(b, MOEFUSE_BF16, M * K,
+                                                                      1.0f, 31);
+        if (!dx)
+            return -1;
+        b->x = moefuse_tensor_dense(dx, xq ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16, 2, xs);
+        if (xq) {
+            float *sc = malloc((size_t)(M * (K / 128)) * sizeof *sc);
+            if (!sc)
+                return -1;
+            for (int64_t i = 0; i < M * (K / 128); i++)
+                sc[i] = 0.01f;
+            void *dsc = bench_upload(b, sc, (size_t)(M * (K / 128)) * sizeof *sc);
+            free(sc);
+            if (!dsc)
+                return -1;
+            b->xs = moefuse_tensor_dense(dsc, MOEFUSE_F32, 2, ss);
+        }
+        slots = M * k;
+        b->weight_bytes = (double)distinct * (double)(3 * I * K);
+    }
+    *work = 2.0 * (double)slots * 3.0 * (double)I * (double)K;
+    return 0;
+}
+
 static moefuse_status bench_call(bench *b)
 {
     const char *n = b->op->name;
@@ -539,6 +726,12 @@ static moefuse_status bench_call(bench *b)
         return moefuse_moe_gate(c, &b->x, &b->w1, NULL, &b->route, &b->h, &b->mo);
     if (strcmp(n, "moe_final") == 0)
         return moefuse_moe_final(c, &b->h, &b->w2, NULL, &b->route, &b->out, &b->mo);
+    if (strcmp(n, "moe_forward_fp8") == 0)
+        return moefuse_moe_forward_fp8(c, &b->x, b->xs.data ? &b->xs : NULL, &b->w1, &b->w1s,
+                                       &b->w2, &b->w2s, NULL, NULL, &b->route, &b->out, &b->fo);
+    if (strcmp(n, "moe_masked_fp8") == 0)
+        return moefuse_moe_masked_fp8(c, &b->x, NULL, &b->counts, &b->w1, &b->w1s, &b->w2,
+                                      &b->w2s, NULL, NULL, &b->out, &b->fo);
     return moefuse_moe_forward(c, &b->x, &b->w1, &b->w2, NULL, NULL, &b->route, &b->out, &b->mo);
 }
 
@@ -712,7 +905,12 @@ int cmd_bench(int argc, char **argv)
         const int gate = strcmp(b.op->name, "moe_final") != 0;
         const int fin = strcmp(b.op->name, "moe_gate") != 0;
         const int64_t n = (gate ? 2 * b.I : 0) + (fin ? b.I : 0);
-        ceil = ceiling->gemm_gflops(b.ctx, dtype, b.M * b.k, b.K, n, what, sizeof what);
+        const int64_t rows = b.masked ? b.E * b.valid : b.M * b.k;
+        if (b.fp8 && ceiling->gemm_fp8_gflops)
+            ceil = ceiling->gemm_fp8_gflops(b.ctx, rows, b.K, n, what, sizeof what);
+        else
+            ceil = ceiling->gemm_gflops(b.ctx, b.fp8 ? MOEFUSE_BF16 : dtype, rows, b.K, n, what,
+                                        sizeof what);
     } else {
         ceil = ceiling->copy_gbs(b.ctx, what, sizeof what);
     }

@@ -74,9 +74,27 @@ static inline float f16_to_f32(uint16_t h)
 }
 
 /* Store value v as element i of a buffer of dtype f32 / f16 / bf16. */
+/* f32 to e4m3fn: nearest even, |v| > 448 saturates, NaN to 0x7F with v's sign. */
+static inline uint8_t f32_to_e4m3(float f)
+{
+    const uint32_t u = f32_bits(f), sign = (u >> 24) & 0x80u, ax = u & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u)
+        return (uint8_t)(sign | 0x7Fu);
+    if (ax > 0x43E00000u)
+        return (uint8_t)(sign | 0x7Eu);
+    if (ax >= 0x3C800000u) { /* normal e4m3: rebias the exponent, keep 3 mantissa bits */
+        uint32_t v = ax - 0x3C000000u;
+        v = (v + 0x7FFFFu + ((v >> 20) & 1u)) >> 20;
+        return (uint8_t)(sign | v);
+    }
+    return (uint8_t)(sign | (uint32_t)nearbyintf(bits_f32(ax) * 512.0f)); /* k * 2^-9 */
+}
+
 static inline void store_float(void *buf, moefuse_dtype dt, int64_t i, float v)
 {
-    if (dt == MOEFUSE_F32)
+    if (dt == MOEFUSE_F8_E4M3)
+        ((uint8_t *)buf)[i] = f32_to_e4m3(v);
+    else if (dt == MOEFUSE_F32)
         ((float *)buf)[i] = v;
     else if (dt == MOEFUSE_BF16)
         ((uint16_t *)buf)[i] = f32_to_bf16(v);
