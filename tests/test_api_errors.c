@@ -991,6 +991,102 @@ START_TEST(t_context)
 }
 END_TEST
 
+/* ------------------------------------------------------------- FP8 MoE */
+/* M = 4, K = 256, I = 128, E = 2, k = 2: valid operands, then one wrong argument at a time */
+START_TEST(t_moe_fp8)
+{
+    const int64_t M = 4, K = 256, I = 128, E = 2, k = 2;
+    tbuf *x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
+    tb_fill_unif(x, -1, 1);
+    tb_upload(x);
+    tbuf *xq = tb_new2("xq", MOEFUSE_F8_E4M3, M, K, 0, 1);
+    tb_upload(xq);
+    tbuf *xs = tb_new2("x_scales", MOEFUSE_F32, M, K / 128, 0, 1);
+    tb_fill_unif(xs, 0.01, 0.02);
+    tb_upload(xs);
+    tbuf *w1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, K, 0, 1);
+    tb_upload(w1);
+    tbuf *w1s = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1);
+    tb_fill_unif(w1s, 0.01, 0.02);
+    tb_upload(w1s);
+    tbuf *w1s_bad = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 64, 0, 1);
+    tb_upload(w1s_bad);
+    tbuf *w1s_bf = tb_new3("w1_scales", MOEFUSE_BF16, E, 2 * I / 128, K / 128, 0, 1);
+    tb_upload(w1s_bf);
+    tbuf *w1_k = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, 192, 0, 1); /* K = 192 */
+    tb_upload(w1_k);
+    tbuf *x_k = tb_new2("x", MOEFUSE_BF16, M, 192, 0, 1);
+    tb_fill_unif(x_k, -1, 1);
+    tb_upload(x_k);
+    tbuf *w1s_k = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, 1, 0, 1);
+    tb_upload(w1s_k);
+    tbuf *w1_i = tb_new3("w1", MOEFUSE_F8_E4M3, E, 128, K, 0, 1); /* I = 64 */
+    tb_upload(w1_i);
+    tbuf *w1s_i = tb_new3("w1_scales", MOEFUSE_F32, E, 1, K / 128, 0, 1);
+    tb_upload(w1s_i);
+    tbuf *w2 = tb_new3("w2", MOEFUSE_F8_E4M3, E, K, I, 0, 1);
+    tb_upload(w2);
+    tbuf *w2s = tb_new3("w2_scales", MOEFUSE_U8, E, K / 128, I / 128, 0, 1);
+    tb_upload(w2s);
+    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
+    tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            tb_set(ids, m, j, 0, (double)((m + j) % E));
+            tb_set(wts, m, j, 0, 0.5);
+        }
+    tb_upload(ids);
+    tb_upload(wts);
+    tbuf *h = tb_new3("h", MOEFUSE_F8_E4M3, M, k, I, 0, 0);
+    tbuf *hs = tb_new2("h_scales", MOEFUSE_F32, M * k, I / 128, 0, 0);
+    tbuf *hs_u8 = tb_new2("h_scales", MOEFUSE_U8, M * k, I / 128, 0, 0);
+    tbuf *out = tb_new2("out", MOEFUSE_F32, M, K, 0, 0);
+    tbuf *out_bad = tb_new2("out", MOEFUSE_F32, M, K + 128, 0, 0);
+    moefuse_routing R = {0};
+    R.topk_ids = ids->t;
+    R.topk_weights = wts->t;
+    moefuse_fp8_moe_options o = {0};
+#define G8(x_, xs_, w_, ws_, h_, hs_, o_) moefuse_moe_gate_fp8(g_ctx, x_, xs_, w_, ws_, NULL, &R, h_, hs_, o_)
+    EXPECT(G8(T(xq), NULL, T(w1), T(w1s), T(h), T(hs), &o), MOEFUSE_ERR_NULL_POINTER, "moe_gate_fp8",
+           "x_scales", "f8 x without x_scales");
+    EXPECT(G8(T(x), T(xs), T(w1), T(w1s), T(h), T(hs), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "moe_gate_fp8",
+           "x_scales", "x_scales with a bf16 x");
+    EXPECT(G8(T(x_k), NULL, T(w1_k), T(w1s_k), T(h), T(hs), &o), MOEFUSE_ERR_SHAPE, "moe_gate_fp8", "w1",
+           "K = 192, not a multiple of 128");
+    EXPECT(G8(T(x), NULL, T(w1_i), T(w1s_i), T(h), T(hs), &o), MOEFUSE_ERR_SHAPE, "moe_gate_fp8", "I = 64",
+           "I = 64, not a multiple of 128");
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s_bad), T(h), T(hs), &o), MOEFUSE_ERR_SHAPE, "moe_gate_fp8", "w1_scales",
+           "w1_scales of the wrong shape");
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s_bf), T(h), T(hs), &o), MOEFUSE_ERR_DTYPE, "moe_gate_fp8", "w1_scales",
+           "bf16 w1_scales");
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s), T(h), T(hs_u8), &o), MOEFUSE_ERR_DTYPE, "moe_gate_fp8", "h_scales",
+           "u8 h_scales without ue8m0");
+    moefuse_fp8_moe_options bad = o;
+    bad.act.group_size = 64;
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s), T(h), T(hs), &bad), MOEFUSE_ERR_INVALID_ARGUMENT, "moe_gate_fp8",
+           "group_size", "act.group_size 64");
+    bad = o;
+    bad.reserved[2] = 1;
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s), T(h), T(hs), &bad), MOEFUSE_ERR_INVALID_ARGUMENT, "moe_gate_fp8",
+           "reserved", "fp8 options reserved word");
+    bad = o;
+    bad.act.reserved[0] = 7;
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s), T(h), T(hs), &bad), MOEFUSE_ERR_INVALID_ARGUMENT, "moe_gate_fp8",
+           "reserved", "act options reserved word");
+    bad = o;
+    bad.moe.reserved[1] = 3;
+    EXPECT(G8(T(x), NULL, T(w1), T(w1s), T(h), T(hs), &bad), MOEFUSE_ERR_INVALID_ARGUMENT, "moe_gate_fp8",
+           "reserved", "moe options reserved word");
+#undef G8
+    EXPECT(moefuse_moe_final_fp8(g_ctx, T(h), T(hs), T(w2), T(w2s), NULL, &R, T(out_bad), &o), MOEFUSE_ERR_SHAPE,
+           "moe_final_fp8", "out", "out [M, K + 128]");
+    EXPECT(moefuse_moe_forward_fp8(g_ctx, T(x), NULL, T(w1), T(w1s), T(w2), T(w2s), NULL, NULL, &R, T(out_bad), &o),
+           MOEFUSE_ERR_SHAPE, "moe_forward_fp8", "out", "out [M, K + 128]");
+    EXPECT(moefuse_moe_forward_fp8(g_ctx, T(x), NULL, T(w1), T(w1s), T(w2), T(w1s), NULL, NULL, &R, T(out), &o),
+           MOEFUSE_ERR_SHAPE, "moe_forward_fp8", "w2_scales", "w2_scales of w1's shape");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("api_errors");
@@ -1007,6 +1103,7 @@ int main(void)
     tcase_add_test(tc, t_act_mul_quant);
     tcase_add_test(tc, t_moe_gate);
     tcase_add_test(tc, t_moe_final_forward);
+    tcase_add_test(tc, t_moe_fp8);
     tcase_add_test(tc, t_byte_counts_overflow);
     tcase_add_test(tc, t_moe_byte_counts_overflow);
     tcase_add_test(tc, t_topk);

@@ -391,6 +391,105 @@ START_TEST(t_moe)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------ FP8 MoE */
+
+static tbuf *FX, *FW1, *FW1S, *FW2, *FW2S, *FCN, *FXM, *FH[2], *FHS[2], *FO[2], *FOM[2];
+static moefuse_fp8_moe_options FO8;
+
+static moefuse_status gate_fp8_op(int set, size_t *bytes)
+{
+    return bytes ? moefuse_moe_gate_fp8_workspace_size(g_ctx, T(FX), NULL, T(FW1), T(FW1S), T(MB1), &MR,
+                                                       T(FH[set]), T(FHS[set]), &FO8, bytes)
+                 : moefuse_moe_gate_fp8(g_ctx, T(FX), NULL, T(FW1), T(FW1S), T(MB1), &MR, T(FH[set]),
+                                        T(FHS[set]), &FO8);
+}
+
+/* the final reads the h of set 0 */
+static moefuse_status final_fp8_op(int set, size_t *bytes)
+{
+    return bytes ? moefuse_moe_final_fp8_workspace_size(g_ctx, T(FH[0]), T(FHS[0]), T(FW2), T(FW2S), T(MB2),
+                                                        &MR, T(FO[set]), &FO8, bytes)
+                 : moefuse_moe_final_fp8(g_ctx, T(FH[0]), T(FHS[0]), T(FW2), T(FW2S), T(MB2), &MR, T(FO[set]),
+                                         &FO8);
+}
+
+static moefuse_status forward_fp8_op(int set, size_t *bytes)
+{
+    return bytes ? moefuse_moe_forward_fp8_workspace_size(g_ctx, T(FX), NULL, T(FW1), T(FW1S), T(FW2),
+                                                          T(FW2S), T(MB1), T(MB2), &MR, T(FO[set]), &FO8,
+                                                          bytes)
+                 : moefuse_moe_forward_fp8(g_ctx, T(FX), NULL, T(FW1), T(FW1S), T(FW2), T(FW2S), T(MB1),
+                                           T(MB2), &MR, T(FO[set]), &FO8);
+}
+
+static moefuse_status masked_fp8_op(int set, size_t *bytes)
+{
+    return bytes ? moefuse_moe_masked_fp8_workspace_size(g_ctx, T(FXM), NULL, T(FCN), T(FW1), T(FW1S),
+                                                         T(FW2), T(FW2S), T(MB1), T(MB2), T(FOM[set]), &FO8,
+                                                         bytes)
+                 : moefuse_moe_masked_fp8(g_ctx, T(FXM), NULL, T(FCN), T(FW1), T(FW1S), T(FW2), T(FW2S),
+                                          T(MB1), T(MB2), T(FOM[set]), &FO8);
+}
+
+static void fp8_codes(tbuf *tb)
+{
+    for (size_t i = 0; i < tb->total; i++)
+        if (tb->logical[i]) tb->full[i] = (unsigned char)(h_randint(0, 0x7E) | (h_randint(0, 1) << 7));
+    tb_upload(tb);
+}
+
+/* gate, final, forward and masked at M = 37, K = 256, I = 128, E = 3, k = 2, packed h scales */
+START_TEST(t_moe_fp8)
+{
+    const int64_t M = 37, K = 256, I = 128, E = 3, k = 2, Tmax = 11;
+    moe_setup(MOEFUSE_BF16, M, K, I, E, k); /* x, biases, routing */
+    FX = MX;
+    FW1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, K, 0, 1);
+    fp8_codes(FW1);
+    FW1S = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1);
+    tb_fill_unif(FW1S, 1e-4, 2e-4);
+    tb_upload(FW1S);
+    FW2 = tb_new3("w2", MOEFUSE_F8_E4M3, E, K, I, 0, 1);
+    fp8_codes(FW2);
+    FW2S = tb_new3("w2_scales", MOEFUSE_U8, E, K / 128, I / 128, 0, 1);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t r = 0; r < K / 128; r++)
+            tb_set(FW2S, e, r, 0, (double)h_randint(110, 114));
+    tb_upload(FW2S);
+    FXM = tb_new3("x_masked", MOEFUSE_BF16, E, Tmax, K, 0, 1);
+    tb_fill_unif(FXM, -1, 1);
+    tb_upload(FXM);
+    FCN = tb_new1("counts", MOEFUSE_I32, E, 1);
+    tb_set(FCN, 0, 0, 0, 5);
+    tb_set(FCN, 1, 0, 0, -2);
+    tb_set(FCN, 2, 0, 0, 40);
+    tb_upload(FCN);
+    FO8 = (moefuse_fp8_moe_options){0};
+    FO8.act.scale_layout = MOEFUSE_SCALE_PACKED_UE8M0;
+    for (int s = 0; s < 2; s++) {
+        FH[s] = tb_new3(s ? "h1" : "h0", MOEFUSE_F8_E4M3, M, k, I, 0, 0);
+        FHS[s] = h_new_scales(s ? "h_scales1" : "h_scales0", MOEFUSE_SCALE_PACKED_UE8M0, 1, 0, M * k, I / 128, 0);
+        FO[s] = tb_new2(s ? "out1" : "out0", MOEFUSE_F32, M, K, 0, 0);
+        FOM[s] = tb_new3(s ? "outm1" : "outm0", MOEFUSE_BF16, E, Tmax, K, 0, 0);
+    }
+    tbuf *g0[2] = {FH[0], FHS[0]}, *g1[2] = {FH[1], FHS[1]};
+    const moefuse_status st = gate_fp8_op(0, NULL);
+    char why[512];
+    snprintf(why, sizeof why, "%s", moefuse_last_error(g_ctx)); /* before the reads clear it */
+    h_check_all(st != MOEFUSE_OK);
+    if (st == MOEFUSE_ERR_UNSUPPORTED) {
+        printf("SKIP: t_moe_fp8: backend %s has no FP8 MoE: %s\n", h_backend(), why);
+        return;
+    }
+    keep_as_is(g0, 2);
+    check_op("moe_gate_fp8", gate_fp8_op, g0, g1, 2, 0);
+    check_op("moe_final_fp8", final_fp8_op, &FO[0], &FO[1], 1, 0);
+    check_op("moe_forward_fp8", forward_fp8_op, &FO[0], &FO[1], 1, 0);
+    check_op("moe_masked_fp8", masked_fp8_op, &FOM[0], &FOM[1], 1, 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------ refusals */
 
 START_TEST(t_queries_refuse_as_calls_do)
@@ -491,6 +590,7 @@ int main(void)
     tcase_add_test(tc, t_act_mul_quant_dequant);
     tcase_add_test(tc, t_topk);
     tcase_add_test(tc, t_moe);
+    tcase_add_test(tc, t_moe_fp8);
     tcase_add_test(tc, t_queries_refuse_as_calls_do);
     tcase_add_test(tc, t_set_workspace_refusals);
     suite_add_tcase(s, tc);
