@@ -275,35 +275,45 @@ static void same_values(const char *what, const cfg *c, tbuf *a, tbuf *b, int64_
             }
 }
 
-/* Hopper tolerance of NUMERICS.md for h rows [rows, I]: codes and scales against the CPU's. */
+/*
+ * Hopper tolerance of NUMERICS.md for h rows [rows, I] against the CPU's: each scale within
+ * 2e-2 (UE8M0: equal, or a factor of 2 apart), at most 5% of the codes different, and h
+ * dequantized within 2e-2 in relative 2-norm.
+ */
 static void near_h(const cfg *c, tbuf *h, tbuf *hs, tbuf *rh, tbuf *rhs, int64_t n0, int64_t n1, int lead3)
 {
     const int64_t I = c->I, G = I / BLK;
+    const int ue = c->ue8m0 || c->layout == MOEFUSE_SCALE_PACKED_UE8M0;
     int64_t differ = 0, total = 0;
+    double num = 0, den = 0;
     for (int64_t a = 0; a < n0; a++)
         for (int64_t b = 0; b < n1; b++) {
             const int64_t e = lead3 ? a : 0, t = lead3 ? b : a * n1 + b;
             for (int64_t g = 0; g < G; g++) {
                 int eb;
                 const double s = h_scale_at(hs, c->layout, e, t, g, &eb), rs = h_scale_at(rhs, c->layout, e, t, g, &eb);
-                HCHECK(fabs(s - rs) <= 2e-2 * fabs(rs), "h scale %s: %g, the CPU's %g", desc(c), s, rs);
-                double amax = 0;
-                for (int64_t i = g * BLK; i < (g + 1) * BLK; i++)
-                    if (!is_nan_code(*(uint8_t *)tb_el(rh, a, b, i)))
-                        amax = fmax(amax, fabs(f8val[*(uint8_t *)tb_el(rh, a, b, i)] * rs));
+                const int close = fabs(s - rs) <= 2e-2 * fabs(rs);
+                HCHECK(close || (ue && (s == 2 * rs || rs == 2 * s)), "h scale %s: %g, the CPU's %g",
+                       desc(c), s, rs);
                 for (int64_t i = g * BLK; i < (g + 1) * BLK; i++) {
                     const uint8_t q = *(uint8_t *)tb_el(h, a, b, i), rq = *(uint8_t *)tb_el(rh, a, b, i);
                     total++;
-                    if (q == rq || (is_nan_code(q) && is_nan_code(rq))) continue;
-                    differ++;
-                    const int step = abs(or_f8_ord(q) - or_f8_ord(rq)) <= 1;
-                    const int near = fabs(f8val[q] * s - f8val[rq] * rs) <= 2e-2 * amax;
-                    HCHECK(s == rs ? step : near, "h code %s: 0x%02x, the CPU's 0x%02x", desc(c), q, rq);
+                    if (is_nan_code(q) || is_nan_code(rq)) {
+                        HCHECK(is_nan_code(q) && is_nan_code(rq), "h code %s: 0x%02x, the CPU's 0x%02x",
+                               desc(c), q, rq);
+                        continue;
+                    }
+                    differ += q != rq;
+                    const double v = f8val[q] * s, rv = f8val[rq] * rs;
+                    num += (v - rv) * (v - rv);
+                    den += rv * rv;
                 }
             }
         }
-    HCHECK(differ * 100 <= total, "h %s: %lld of %lld codes differ from the CPU's (over 1%%)", desc(c),
-           (long long)differ, (long long)total);
+    HCHECK(differ * 100 <= 5 * total, "h %s: %lld of %lld codes differ from the CPU's (over 5%%)",
+           desc(c), (long long)differ, (long long)total);
+    HCHECK(num <= 4e-4 * den, "h %s: dequantized, %g relative to the CPU's (over 2e-2)", desc(c),
+           den > 0 ? sqrt(num / den) : sqrt(num));
 }
 
 static double rel_between(tbuf *a, tbuf *b, int64_t n0, int64_t n1, int64_t n2)
