@@ -315,16 +315,14 @@ static moefuse_status take_scratch(moefuse_context *ctx, cuda_state *s, const ch
 }
 
 /*
- * Whether this call's GEMM runs on the Hopper kernel: the device has it and the operands suit
- * it (16-byte aligned A rows, weights a tensor map describes, h's 2-byte code stores aligned);
- * else the portable kernel, which takes any operands.
+ * Whether this call's GEMM runs on the Hopper kernel: the device has it and a tensor map
+ * describes the weights (16-byte aligned rows); else the portable kernel, which takes any.
  */
 static bool ws_suits(const cuda_state *s, const fp8_plan *pl, const Fp8Gemm *g)
 {
-    if (!pl->wgmma || !g->vec_a || !moe_fp8_ws_weights_ok(s, g, pl->gate))
-        return false;
-    return !pl->gate ||
-           (((uintptr_t)g->h.q & 1u) == 0 && g->o_s0 % 2 == 0 && g->o_s1 % 2 == 0);
+    /* any A rows and h rows: the kernel loads and stores them byte by byte where they are not
+     * aligned, so a layer's forward and its two steps take the same path */
+    return pl->wgmma && moe_fp8_ws_weights_ok(s, g, pl->gate);
 }
 
 /* The GEMM on the Hopper kernel: its tile table, its counter, A's f32 scales, the launch. */

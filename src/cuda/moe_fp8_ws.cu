@@ -8,7 +8,7 @@
  * row: the block of the scales). Roles (384 threads, one block per SM):
  *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
  *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)), the A rows gathered
- *    by cp.async (TMA cannot gather) and the A rows' f32 scales of the block beside them.
+ *    by cp.async (TMA cannot gather; rows not 16-byte aligned by byte loads).
  *  - consumers, warpgroups 1 and 2: warpgroup w owns rows [64 w, 64 w + 64) of the tile and
  *    multiplies them by the 256 weight rows in two waves of 128 (wgmma m64n128k32, four per
  *    wave, the first overwriting the wave accumulator); after each wave it waits and promotes:
@@ -65,7 +65,7 @@ typedef struct F8Params {
     Fp8WsExtra x;
 } F8Params;
 
-#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + F8_STAGES * F8_BM * 4 + 256)
+#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 256)
 
 #ifdef MOE_WGMMA_DEVICE
 #define F8_DREGS \
@@ -114,14 +114,6 @@ static __device__ __forceinline__ void f8_block(float (&d)[64], uint32_t a0, uin
     wgmma_commit();
 }
 
-/* 4-byte copy global -> shared; bytes 0 writes zeros and reads nothing. */
-static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes)
-                 : "memory");
-}
-
 /* The tile of linear index lin: expert (-1 when none is left), column block, first list
  * entry and entries (1..F8_BM). */
 static __device__ __forceinline__ void f8_tile_at(const Fp8WsExtra &p, long long E,
@@ -153,8 +145,7 @@ static __device__ __forceinline__ int f8_box_row(const Fp8Gemm &p, long long nb,
 
 template <bool GATE>
 static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sbase,
-                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl,
-                                                  float (*sc)[F8_BM])
+                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl)
 {
     const Fp8Gemm &p = P.g;
     const Fp8WsExtra &x = P.x;
@@ -182,7 +173,6 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         const long long e = tl.e[slot], nb = tl.nb[slot], first = first_s, count = count_s;
         ts.advance();
         const uint8_t *arow[ROWS];
-        const float *srow[ROWS];
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
             const int r = crow + 16 * i;
@@ -191,10 +181,8 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                 row = x.list ? x.list[first + r] : first + r;
                 const long long pp = row / x.div, q = row % x.div;
                 arow[i] = p.a + pp * p.a_s0 + q * p.a_s1;
-                srow[i] = x.a_sc + pp * x.sc_p + q * x.sc_q;
             } else {
                 arow[i] = nullptr;
-                srow[i] = nullptr;
             }
             if (chunk == 0)
                 tl.row[slot][r] = row;
@@ -214,20 +202,30 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                     hp_tma_load_3d(stage + F8_A_BYTES + b * F8_BOX_BYTES, &P.map_w, fb,
                                    (int)(kb * F8_BK), f8_box_row<GATE>(p, nb, b), (int)e);
             }
-#pragma unroll
-            for (int i = 0; i < ROWS; i++)
-                cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
-                           arow[i] ? (const void *)(arow[i] + kb * F8_BK + chunk * 16)
-                                   : (const void *)p.a,
-                           arow[i] ? 16 : 0);
-            if (chunk == 0) {
+            if (p.vec_a) {
 #pragma unroll
                 for (int i = 0; i < ROWS; i++)
-                    cp_async4(smem_u32(&sc[ps.stage][crow + 16 * i]),
-                              srow[i] ? (const void *)(srow[i] + kb) : (const void *)x.a_sc,
-                              srow[i] ? 4 : 0);
+                    cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
+                               arow[i] ? (const void *)(arow[i] + kb * F8_BK + chunk * 16)
+                                       : (const void *)p.a,
+                               arow[i] ? 16 : 0);
+                hp_cp_async_arrive(fb);
+            } else {
+                /* rows not 16-byte aligned: byte loads and shared stores, the same tile and
+                 * bits; made visible to the tensor cores' proxy before the arrival */
+#pragma unroll 1
+                for (int i = 0; i < ROWS; i++) {
+                    uint32_t v[4] = {0u, 0u, 0u, 0u};
+                    if (arow[i])
+                        for (int b = 0; b < 16; b++)
+                            v[b >> 2] |= (uint32_t)arow[i][kb * F8_BK + chunk * 16 + b]
+                                         << (8 * (b & 3));
+                    st_shared16(stage + dst + (uint32_t)(i * 16 * 128),
+                                make_uint4(v[0], v[1], v[2], v[3]));
+                }
+                hp_fence_proxy_async();
+                hp_mbar_arrive(fb);
             }
-            hp_cp_async_arrive(fb);
             ps.advance();
         }
     }
@@ -279,8 +277,9 @@ static __device__ __noinline__ void f8_code_chunk(uint8_t *dst0, uint8_t *dst1, 
         if (!dst)
             continue;
         const float s = v < 2 ? s0 : s1;
-        const uint32_t lo = fp8_code(F8_BUF(j), s), hi = fp8_code(F8_BUF(j + 1), s);
-        *(uint16_t *)(dst + 8 * (j >> 2)) = (uint16_t)(lo | (hi << 8));
+        uint8_t *at = dst + 8 * (j >> 2); /* byte stores: h rows may start anywhere */
+        at[0] = (uint8_t)fp8_code(F8_BUF(j), s);
+        at[1] = (uint8_t)fp8_code(F8_BUF(j + 1), s);
     }
 }
 
@@ -409,14 +408,14 @@ static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (
 }
 
 template <bool GATE>
-static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long div, uint32_t sbase,
-                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl,
-                                                  float (*sc)[F8_BM], float *buf)
+static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
+                                                  uint32_t sbase, uint64_t *full, uint64_t *empty,
+                                                  F8Tiles &tl, float *buf)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int r0 = cw * 64 + warp * 16 + (lane >> 2);
-    const long long nkb = p.depth / F8_BK;
+    const long long nkb = p.depth / F8_BK, div = x.div;
     HpPipe<F8_STAGES> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
     float acc[64], m[128];
@@ -450,6 +449,14 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long di
             m[i] = 0.0f;
         float swa = busy ? fp8_w_scale(p.ws, e, rb_a, 0) : 0.0f;
         float swb = busy && live_b ? fp8_w_scale(p.ws, e, rb_b, 0) : 0.0f;
+        /* this thread's two rows' f32 A scales, read from global a block ahead as the
+         * weights' (rows past the tile: 0) */
+        const float *sp[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            sp[h] = row[h] >= 0 ? x.a_sc + (row[h] / div) * x.sc_p + (row[h] % div) * x.sc_q
+                                : nullptr;
+        float sa_lo = busy && sp[0] ? sp[0][0] : 0.0f, sa_hi = busy && sp[1] ? sp[1][0] : 0.0f;
         for (long long kb = 0; kb < nkb; kb++) {
             if (!busy) {
                 hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
@@ -460,15 +467,18 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long di
                 continue;
             }
             float swa_next = 0.0f, swb_next = 0.0f; /* the next block's, loaded ahead */
+            float sa_lo_next = 0.0f, sa_hi_next = 0.0f;
             if (kb + 1 < nkb) { /* busy */
                 swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
                 swb_next = live_b ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : 0.0f;
+                sa_lo_next = sp[0] ? sp[0][kb + 1] : 0.0f;
+                sa_hi_next = sp[1] ? sp[1][kb + 1] : 0.0f;
             }
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + F8_A_BYTES;
-            const float s_lo = sc[ps.stage][r0], s_hi = sc[ps.stage][r0 + 8];
+            const float s_lo = sa_lo, s_hi = sa_hi;
             /* wave 0: weight rows [0, 128) */
             f8_pin(acc);
             f8_block(acc, a0, b0);
@@ -494,6 +504,8 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, long long di
                 f8_promote(m, acc, 1, lo_b, hi_b, lo_b, hi_b, false);
             swa = swa_next;
             swb = swb_next;
+            sa_lo = sa_lo_next;
+            sa_hi = sa_hi_next;
         }
         if (!busy)
             continue;
@@ -512,7 +524,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     extern __shared__ uint4 smem_raw[];
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
-    __shared__ float sc[F8_STAGES][F8_BM];
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
@@ -533,11 +544,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     __syncthreads();
     if (threadIdx.x < 128) {
         hp_regs_dec<56>();
-        f8_produce<GATE>(P, sbase, full, empty, tl, sc);
+        f8_produce<GATE>(P, sbase, full, empty, tl);
     } else {
         hp_regs_inc<224>();
-        f8_consume<GATE>(P.g, P.x.div, sbase, full, empty, tl, sc,
-                         buf + (threadIdx.x - 128));
+        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, buf + (threadIdx.x - 128));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
