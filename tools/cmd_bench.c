@@ -255,6 +255,49 @@ static moefuse_tensor scales_tensor(bench *b, int64_t E, void *data, size_t *byt
 }
 
 /* Sets up operands; returns the bytes moved (memory-bound ops) or FLOPs (GEMMs) in *work. */
+/*
+ * Routing of M tokens: k distinct random experts each, positive weights summing to 1, and the
+ * number of distinct experts routed to (whose weights a call must read at least once).
+ */
+static int draw_routing(int64_t M, int64_t k, int64_t E, int32_t **ids_out, float **wts_out,
+                        int64_t *distinct)
+{
+    int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
+    float *wts = malloc((size_t)(M * k) * sizeof *wts);
+    char *hit = calloc((size_t)E, 1);
+    if (!ids || !wts || !hit) {
+        free(ids), free(wts), free(hit);
+        fprintf(stderr, "moefuse bench: out of host memory\n");
+        return -1;
+    }
+    rng r = rng_seed(21);
+    *distinct = 0;
+    for (int64_t m = 0; m < M; m++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            int32_t e;
+            int fresh;
+            do {
+                e = (int32_t)rng_below(&r, (uint32_t)E);
+                fresh = 1;
+                for (int64_t i = 0; i < j; i++)
+                    fresh &= ids[m * k + i] != e;
+            } while (!fresh);
+            ids[m * k + j] = e;
+            wts[m * k + j] = 0.5f + 0.5f * rng_uniform(&r) + 0.5f;
+            sum += wts[m * k + j];
+            *distinct += !hit[e];
+            hit[e] = 1;
+        }
+        for (int64_t j = 0; j < k; j++)
+            wts[m * k + j] /= sum;
+    }
+    free(hit);
+    *ids_out = ids;
+    *wts_out = wts;
+    return 0;
+}
+
 /* The FP8 MoE ops' setup (below, beside their calls). */
 static int bench_setup_fp8(bench *b, shape_spec *s, double *work);
 
@@ -452,41 +495,11 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
     printf("weights: %.2f GB in %s\n",
            (double)((gate ? E * 2 * I * K : 0) + (final ? E * K * I : 0)) * (double)es / 1e9,
            moefuse_dtype_name(b->dtype));
-    /* Routing: k distinct random experts per token, positive weights summing to 1. */
-    int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
-    float *wts = malloc((size_t)(M * k) * sizeof *wts);
-    if (!ids || !wts) {
-        free(ids);
-        free(wts);
+    int32_t *ids;
+    float *wts;
+    int64_t distinct;
+    if (draw_routing(M, k, E, &ids, &wts, &distinct) != 0)
         return -1;
-    }
-    rng r = rng_seed(21);
-    for (int64_t m = 0; m < M; m++) {
-        float sum = 0.0f;
-        for (int64_t j = 0; j < k; j++) {
-            int32_t e;
-            int fresh;
-            do {
-                e = (int32_t)rng_below(&r, (uint32_t)E);
-                fresh = 1;
-                for (int64_t i = 0; i < j; i++)
-                    fresh &= ids[m * k + i] != e;
-            } while (!fresh);
-            ids[m * k + j] = e;
-            wts[m * k + j] = 0.5f + 0.5f * rng_uniform(&r) + 0.5f;
-            sum += wts[m * k + j];
-        }
-        for (int64_t j = 0; j < k; j++)
-            wts[m * k + j] /= sum;
-    }
-    /* Weight bytes a call must read at least once: the distinct experts routed to. */
-    int64_t distinct = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int hit = 0;
-        for (int64_t i = 0; i < M * k && !hit; i++)
-            hit = ids[i] == e;
-        distinct += hit;
-    }
     b->weight_bytes = (double)distinct * (double)es *
                       ((gate ? 2.0 * (double)I * (double)K : 0.0) +
                        (final ? (double)K * (double)I : 0.0));
@@ -646,35 +659,15 @@ static int bench_setup_fp8(bench *b, shape_spec *s, double *work)
         slots = E * b->valid;
         b->weight_bytes = b->valid > 0 ? (double)(E * 3 * I * K) : 0.0;
     } else {
-        /* k distinct random experts per token, weights summing to 1, as moe_forward's */
-        int32_t *ids = malloc((size_t)(M * k) * sizeof *ids);
-        float *wts = malloc((size_t)(M * k) * sizeof *wts);
-        char *hit = calloc((size_t)E, 1);
-        if (!ids || !wts || !hit) {
-            free(ids), free(wts), free(hit);
+        int32_t *ids;
+        float *wts;
+        int64_t distinct;
+        if (draw_routing(M, k, E, &ids, &wts, &distinct) != 0)
             return -1;
-        }
-        rng r = rng_seed(21);
-        int64_t distinct = 0;
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t j = 0; j < k; j++) {
-                int32_t e;
-                int fresh;
-                do {
-                    e = (int32_t)rng_below(&r, (uint32_t)E);
-                    fresh = 1;
-                    for (int64_t i = 0; i < j; i++)
-                        fresh &= ids[m * k + i] != e;
-                } while (!fresh);
-                ids[m * k + j] = e;
-                wts[m * k + j] = 1.0f / (float)k;
-                distinct += !hit[e];
-                hit[e] = 1;
-            }
         int64_t rs[2] = {M, k}, xs[2] = {M, K}, ss[2] = {M, K / 128};
         void *di = bench_upload(b, ids, (size_t)(M * k) * 4);
         void *dw = bench_upload(b, wts, (size_t)(M * k) * 4);
-        free(ids), free(wts), free(hit);
+        free(ids), free(wts);
         void *dout = bench_alloc(b, (size_t)(M * K) * 2);
         if (!di || !dw || !dout)
             return -1;
