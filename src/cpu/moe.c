@@ -8,6 +8,7 @@
 #include "cpu/activation.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/gemm.h"
+#include "cpu/moe_slots.h"
 #include "cpu/numerics.h"
 #include "cpu/tensor_cpu.h"
 
@@ -19,73 +20,10 @@ enum { MB = MF_GEMM_MB, NB = MF_GEMM_NB, NR = MF_GEMM_NR, KC = MF_GEMM_KC };
 /* Bytes of f32 y scratch moe_final may use per chunk of tokens (reduced output). */
 #define MF_FINAL_SCRATCH_BYTES ((size_t)64 << 20)
 
-/* Local expert of slot (m, j), or -1 when the slot is invalid. */
-static int64_t local_expert(const mf_moe_args *a, int64_t m, int64_t j)
-{
-    const int64_t id = *(const int32_t *)mf_at2(&a->topk_ids, m, j);
-    if (id < 0 || id >= a->global_experts)
-        return -1;
-    if (a->expert_map.data == NULL)
-        return id < a->experts ? id : -1;
-    const int64_t e = *(const int32_t *)mf_at1(&a->expert_map, id);
-    return (e >= 0 && e < a->experts) ? e : -1;
-}
-
-/* Slots of a range of tokens grouped by expert, and the work items over them. */
-typedef struct plan {
-    int64_t *expert_of; /* [M*k] local expert per slot, -1 invalid */
-    int64_t *start;     /* [E+1] start of each expert's slots in list */
-    int64_t *fill;      /* [E] */
-    int64_t *list;      /* [M*k] slot ids (m*k + j), grouped by expert, ascending */
-    int64_t *items;     /* [E+1] prefix of work items per expert */
-    int64_t col_blocks; /* column blocks per slot tile */
-} plan;
-
-static void plan_chunk(const mf_moe_args *a, plan *p, int64_t s0, int64_t s1, int64_t col_blocks)
-{
-    const int64_t E = a->experts;
-    memset(p->fill, 0, (size_t)E * sizeof(int64_t));
-    for (int64_t s = s0; s < s1; s++)
-        if (p->expert_of[s] >= 0)
-            p->fill[p->expert_of[s]]++;
-    p->start[0] = 0;
-    p->items[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        p->start[e + 1] = p->start[e] + p->fill[e];
-        p->items[e + 1] = p->items[e] + (p->fill[e] + MB - 1) / MB * col_blocks;
-        p->fill[e] = p->start[e];
-    }
-    for (int64_t s = s0; s < s1; s++)
-        if (p->expert_of[s] >= 0)
-            p->list[p->fill[p->expert_of[s]]++] = s;
-    p->col_blocks = col_blocks;
-}
-
-/* Decode work item w into expert, slot tile [first, first+count) of list, column block. */
-static void decode_item(const plan *p, int64_t E, int64_t w, int64_t *e, const int64_t **slots,
-                        int64_t *count, int64_t *cb)
-{
-    int64_t lo = 0, hi = E - 1;
-    while (lo < hi) { /* last e with items[e] <= w */
-        int64_t mid = (lo + hi + 1) / 2;
-        if (p->items[mid] <= w)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int64_t r = w - p->items[lo];
-    const int64_t tile = r / p->col_blocks;
-    const int64_t n = p->start[lo + 1] - p->start[lo];
-    *e = lo;
-    *cb = r % p->col_blocks;
-    *slots = p->list + p->start[lo] + tile * MB;
-    *count = n - tile * MB < MB ? n - tile * MB : MB;
-}
-
 /* Scratch of one call: plan arrays, per-thread GEMM buffers, optional y. */
 typedef struct work {
     mf_cpu_scratch scratch;
-    plan p;
+    mf_slot_plan p;
     char *thread_mem;
     size_t thread_stride;
     float *y;      /* f32 [chunk slots, K] (reduced final only) */
@@ -118,7 +56,7 @@ static size_t work_layout(const mf_moe_args *a, bool need_y, work *w)
     w->thread_stride = round64((size_t)MB * KC * 4) + round64((size_t)NB * KC * 4) +
                        round64((size_t)NR * KC * 4) + round64((size_t)MB * NB * 4) +
                        round64((size_t)NB * 8) + round64((size_t)rowlen * 4);
-    const size_t plan_bytes = round64((size_t)S * 8) * 2 + round64((size_t)(E + 1) * 8) * 3;
+    const size_t plan_bytes = mf_slot_plan_bytes(S, E);
     const size_t y_bytes = need_y ? round64((size_t)(w->chunk * k * K) * 4) : 0;
     return plan_bytes + y_bytes + (size_t)w->nt * w->thread_stride;
 }
@@ -151,17 +89,11 @@ static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_
     const size_t bytes = work_layout(a, need_y, w);
     MF_TRY(mf_cpu_scratch_take(ctx, op, bytes, &w->scratch));
     char *q = w->scratch.mem;
-    w->p.expert_of = (int64_t *)q, q += round64((size_t)S * 8);
-    w->p.list = (int64_t *)q, q += round64((size_t)S * 8);
-    w->p.start = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
-    w->p.fill = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
-    w->p.items = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
+    q = mf_slot_plan_place(&w->p, q, S, E);
     w->y = need_y ? (float *)q : NULL;
     q += need_y ? round64((size_t)(w->chunk * k * K) * 4) : 0;
     w->thread_mem = q;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t j = 0; j < k; j++)
-            w->p.expert_of[m * k + j] = local_expert(a, m, j);
+    mf_slot_plan_experts(&w->p, a);
     return MOEFUSE_OK;
 }
 
@@ -226,7 +158,7 @@ moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
         return st;
     const int64_t M = a->tokens, k = a->topk, I = a->inter_dim, E = a->experts;
     const int64_t col_blocks = (I + NB / 2 - 1) / (NB / 2);
-    plan_chunk(a, &w.p, 0, M * k, col_blocks);
+    mf_slot_plan_group(&w.p, E, 0, M * k, MB, col_blocks);
     const int64_t n_items = E > 0 ? w.p.items[E] : 0;
     const size_t hsz = mf_cpu_elem_size(a->h.dtype);
 
@@ -241,7 +173,7 @@ MF_OMP(for schedule(dynamic, 1))
         for (int64_t it = 0; it < n_items; it++) {
             int64_t e, ms, cb;
             const int64_t *slots;
-            decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+            mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
             gate_item(a, e, slots, ms, cb, &t);
         }
     }
@@ -274,26 +206,6 @@ static void final_item(const mf_moe_args *a, int64_t e, const int64_t *slots, in
     }
 }
 
-/* out[m, :] = sum over valid j in order of topk_weights[m, j] * y[m, j, :], from 0. */
-static void reduce_token(const mf_moe_args *a, const work *w, int64_t m, int64_t s0, float *acc)
-{
-    const int64_t K = a->model_dim, k = a->topk;
-    for (int64_t r = 0; r < K; r++)
-        acc[r] = 0.0f;
-    for (int64_t j = 0; j < k; j++) {
-        if (w->p.expert_of[m * k + j] < 0)
-            continue;
-        const float wt = *(const float *)mf_at2(&a->topk_weights, m, j);
-        const float *yr = w->y + (m * k + j - s0) * K;
-MF_OMP(simd)
-        for (int64_t r = 0; r < K; r++) {
-            float prod = wt * yr[r];
-            acc[r] = acc[r] + prod;
-        }
-    }
-    mf_store_row(mf_at2(&a->out, m, 0), acc, a->out.dtype, K);
-}
-
 moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     (void)state;
@@ -308,7 +220,7 @@ moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_
     for (int64_t m0 = 0; m0 < M; m0 += w.chunk) {
         const int64_t m1 = M - m0 < w.chunk ? M : m0 + w.chunk;
         const int64_t s0 = m0 * k;
-        plan_chunk(a, &w.p, s0, m1 * k, col_blocks);
+        mf_slot_plan_group(&w.p, E, s0, m1 * k, MB, col_blocks);
         const int64_t n_items = E > 0 ? w.p.items[E] : 0;
 MF_OMP(parallel num_threads(w.nt))
         {
@@ -323,13 +235,13 @@ MF_OMP(for schedule(dynamic, 1))
             for (int64_t it = 0; it < n_items; it++) {
                 int64_t e, ms, cb;
                 const int64_t *slots;
-                decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+                mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
                 final_item(a, e, slots, ms, cb, &t, a->reduce ? w.y : NULL, s0);
             }
             if (a->reduce) {
 MF_OMP(for schedule(static))
                 for (int64_t m = m0; m < m1; m++)
-                    reduce_token(a, &w, m, s0, t.row);
+                    mf_slot_reduce_token(a, &w.p, w.y, m, s0, t.row);
             }
         }
     }

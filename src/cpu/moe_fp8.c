@@ -11,6 +11,7 @@
  * double additions never round, in any order (the vectorised reduction reorders freely).
  */
 #include "cpu/cpu_internal.h"
+#include "cpu/moe_slots.h"
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
@@ -30,18 +31,6 @@ enum {
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 
 /* ------------------------------------------------------------ operand access */
-
-/* Local expert of routed slot (m, j), or -1 when the slot is invalid (NUMERICS.md "MoE"). */
-static int64_t local_expert(const mf_moe_args *a, int64_t m, int64_t j)
-{
-    const int64_t id = *(const int32_t *)mf_at2(&a->topk_ids, m, j);
-    if (id < 0 || id >= a->global_experts)
-        return -1;
-    if (a->expert_map.data == NULL)
-        return id < a->experts ? id : -1;
-    const int64_t e = *(const int32_t *)mf_at1(&a->expert_map, id);
-    return (e >= 0 && e < a->experts) ? e : -1;
-}
 
 /* Masked layout: the valid rows of expert e, its count clamped to [0, Tmax]. */
 static int64_t masked_rows(const mf_moe_args *a, int64_t e)
@@ -80,64 +69,26 @@ static void slot_coords(const mf_moe_args *a, int64_t slot, int64_t *i0, int64_t
 
 /* ----------------------------------------------------------------- the plan */
 
-/* The slots of a range grouped by expert, and the work items over them. */
-typedef struct plan {
-    int64_t *expert_of; /* [S] routed: local expert per slot, -1 invalid (unused masked) */
-    int64_t *list;      /* [S] slot ids grouped by expert, ascending */
-    int64_t *start;     /* [E+1] */
-    int64_t *fill;      /* [E+1] */
-    int64_t *items;     /* [E+1] prefix of work items per expert */
-    int64_t col_blocks;
-} plan;
-
-/* Routed: slots [s0, s1) of the valid ones. Masked: rows t < n[e] of every expert. */
-static void plan_slots(const mf_moe_args *a, plan *p, int64_t s0, int64_t s1, int64_t col_blocks)
+/* Routed: slots [s0, s1) of the valid ones (moe_slots.c). Masked: rows t < n[e] of every
+ * expert, slot e * Tmax + t. */
+static void plan_slots(const mf_moe_args *a, mf_slot_plan *p, int64_t s0, int64_t s1,
+                       int64_t col_blocks)
 {
     const int64_t E = a->experts;
+    if (!a->masked) {
+        mf_slot_plan_group(p, E, s0, s1, TILE, col_blocks);
+        return;
+    }
     p->start[0] = p->items[0] = 0;
-    if (a->masked) {
-        for (int64_t e = 0; e < E; e++) {
-            const int64_t n = masked_rows(a, e);
-            for (int64_t t = 0; t < n; t++)
-                p->list[p->start[e] + t] = e * a->tokens + t;
-            p->start[e + 1] = p->start[e] + n;
-            p->items[e + 1] = p->items[e] + (n + TILE - 1) / TILE * col_blocks;
-        }
-    } else {
-        memset(p->fill, 0, (size_t)E * sizeof(int64_t));
-        for (int64_t s = s0; s < s1; s++)
-            if (p->expert_of[s] >= 0)
-                p->fill[p->expert_of[s]]++;
-        for (int64_t e = 0; e < E; e++) {
-            p->start[e + 1] = p->start[e] + p->fill[e];
-            p->items[e + 1] = p->items[e] + (p->fill[e] + TILE - 1) / TILE * col_blocks;
-            p->fill[e] = p->start[e];
-        }
-        for (int64_t s = s0; s < s1; s++)
-            if (p->expert_of[s] >= 0)
-                p->list[p->fill[p->expert_of[s]]++] = s;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = masked_rows(a, e);
+        for (int64_t t = 0; t < n; t++)
+            p->list[p->start[e] + t] = e * a->tokens + t;
+        p->start[e + 1] = p->start[e] + n;
+        p->items[e + 1] = p->items[e] + (n + TILE - 1) / TILE * col_blocks;
     }
+    p->tile = TILE;
     p->col_blocks = col_blocks;
-}
-
-/* Work item w: expert, its slots [slots, slots + count), column block. */
-static void decode_item(const plan *p, int64_t E, int64_t w, int64_t *e, const int64_t **slots,
-                        int64_t *count, int64_t *cb)
-{
-    int64_t lo = 0, hi = E - 1;
-    while (lo < hi) { /* last e with items[e] <= w */
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (p->items[mid] <= w)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int64_t r = w - p->items[lo], tile = r / p->col_blocks;
-    const int64_t n = p->start[lo + 1] - p->start[lo];
-    *e = lo;
-    *cb = r % p->col_blocks;
-    *slots = p->list + p->start[lo] + tile * TILE;
-    *count = n - tile * TILE < TILE ? n - tile * TILE : TILE;
 }
 
 /* -------------------------------------------------------------- the scratch */
@@ -155,7 +106,7 @@ typedef struct thread_bufs {
 
 typedef struct work {
     mf_cpu_scratch scratch;
-    plan p;
+    mf_slot_plan p;
     double *value;  /* [256] e4m3 code -> value (NaN codes NaN) */
     uint8_t *xq;    /* gate, x not f8: codes [rows, K] */
     float *xs;      /* and their group scales [rows, K / BLK] */
@@ -200,7 +151,7 @@ static size_t work_layout(const mf_moe_args *a, step st, work *w)
                        round64((size_t)TILE * (size_t)(depth / BLK) * 4) +
                        round64((size_t)TILE * sizeof(void *)) + round64((size_t)widest * 4) +
                        round64((size_t)(3 * widest + K / BLK) * 4 + (size_t)(K / BLK));
-    size_t bytes = round64(256 * 8) + round64((size_t)S * 8) * 2 + round64((size_t)(E + 1) * 8) * 3;
+    size_t bytes = round64(256 * 8) + mf_slot_plan_bytes(S, E);
     if (quantizes_x(a, st))
         bytes += round64((size_t)(x_rows(a) * K)) + round64((size_t)(x_rows(a) * (K / BLK)) * 4);
     if (need_y)
@@ -215,11 +166,7 @@ static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_
     MF_TRY(mf_cpu_scratch_take(ctx, op, work_layout(a, st, w), &w->scratch));
     char *q = w->scratch.mem;
     w->value = (double *)q, q += round64(256 * 8);
-    w->p.expert_of = (int64_t *)q, q += round64((size_t)S * 8);
-    w->p.list = (int64_t *)q, q += round64((size_t)S * 8);
-    w->p.start = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
-    w->p.fill = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
-    w->p.items = (int64_t *)q, q += round64((size_t)(E + 1) * 8);
+    q = mf_slot_plan_place(&w->p, q, S, E);
     w->xq = NULL;
     w->xs = NULL;
     if (quantizes_x(a, st)) {
@@ -235,9 +182,7 @@ static moefuse_status work_alloc(moefuse_context *ctx, const char *op, const mf_
     for (int c = 0; c < 256; c++)
         w->value[c] = (double)mf_e4m3_to_f32((uint8_t)c); /* exact; NaN codes stay NaN */
     if (!a->masked)
-        for (int64_t m = 0; m < a->tokens; m++)
-            for (int64_t j = 0; j < k; j++)
-                w->p.expert_of[m * k + j] = local_expert(a, m, j);
+        mf_slot_plan_experts(&w->p, a);
     return MOEFUSE_OK;
 }
 
@@ -463,7 +408,7 @@ MF_OMP(for schedule(dynamic, 1))
         for (int64_t it = 0; it < n_items; it++) {
             int64_t e, ms, cb;
             const int64_t *slots;
-            decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+            mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
             gate_item(a, &w, &t, e, slots, ms, cb);
         }
     }
@@ -499,26 +444,6 @@ static void final_item(const mf_moe_args *a, const work *wk, thread_bufs *t, int
             mf_store_row(mf_at3(&a->out, i0, i1, r0), dst, a->out.dtype, BLK);
         }
     }
-}
-
-/* out[m, :] = sum over valid j in order of topk_weights[m, j] * y[m, j, :], from 0 (moe.c). */
-static void reduce_token(const mf_moe_args *a, const work *w, int64_t m, int64_t s0, float *acc)
-{
-    const int64_t K = a->model_dim, k = a->topk;
-    for (int64_t r = 0; r < K; r++)
-        acc[r] = 0.0f;
-    for (int64_t j = 0; j < k; j++) {
-        if (w->p.expert_of[m * k + j] < 0)
-            continue;
-        const float wt = *(const float *)mf_at2(&a->topk_weights, m, j);
-        const float *yr = w->y + (m * k + j - s0) * K;
-MF_OMP(simd)
-        for (int64_t r = 0; r < K; r++) {
-            const float prod = wt * yr[r];
-            acc[r] = acc[r] + prod;
-        }
-    }
-    mf_store_row(mf_at2(&a->out, m, 0), acc, a->out.dtype, K);
 }
 
 moefuse_status mf_cpu_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
@@ -560,13 +485,13 @@ MF_OMP(for schedule(dynamic, 1))
             for (int64_t it = 0; it < n_items; it++) {
                 int64_t e, ms, cb;
                 const int64_t *slots;
-                decode_item(&w.p, E, it, &e, &slots, &ms, &cb);
+                mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
                 final_item(a, &w, &t, e, slots, ms, cb, s0);
             }
             if (a->reduce) {
 MF_OMP(for schedule(static))
                 for (int64_t m = m0; m < m1; m++)
-                    reduce_token(a, &w, m, s0, t.row);
+                    mf_slot_reduce_token(a, &w.p, w.y, m, s0, t.row);
             }
         }
     }

@@ -1,0 +1,47 @@
+/*
+ * The routing side of the CPU MoE GEMMs, shared by moe.c (bf16/f16/f32) and moe_fp8.c: the
+ * local expert of a slot, the slots of a range grouped by expert into work items (expert,
+ * tile of slots, column block), and the fixed-order top-k sum of the reduced final.
+ */
+#ifndef MOEFUSE_CPU_MOE_SLOTS_H
+#define MOEFUSE_CPU_MOE_SLOTS_H
+
+#include "core/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct mf_slot_plan {
+    int64_t *expert_of; /* [S] local expert per slot, -1 invalid */
+    int64_t *list;      /* [S] slot ids grouped by expert, ascending */
+    int64_t *start;     /* [E+1] start of each expert's slots in list */
+    int64_t *fill;      /* [E+1] */
+    int64_t *items;     /* [E+1] prefix of work items per expert */
+    int64_t tile;       /* slots per work item */
+    int64_t col_blocks; /* column blocks per slot tile */
+} mf_slot_plan;
+
+/* Local expert of routed slot (m, j), or -1 when the slot is invalid (NUMERICS.md "MoE"). */
+int64_t mf_slot_expert(const mf_moe_args *a, int64_t m, int64_t j);
+
+/* Bytes of the plan's arrays for S slots and E experts (64-byte aligned each). */
+size_t mf_slot_plan_bytes(int64_t S, int64_t E);
+/* Lay the arrays out from mem; returns the first byte past them. */
+char *mf_slot_plan_place(mf_slot_plan *p, char *mem, int64_t S, int64_t E);
+/* expert_of of every routed slot of a. */
+void mf_slot_plan_experts(mf_slot_plan *p, const mf_moe_args *a);
+/* Group the valid slots [s0, s1) by expert, in tiles of `tile`, each in col_blocks items. */
+void mf_slot_plan_group(mf_slot_plan *p, int64_t E, int64_t s0, int64_t s1, int64_t tile,
+                        int64_t col_blocks);
+/* Work item w: its expert, its slots [*slots, *slots + *count), its column block. */
+void mf_slot_plan_item(const mf_slot_plan *p, int64_t E, int64_t w, int64_t *e,
+                       const int64_t **slots, int64_t *count, int64_t *cb);
+
+/*
+ * out[m, :] = sum over valid j in order of topk_weights[m, j] * y[m, j, :], from 0 in f32,
+ * rounded once; y holds the rows of slots from s0 on. acc: K floats of the caller's.
+ */
+void mf_slot_reduce_token(const mf_moe_args *a, const mf_slot_plan *p, const float *y,
+                          int64_t m, int64_t s0, float *acc);
+
+#endif /* MOEFUSE_CPU_MOE_SLOTS_H */
