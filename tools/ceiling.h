@@ -12,6 +12,8 @@
 
 /* Size of each of the two buffers of a copy ceiling (less where the device caps it). */
 #define CEILING_COPY_MIB 1024
+/* Size of the one buffer of a read ceiling: the memory of the copy's two. */
+#define CEILING_READ_MIB (2 * CEILING_COPY_MIB)
 
 /*
  * What one backend can measure. Each function returns the ceiling and describes in `what`
@@ -23,6 +25,12 @@ typedef struct ceiling_provider {
     const char *summary; /* one line for `moefuse info` */
     /* Copy bandwidth of the backend's memory in GB/s, bytes read + bytes written. */
     double (*copy_gbs)(moefuse_context *ctx, char *what, size_t what_size);
+    /*
+     * [optional, NULL where there is none] Bandwidth of a read-only stream in GB/s (bytes
+     * read): what a MoE layer streaming its weights can reach at best, which a copy (half of
+     * its traffic writes) understates.
+     */
+    double (*read_gbs)(moefuse_context *ctx, char *what, size_t what_size);
     /*
      * A dense GEMM of the MoE op's FLOPs, C[rows, n] = A[rows, inner] B[inner, n], in GFLOP/s;
      * `dtype` is the op's input dtype, for providers that have a GEMM in it.

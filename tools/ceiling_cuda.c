@@ -1,6 +1,7 @@
 /*
  * The CUDA backend's ceilings, measured on the stream the moefuse context runs on:
- * device-to-device cudaMemcpyAsync bandwidth, and a cuBLAS GEMM of the MoE op's FLOPs in the
+ * device-to-device cudaMemcpyAsync bandwidth, the bandwidth of a read-only sum kernel
+ * (ceiling_cuda_read.cu), and a cuBLAS GEMM of the MoE op's FLOPs in the
  * op's dtype (bf16/f16 on the tensor cores with f32 accumulation, f32 in plain f32).
  * cuBLAS is loaded at run time, so the tool starts on machines that have the CUDA toolkit's
  * compiler but not its libraries on the loader path (CI), and says "n/a" and why there.
@@ -92,6 +93,90 @@ static double cuda_copy_gbs(moefuse_context *ctx, char *what, size_t what_size)
 done:
     cudaFree(src);
     cudaFree(dst);
+    return gbs;
+}
+
+/* ---------------------------------------------------------------- read */
+
+/* ceiling_cuda_read.cu: the sum kernel, launched on `stream`; one word per block. */
+cudaError_t ceiling_cuda_read_launch(const void *src, size_t bytes, unsigned int *partial,
+                                     int blocks, cudaStream_t stream);
+extern const int ceiling_cuda_read_unroll, ceiling_cuda_read_threads;
+
+#define READ_BLOCKS_PER_SM 4
+
+/*
+ * Read bandwidth on the context's stream: a sum over CEILING_READ_MIB filled with 0x3c bytes
+ * that writes one word per block (ceiling_cuda_read.cu), best of 5 after a warm-up, each run
+ * timed with events around the one kernel.
+ */
+static double cuda_read_gbs(moefuse_context *ctx, char *what, size_t what_size)
+{
+    cudaStream_t stream;
+    if (stream_of(ctx, &stream, what, what_size) != 0)
+        return 0.0;
+    const size_t bytes = (size_t)CEILING_READ_MIB << 20; /* far beyond the L2 */
+    double gbs = 0.0;
+    float best_ms = 1e30f;
+    void *src = NULL;
+    unsigned int *partial = NULL;
+    cudaEvent_t start = NULL, stop = NULL;
+    int device = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)", e);
+        return 0.0;
+    }
+    const int blocks = READ_BLOCKS_PER_SM * sms;
+    e = cudaMalloc(&src, bytes);
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&partial, (size_t)blocks * sizeof *partial);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(src, 0x3c, bytes, stream);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaMalloc/cudaMemsetAsync of the read buffer", e);
+        goto done;
+    }
+    e = cudaEventCreate(&start);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&stop);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaEventCreate", e);
+        goto done;
+    }
+    for (int r = -1; r < 5; r++) { /* r = -1: warm-up */
+        float ms = 0.0f;
+        e = cudaEventRecord(start, stream);
+        if (e == cudaSuccess)
+            e = ceiling_cuda_read_launch(src, bytes, partial, blocks, stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(stop, stream);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(stop);
+        if (e == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, start, stop);
+        if (e != cudaSuccess) {
+            cuda_failed(what, what_size, "the read kernel", e);
+            goto done;
+        }
+        if (r >= 0 && ms < best_ms)
+            best_ms = ms;
+    }
+    gbs = (double)bytes / ((double)best_ms * 1e-3) / 1e9;
+    snprintf(what, what_size,
+             "sum kernel over %zu MiB, bytes read, %d blocks (%d per SM) x %d threads, %d "
+             "16-byte loads in flight each, best of 5 timed with events",
+             bytes >> 20, blocks, READ_BLOCKS_PER_SM, ceiling_cuda_read_threads,
+             ceiling_cuda_read_unroll);
+done:
+    if (start)
+        cudaEventDestroy(start);
+    if (stop)
+        cudaEventDestroy(stop);
+    cudaFree(src);
+    cudaFree(partial);
     return gbs;
 }
 
@@ -477,9 +562,10 @@ done:
 
 const ceiling_provider ceiling_cuda = {
     .backend = "cuda",
-    .summary = "cudaMemcpyAsync device to device + cuBLAS cublasGemmEx and cuBLASLt FP8 "
-               "(loaded at run time)",
+    .summary = "cudaMemcpyAsync device to device + a read-only sum kernel + cuBLAS cublasGemmEx "
+               "and cuBLASLt FP8 (loaded at run time)",
     .copy_gbs = cuda_copy_gbs,
+    .read_gbs = cuda_read_gbs,
     .gemm_gflops = cuda_gemm_gflops,
     .gemm_fp8_gflops = cuda_gemm_fp8_gflops,
 };
