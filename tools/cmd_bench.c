@@ -50,14 +50,22 @@ void help_bench(void)
         "Figures: GB/s of bytes moved (each input byte read once, each output byte written\n"
         "once; valid rows only for masked) against the copy bandwidth (bytes read + written,\n"
         "best of 5); GFLOP/s for the MoE GEMMs (forward: 2*M*k*(2I*K + K*I)) against a dense\n"
-        "GEMM of the same FLOPs ([M*k, K] x [K, 3I] for forward), plus the bandwidth at which\n"
-        "the routed experts' weights were read. Ceilings run on the backend's own device:\n"
-        "  cpu     memcpy of 1 GiB; OpenBLAS sgemm, best of 3 (sbgemm for bf16 where\n"
-        "          OpenBLAS has it)\n"
+        "GEMM of the same FLOPs ([M*k, K] x [K, 3I] for forward; FP8 for the FP8 ops where\n"
+        "the backend has one), plus the bandwidth at which the routed experts' weights were\n"
+        "read. The MoE ops also print two floors, max(the FLOPs at the GEMM's rate, the\n"
+        "routed experts' weights read once): \"roofline floor\" at the copy bandwidth and\n"
+        "\"read floor\" at the read bandwidth (a read-only stream, bytes read), each with the\n"
+        "share of the op's time it is. Ceilings run on the backend's own device:\n"
+        "  cpu     memcpy of 1 GiB; a sum over 2 GiB on the OpenMP threads (read); OpenBLAS\n"
+        "          sgemm, best of 3 (sbgemm for bf16 where OpenBLAS has it)\n"
+        "  cuda    cudaMemcpyAsync of 1 GiB and a sum kernel over 2 GiB (read), best of 5;\n"
+        "          cublasGemmEx (cuBLASLt e4m3 for the FP8 ops), median of 5; all on the\n"
+        "          context's stream, cuBLAS loaded at run time: without it the GEMM is n/a\n"
         "  opencl  clEnqueueCopyBuffer of 1 GiB (or CL_DEVICE_MAX_MEM_ALLOC_SIZE) and\n"
         "          CLBlastSgemm in f32, median of 5, both on the context's queue; CLBlast is\n"
-        "          loaded at run time (libclblast.so.1): without it the GEMM ceiling is n/a\n"
-        "Other backends print \"ceiling: n/a\" and no ratio.\n"
+        "          loaded at run time (libclblast.so.1): without it the GEMM ceiling is n/a;\n"
+        "          no read ceiling (read floor: n/a)\n"
+        "A backend without ceilings prints \"ceiling: n/a\" and no ratio.\n"
         "\n"
         "  --backend NAME  cpu, cuda, opencl or auto (default: MOEFUSE_BACKEND, else auto)\n"
         "  --dtype D       input dtype: bf16 (default), f16, f32\n"
@@ -728,6 +736,27 @@ static moefuse_status bench_call(bench *b)
     return moefuse_moe_forward(c, &b->x, &b->w1, &b->w2, NULL, NULL, &b->route, &b->out, &b->mo);
 }
 
+/*
+ * A MoE op's floor against one bandwidth ("copy" or "read"): the op can be no faster than its
+ * FLOPs at the dense GEMM's rate, nor than streaming its routed experts' weights once at that
+ * bandwidth; then the share of the op's median time the floor is. n/a (why) without it.
+ */
+static void print_floor(const char *floor_label, const char *ratio_label, const char *kind,
+                        double t_flops, double weight_bytes, double gbs, const char *what,
+                        double med)
+{
+    if (gbs <= 0.0) {
+        printf("%s: n/a (%s bandwidth: %s)\n", floor_label, kind, what);
+        return;
+    }
+    const double t_bytes = weight_bytes / (gbs * 1e9);
+    const double floor_s = t_flops > t_bytes ? t_flops : t_bytes;
+    printf("%s: %.4f ms = max(FLOPs at the ceiling's rate %.4f ms, weights at %.2f GB/s %s "
+           "bandwidth %.4f ms (%s))\n%s: %.1f%%\n",
+           floor_label, floor_s * 1e3, t_flops * 1e3, gbs, kind, t_bytes * 1e3, what,
+           ratio_label, 100.0 * floor_s / med);
+}
+
 /* "ceiling: ..." and the ratio, or "ceiling: n/a (why)" and no ratio. */
 static void print_ceiling(double figure, double ceil, const char *unit, const char *what)
 {
@@ -907,24 +936,32 @@ int cmd_bench(int argc, char **argv)
     } else {
         ceil = ceiling->copy_gbs(b.ctx, what, sizeof what);
     }
-    /* MoE ops also get the roofline floor: a layer can be no faster than the same FLOPs
-     * at the dense GEMM's rate, nor than streaming its routed experts' weights once. */
-    char copy_what[256] = "";
-    double copy = 0.0;
-    if (ceiling && gemm && ceil > 0.0)
+    /*
+     * MoE ops also get the roofline floor: a layer can be no faster than the same FLOPs at the
+     * dense GEMM's rate, nor than streaming its routed experts' weights once; once at the copy
+     * bandwidth, and once at the read bandwidth, which is what streaming weights needs (a copy
+     * spends half its traffic on writes, so its floor is the lower, easier one).
+     */
+    char copy_what[256] = "", read_what[256] = "";
+    double copy = 0.0, read = 0.0;
+    const int floors = ceiling && gemm && ceil > 0.0;
+    if (floors) {
         copy = ceiling->copy_gbs(b.ctx, copy_what, sizeof copy_what);
+        if (ceiling->read_gbs)
+            read = ceiling->read_gbs(b.ctx, read_what, sizeof read_what);
+        else
+            snprintf(read_what, sizeof read_what, "none measured on the %s backend",
+                     moefuse_backend_name(b.ctx));
+    }
     if (progress)
         fprintf(stderr, "\r%60s\r", "");
     print_ceiling(figure, ceil, gemm ? "GFLOP/s" : "GB/s", what);
-    if (copy > 0.0) {
-        const double t_flops = work / (ceil * 1e9), t_bytes = b.weight_bytes / (copy * 1e9);
-        const double floor_s = t_flops > t_bytes ? t_flops : t_bytes;
-        printf("roofline floor: %.4f ms = max(FLOPs at the ceiling's rate %.4f ms, weights at "
-               "%.2f GB/s copy bandwidth %.4f ms (%s))\nroofline ratio: %.1f%%\n",
-               floor_s * 1e3, t_flops * 1e3, copy, t_bytes * 1e3, copy_what,
-               100.0 * floor_s / med);
-    } else if (gemm && ceil > 0.0) {
-        printf("roofline floor: n/a (copy bandwidth: %s)\n", copy_what);
+    if (floors) {
+        const double t_flops = work / (ceil * 1e9);
+        print_floor("roofline floor", "roofline ratio", "copy", t_flops, b.weight_bytes, copy,
+                    copy_what, med);
+        print_floor("read floor", "read-floor ratio", "read", t_flops, b.weight_bytes, read,
+                    read_what, med);
     }
     rc = 0;
 
