@@ -41,6 +41,17 @@ typedef struct ceiling_provider {
      * MoE ops; without it they are held to gemm_gflops in bf16. */
     double (*gemm_fp8_gflops)(moefuse_context *ctx, int64_t rows, int64_t inner, int64_t n,
                               char *what, size_t what_size);
+    /*
+     * [optional, NULL where the backend has no graphs] `moefuse bench --graph 1`: times
+     * `calls` back-to-back issue(arg) as an engine runs a decode step, captured once into one
+     * graph on a stream of its own (the context attached to it for the capture only), then
+     * replayed `warmup` times untimed and `iters` times, each replay timed with events;
+     * times[i] gets replay i's seconds per call. Returns 0 and describes the timing in `what`
+     * ("one CUDA graph of 10 calls, ..."), or -1 with why in `what`, nothing timed.
+     */
+    int (*graph_times)(moefuse_context *ctx, moefuse_status (*issue)(void *arg), void *arg,
+                       int64_t calls, int64_t warmup, int64_t iters, double *times, char *what,
+                       size_t what_size);
 } ceiling_provider;
 
 /* The provider for `backend`, or NULL when this build measures no ceiling there. */

@@ -560,6 +560,109 @@ done:
     return gflops;
 }
 
+/* ---------------------------------------------------------------- graph */
+
+/*
+ * `calls` calls of issue(arg) captured into one graph on a non-blocking stream of this
+ * function's, the context attached to it for the capture as an engine attaches its stream
+ * (tests/test_cuda_graph.c does the same), then replayed on that stream, each replay between
+ * two events.
+ */
+static int cuda_graph_times(moefuse_context *ctx, moefuse_status (*issue)(void *arg), void *arg,
+                            int64_t calls, int64_t warmup, int64_t iters, double *times,
+                            char *what, size_t what_size)
+{
+    int rc = -1;
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t start = NULL, stop = NULL;
+    moefuse_status st = moefuse_synchronize(ctx); /* the inputs' uploads are done */
+    if (st != MOEFUSE_OK) {
+        snprintf(what, what_size, "moefuse_synchronize failed: %s", moefuse_last_error(ctx));
+        return -1;
+    }
+    cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        stream = NULL;
+        cuda_failed(what, what_size, "cudaStreamCreateWithFlags", e);
+        goto done;
+    }
+    e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaStreamBeginCapture", e);
+        goto done;
+    }
+    st = moefuse_set_stream(ctx, stream);
+    for (int64_t c = 0; c < calls && st == MOEFUSE_OK; c++)
+        st = issue(arg);
+    if (st != MOEFUSE_OK) /* before the calls below clear the message */
+        snprintf(what, what_size, "a call under capture failed: %s", moefuse_last_error(ctx));
+    e = cudaStreamEndCapture(stream, &graph); /* ended whatever happened */
+    const moefuse_status back = moefuse_set_stream(ctx, NULL);
+    if (st != MOEFUSE_OK) {
+        cudaGetLastError();
+        goto done;
+    }
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaStreamEndCapture", e);
+        goto done;
+    }
+    if (back != MOEFUSE_OK) {
+        snprintf(what, what_size, "moefuse_set_stream(NULL) failed: %s", moefuse_last_error(ctx));
+        goto done;
+    }
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e != cudaSuccess) {
+        exec = NULL;
+        cuda_failed(what, what_size, "cudaGraphInstantiate", e);
+        goto done;
+    }
+    e = cudaEventCreate(&start);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&stop);
+    if (e != cudaSuccess) {
+        cuda_failed(what, what_size, "cudaEventCreate", e);
+        goto done;
+    }
+    for (int64_t r = -warmup; r < iters; r++) {
+        float ms = 0.0f;
+        e = cudaEventRecord(start, stream);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(exec, stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(stop, stream);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(stop);
+        if (e == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, start, stop);
+        if (e != cudaSuccess) {
+            cuda_failed(what, what_size, "a replay of the graph", e);
+            goto done;
+        }
+        if (r >= 0)
+            times[r] = (double)ms * 1e-3 / (double)calls;
+    }
+    snprintf(what, what_size,
+             "one CUDA graph of %lld back-to-back calls, replayed, each replay timed with events",
+             (long long)calls);
+    rc = 0;
+done:
+    if (start)
+        cudaEventDestroy(start);
+    if (stop)
+        cudaEventDestroy(stop);
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (stream) {
+        cudaStreamSynchronize(stream);
+        cudaStreamDestroy(stream);
+    }
+    return rc;
+}
+
 const ceiling_provider ceiling_cuda = {
     .backend = "cuda",
     .summary = "cudaMemcpyAsync device to device + a read-only sum kernel + cuBLAS cublasGemmEx "
@@ -568,4 +671,5 @@ const ceiling_provider ceiling_cuda = {
     .read_gbs = cuda_read_gbs,
     .gemm_gflops = cuda_gemm_gflops,
     .gemm_fp8_gflops = cuda_gemm_fp8_gflops,
+    .graph_times = cuda_graph_times,
 };

@@ -23,7 +23,7 @@ void help_bench(void)
 {
     printf(
         "usage: moefuse bench --op OP --shape SPEC [--backend NAME] [--dtype bf16|f16|f32]\n"
-        "                     [--iters N] [--warmup N] [--batch N]\n"
+        "                     [--iters N] [--warmup N] [--batch N] [--graph 0|1]\n"
         "\n"
         "Times OP (median of N runs after the warm-up runs, each bracketed by\n"
         "moefuse_synchronize) and prints the figure, a ceiling measured in the same run, and\n"
@@ -39,13 +39,19 @@ void help_bench(void)
         "                    evenly over the others; random: each count uniform in [0, Tmax]\n"
         "                    (a fixed draw, the same every run)\n"
         "  topk_softmax      M, E, k\n"
-        "  moe_gate, moe_final, moe_forward   M, E, k, K, I\n"
-        "  moe_forward_fp8    M, E, k, K, I, xq (1: x given in FP8 with its scales), ue8m0\n"
+        "  moe_gate, moe_final  M, E, k, K, I\n"
+        "  moe_forward        M, E, k, K, I, router\n"
+        "  moe_forward_fp8    M, E, k, K, I, xq (1: x given in FP8 with its scales), ue8m0,\n"
+        "                     router\n"
         "  moe_masked_fp8     E, Tmax, K, I, valid (rows of each expert)\n"
+        "router=1: each call is moefuse_topk_softmax (logits [M, E] in --dtype, renormalized)\n"
+        "then the layer on its ids and weights, as an engine's step runs them; the logits\n"
+        "pick the same experts as without it, so the weights read and the floors are the same.\n"
         "H is the output width: act_* read rows of 2H. Examples:\n"
         "  moefuse bench --op act_quant --shape T=4096,H=7168,layout=col\n"
         "  moefuse bench --op act_quant_masked --shape E=32,Tmax=256,H=2048,fill=skew,tokens=4096\n"
         "  moefuse bench --op moe_forward --dtype f32 --shape M=32,E=8,k=2,K=4096,I=14336\n"
+        "  moefuse bench --op moe_forward --graph 1 --shape M=1,E=128,k=8,K=2048,I=768,router=1\n"
         "\n"
         "Figures: GB/s of bytes moved (each input byte read once, each output byte written\n"
         "once; valid rows only for masked) against the copy bandwidth (bytes read + written,\n"
@@ -73,7 +79,11 @@ void help_bench(void)
         "  --warmup N      untimed runs first (default 2; 1 for the MoE ops)\n"
         "  --batch N       calls per timed run, enqueued back to back and timed together\n"
         "                  (default 10 on GPU backends, so the host's launch and\n"
-        "                  synchronisation latency is not counted per call; 1 on the CPU)\n");
+        "                  synchronisation latency is not counted per call; 1 on the CPU)\n"
+        "  --graph 1       cuda: capture the --batch calls once into one CUDA graph (on a\n"
+        "                  workspace of the bench's, so the graph allocates nothing) and time\n"
+        "                  its replays with events, as an engine runs a decode step; other\n"
+        "                  backends say n/a and time the calls as without it (default 0)\n");
 }
 
 typedef enum op_kind { KIND_ROWS, KIND_MASKED, KIND_TOPK, KIND_MOE } op_kind;
@@ -93,8 +103,8 @@ static const op_info ops[] = {
     {"topk_softmax", KIND_TOPK, "M, E, k"},
     {"moe_gate", KIND_MOE, "M, E, k, K, I"},
     {"moe_final", KIND_MOE, "M, E, k, K, I"},
-    {"moe_forward", KIND_MOE, "M, E, k, K, I"},
-    {"moe_forward_fp8", KIND_MOE, "M, E, k, K, I, xq, ue8m0"},
+    {"moe_forward", KIND_MOE, "M, E, k, K, I, router"},
+    {"moe_forward_fp8", KIND_MOE, "M, E, k, K, I, xq, ue8m0, router"},
     {"moe_masked_fp8", KIND_MOE, "E, Tmax, K, I, valid"},
 };
 
@@ -125,6 +135,9 @@ typedef struct bench {
     moefuse_tensor w1s, w2s, xs;
     moefuse_fp8_moe_options fo;
     int64_t valid;
+    /* router=1: logits [M, E] that moefuse_topk_softmax turns into route before each layer */
+    int64_t router;
+    moefuse_tensor logits;
 } bench;
 
 static int parse_dtype(const char *s, moefuse_dtype *dt)
@@ -303,6 +316,48 @@ static int draw_routing(int64_t M, int64_t k, int64_t E, int32_t **ids_out, floa
     free(hit);
     *ids_out = ids;
     *wts_out = wts;
+    return 0;
+}
+
+/*
+ * router=1: logits [M, E] in the bench's dtype whose top k in each row are the drawn experts
+ * (in [2.5, 3.5) against [-1, 1) for the rest), so that moefuse_topk_softmax, run before the
+ * layer in every call, routes the tokens to the experts of the draw and the layer reads the
+ * same weights, the floor's, as without the router. Its weights are the softmax's, renormalized
+ * over the k (as Mixtral, Qwen3 and DeepSeek-V3 renormalize), not the draw's.
+ */
+static int bench_router(bench *b, shape_spec *s, const int32_t *ids)
+{
+    if (shape_int(s, b->op->name, "router", 0, 1, &b->router) != 0)
+        return -1;
+    if (!b->router)
+        return 0;
+    const int64_t M = b->M, E = b->E, k = b->k;
+    const size_t es = moefuse_dtype_size(b->dtype);
+    float *v = malloc((size_t)(M * E) * sizeof *v);
+    void *host = malloc((size_t)(M * E) * es);
+    if (!v || !host) {
+        free(v), free(host);
+        fprintf(stderr, "moefuse bench: out of host memory\n");
+        return -1;
+    }
+    rng r = rng_seed(41);
+    for (int64_t i = 0; i < M * E; i++)
+        v[i] = rng_uniform(&r);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++)
+            v[m * E + ids[m * k + j]] = 3.0f + 0.5f * rng_uniform(&r);
+    for (int64_t i = 0; i < M * E; i++)
+        store_float(host, b->dtype, i, v[i]);
+    void *dl = bench_upload(b, host, (size_t)(M * E) * es);
+    free(v), free(host);
+    if (!dl)
+        return -1;
+    int64_t ls[2] = {M, E};
+    b->logits = moefuse_tensor_dense(dl, b->dtype, 2, ls);
+    printf("router: moefuse_topk_softmax of logits [%lld, %lld] %s (renormalized) before each "
+           "layer call, timed with it\n",
+           (long long)M, (long long)E, moefuse_dtype_name(b->dtype));
     return 0;
 }
 
@@ -508,6 +563,10 @@ static int bench_setup(bench *b, shape_spec *s, double *work)
     int64_t distinct;
     if (draw_routing(M, k, E, &ids, &wts, &distinct) != 0)
         return -1;
+    if (strcmp(name, "moe_forward") == 0 && bench_router(b, s, ids) != 0) {
+        free(ids), free(wts);
+        return -1;
+    }
     b->weight_bytes = (double)distinct * (double)es *
                       ((gate ? 2.0 * (double)I * (double)K : 0.0) +
                        (final ? (double)K * (double)I : 0.0));
@@ -672,6 +731,10 @@ static int bench_setup_fp8(bench *b, shape_spec *s, double *work)
         int64_t distinct;
         if (draw_routing(M, k, E, &ids, &wts, &distinct) != 0)
             return -1;
+        if (bench_router(b, s, ids) != 0) {
+            free(ids), free(wts);
+            return -1;
+        }
         int64_t rs[2] = {M, k}, xs[2] = {M, K}, ss[2] = {M, K / 128};
         void *di = bench_upload(b, ids, (size_t)(M * k) * 4);
         void *dw = bench_upload(b, wts, (size_t)(M * k) * 4);
@@ -723,6 +786,12 @@ static moefuse_status bench_call(bench *b)
         return moefuse_dequant(c, &b->x, &b->scales, &b->out, &b->qo);
     if (strcmp(n, "topk_softmax") == 0)
         return moefuse_topk_softmax(c, &b->x, 1, &b->route.topk_ids, &b->route.topk_weights);
+    if (b->router) { /* the layer's routing from its logits, as an engine's step runs it */
+        moefuse_status st = moefuse_topk_softmax(c, &b->logits, 1, &b->route.topk_ids,
+                                                 &b->route.topk_weights);
+        if (st != MOEFUSE_OK)
+            return st;
+    }
     if (strcmp(n, "moe_gate") == 0)
         return moefuse_moe_gate(c, &b->x, &b->w1, NULL, &b->route, &b->h, &b->mo);
     if (strcmp(n, "moe_final") == 0)
@@ -734,6 +803,100 @@ static moefuse_status bench_call(bench *b)
         return moefuse_moe_masked_fp8(c, &b->x, NULL, &b->counts, &b->w1, &b->w1s, &b->w2,
                                       &b->w2s, NULL, NULL, &b->out, &b->fo);
     return moefuse_moe_forward(c, &b->x, &b->w1, &b->w2, NULL, NULL, &b->route, &b->out, &b->mo);
+}
+
+/* bench_call as a function of the pointer a graph's capture passes it. */
+static moefuse_status bench_issue(void *b) { return bench_call(b); }
+
+/* The workspace bench_call takes: the query of each call it makes, the larger of the two. */
+static moefuse_status bench_workspace_size(bench *b, size_t *bytes)
+{
+    const char *n = b->op->name;
+    moefuse_context *c = b->ctx;
+    size_t router = 0;
+    moefuse_status st = MOEFUSE_OK;
+    if (b->router)
+        st = moefuse_topk_softmax_workspace_size(c, &b->logits, 1, &b->route.topk_ids,
+                                                 &b->route.topk_weights, &router);
+    if (st != MOEFUSE_OK)
+        return st;
+    if (strcmp(n, "act_quant") == 0)
+        st = moefuse_act_quant_workspace_size(c, &b->x, NULL, &b->out, &b->scales, &b->aq, bytes);
+    else if (strcmp(n, "act_quant_masked") == 0)
+        st = moefuse_act_quant_masked_workspace_size(c, &b->x, &b->counts, NULL, NULL, &b->out,
+                                                     &b->scales, &b->aq, bytes);
+    else if (strcmp(n, "act_mul") == 0)
+        st = moefuse_act_mul_workspace_size(c, &b->x, NULL, &b->out, &b->ao, bytes);
+    else if (strcmp(n, "quant") == 0)
+        st = moefuse_quant_workspace_size(c, &b->x, &b->out, &b->scales, &b->qo, bytes);
+    else if (strcmp(n, "dequant") == 0)
+        st = moefuse_dequant_workspace_size(c, &b->x, &b->scales, &b->out, &b->qo, bytes);
+    else if (strcmp(n, "topk_softmax") == 0)
+        st = moefuse_topk_softmax_workspace_size(c, &b->x, 1, &b->route.topk_ids,
+                                                 &b->route.topk_weights, bytes);
+    else if (strcmp(n, "moe_gate") == 0)
+        st = moefuse_moe_gate_workspace_size(c, &b->x, &b->w1, NULL, &b->route, &b->h, &b->mo,
+                                             bytes);
+    else if (strcmp(n, "moe_final") == 0)
+        st = moefuse_moe_final_workspace_size(c, &b->h, &b->w2, NULL, &b->route, &b->out, &b->mo,
+                                              bytes);
+    else if (strcmp(n, "moe_forward_fp8") == 0)
+        st = moefuse_moe_forward_fp8_workspace_size(c, &b->x, b->xs.data ? &b->xs : NULL, &b->w1,
+                                                    &b->w1s, &b->w2, &b->w2s, NULL, NULL,
+                                                    &b->route, &b->out, &b->fo, bytes);
+    else if (strcmp(n, "moe_masked_fp8") == 0)
+        st = moefuse_moe_masked_fp8_workspace_size(c, &b->x, NULL, &b->counts, &b->w1, &b->w1s,
+                                                   &b->w2, &b->w2s, NULL, NULL, &b->out, &b->fo,
+                                                   bytes);
+    else
+        st = moefuse_moe_forward_workspace_size(c, &b->x, &b->w1, &b->w2, NULL, NULL, &b->route,
+                                                &b->out, &b->mo, bytes);
+    if (st == MOEFUSE_OK && router > *bytes)
+        *bytes = router;
+    return st;
+}
+
+/*
+ * --graph 1: the timed runs as replays of one graph of `batch` calls (ceiling.h, graph_times),
+ * on a workspace of the bench's own, as an engine runs a captured step (the graph allocates
+ * nothing). 1 when times[] is filled and `how` says how; 0 with the reason printed, for the
+ * calls to be timed back to back instead; -1 when a call cannot run at all.
+ */
+static int bench_graph(bench *b, const ceiling_provider *ceiling, int64_t batch, int64_t warmup,
+                       int64_t iters, double *times, char *how, size_t how_size)
+{
+    if (!ceiling || !ceiling->graph_times) {
+        printf("graph: n/a (none on the %s backend); the calls are timed back to back\n",
+               moefuse_backend_name(b->ctx));
+        return 0;
+    }
+    size_t bytes = 0;
+    moefuse_status st = bench_workspace_size(b, &bytes);
+    if (st != MOEFUSE_OK) {
+        report_failure(b->ctx, b->op->name, st);
+        return -1;
+    }
+    if (bytes > 0) {
+        const int64_t n = (int64_t)bytes;
+        void *p = bench_alloc(b, bytes);
+        if (!p)
+            return -1;
+        const moefuse_tensor ws = moefuse_tensor_dense(p, MOEFUSE_U8, 1, &n);
+        st = moefuse_set_workspace(b->ctx, &ws);
+        if (st != MOEFUSE_OK) {
+            report_failure(b->ctx, "set_workspace", st);
+            return -1;
+        }
+    }
+    const int timed =
+        ceiling->graph_times(b->ctx, bench_issue, b, batch, warmup, iters, times, how, how_size);
+    if (bytes > 0)
+        moefuse_set_workspace(b->ctx, NULL); /* its buffer goes before the context */
+    if (timed != 0) {
+        printf("graph: n/a (%s); the calls are timed back to back\n", how);
+        return 0;
+    }
+    return 1;
 }
 
 /*
@@ -770,7 +933,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *opname = NULL, *spec = NULL, *backend = NULL;
     moefuse_dtype dtype = MOEFUSE_BF16;
-    int64_t iters = -1, warmup = -1, batch = -1;
+    int64_t iters = -1, warmup = -1, batch = -1, graph = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (is_help(a)) {
@@ -804,6 +967,11 @@ int cmd_bench(int argc, char **argv)
         } else if (strcmp(a, "--warmup") == 0) {
             if (parse_i64("--warmup", v, &warmup) != 0)
                 return 2;
+        } else if (strcmp(a, "--graph") == 0) {
+            if (parse_i64("--graph", v, &graph) != 0 || graph > 1) {
+                fprintf(stderr, "moefuse bench: --graph must be 0 or 1\n");
+                return 2;
+            }
         } else {
             fprintf(stderr, "moefuse bench: unknown argument '%s' (see --help)\n", a);
             return 2;
@@ -861,7 +1029,14 @@ int cmd_bench(int argc, char **argv)
     int progress = 0;
     if (batch < 0)
         batch = strcmp(moefuse_backend_name(b.ctx), "cpu") == 0 ? 1 : 10;
-    for (int64_t i = -warmup; i < iters; i++) {
+    char how[256] = "";
+    const int graphed = graph ? bench_graph(&b, ceiling, batch, warmup, iters, times, how,
+                                            sizeof how)
+                              : 0;
+    if (graphed < 0)
+        goto done;
+    /* Runs of `batch` calls timed on the host, unless the graph's replays timed them. */
+    for (int64_t i = graphed ? iters : -warmup; i < iters; i++) {
         moefuse_synchronize(b.ctx);
         const double t0 = now_seconds();
         st = MOEFUSE_OK;
@@ -895,7 +1070,9 @@ int cmd_bench(int argc, char **argv)
     const double figure = work / med / 1e9;
     printf("time: %.4f ms median of %lld (min %.4f ms, max %.4f ms)", med * 1e3,
            (long long)iters, times[0] * 1e3, times[iters - 1] * 1e3);
-    if (batch > 1)
+    if (graphed)
+        printf(", per call of %s", how);
+    else if (batch > 1)
         printf(", per call of runs of %lld back-to-back calls", (long long)batch);
     printf("\n");
 
