@@ -95,6 +95,14 @@ typedef struct mf_moe_args {
     moefuse_quant_options act; /* a scales tensor of R rows pads them to round_up(R, 4): R is
                                   M (x) or M * k (h) routed, Tmax masked */
     bool masked;
+    /*
+     * FP8 steps only: this gate and the final that follows it are one whole layer's, run by the
+     * core on one workspace (the gate's scratch request is at least the final's, so a backend's
+     * own scratch is not regrown between them). A backend may keep what both steps share there
+     * (the CUDA backend's route) and skip what only the layer's final would read (h's rows of
+     * invalid slots); or ignore it.
+     */
+    bool layer;
 } mf_moe_args;
 
 /* -------------------------------------------------------------- workspace */

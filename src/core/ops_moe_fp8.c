@@ -273,6 +273,7 @@ static moefuse_status gate_then_final_fp8(moefuse_context *ctx, const char *op, 
                                 a->masked ? a->tokens : a->topk, a->inter_dim};
     a->h = moefuse_tensor_dense(NULL, MOEFUSE_F8_E4M3, 3, h_shape);
     a->h_scales = act_scales_tensor(a, lead, rows, a->inter_dim);
+    a->layer = true;
     const size_t h_bytes = dense_bytes(&a->h), s_bytes = dense_bytes(&a->h_scales);
     size_t gate_need, final_need;
     MF_TRY(mf_moe_step_workspace(ctx, be->moe_gate_fp8_workspace, a, measure, &gate_need));
