@@ -143,7 +143,7 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
     if (s->fp8_gemm < 0) {
         free(s);
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "cuda: MOEFUSE_CUDA_FP8=%.64s is neither portable nor wgmma",
+                        "cuda: MOEFUSE_CUDA_FP8=%.64s is none of portable, wgmma, decode",
                         getenv("MOEFUSE_CUDA_FP8"));
     }
     cudaError_t e = cudaSetDevice(s->device);

@@ -39,7 +39,8 @@ typedef struct cuda_state {
     /* one bit per GEMM kernel whose dynamic shared-memory limit this context has raised
      * (moe_mma.cu, moe_wgmma.cu, moe_ws.cu): per context, so threads with contexts of their own
      * share no mutable state, and a context is used by one thread at a time */
-    uint32_t mma_smem_raised, wgmma_smem_raised, ws_smem_raised;
+    uint32_t mma_smem_raised, wgmma_smem_raised, ws_smem_raised, dec_smem_raised;
+    int dec_max_clusters[2][9]; /* moe_fp8_decode.cu: resident clusters [final, gate][split] */
     uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
     float *act_tables;         /* act(g) of the bf16 gates, per activation (act_table.cuh) */
     size_t l2_bytes;
@@ -92,6 +93,13 @@ moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char
  */
 moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
                                void **out);
+
+/*
+ * Whether the next call's scratch starts with what this call left in it: the caller's
+ * workspace, or the context's own outside a graph capture (a captured call's scratch is its
+ * own, freed at its end). Both steps of a layer ask it the same way.
+ */
+int mf_cuda_scratch_kept(moefuse_context *ctx, const cuda_state *s);
 
 /*
  * End of every operation (the vtable wraps each): frees a captured call's

@@ -21,6 +21,16 @@ moefuse_status mf_cuda_launched(moefuse_context *ctx, const char *op, const char
                     kernel, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+int mf_cuda_scratch_kept(moefuse_context *ctx, const cuda_state *s)
+{
+    mf_region ws;
+    if (mf_caller_workspace(ctx, &ws))
+        return 1;
+    enum cudaStreamCaptureStatus capture;
+    return cudaStreamIsCapturing(s->stream, &capture) == cudaSuccess &&
+           capture == cudaStreamCaptureStatusNone;
+}
+
 moefuse_status mf_cuda_scratch(moefuse_context *ctx, cuda_state *s, size_t bytes, const char *op,
                                void **out)
 {

@@ -13,6 +13,7 @@
  * The kernel: fp8_gemm_for; the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
  */
 #include "cuda/moe_fp8.h"
+#include "cuda/moe_fp8_decode.h"
 #include "cuda/moe_fp8_ws.h"
 
 #include <limits.h>
@@ -28,6 +29,8 @@ extern "C" int mf_cuda_fp8_gemm_from_env(void)
         return FP8_GEMM_PORTABLE;
     if (strcmp(v, "wgmma") == 0)
         return FP8_GEMM_WGMMA;
+    if (strcmp(v, "decode") == 0)
+        return FP8_GEMM_DECODE;
     return -1;
 }
 
@@ -45,6 +48,28 @@ static int fp8_gemm_for(const cuda_state *s)
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+/*
+ * Whether a call runs the decode kernel (moe_fp8_decode.cu): few rows per expert, where a GEMM
+ * is a read of the weights. From the shapes and the device alone, so a layer's gate and final
+ * and its workspace query agree; MOEFUSE_CUDA_FP8=decode takes it wherever it can run.
+ */
+static int dec_for(const cuda_state *s, const mf_moe_args *a)
+{
+    if (s->fp8_gemm == FP8_GEMM_PORTABLE || s->fp8_gemm == FP8_GEMM_WGMMA ||
+        !moe_fp8_dec_usable(s))
+        return 0;
+    const int forced = s->fp8_gemm == FP8_GEMM_DECODE;
+    if (a->masked)
+        return forced || a->tokens <= 128;
+    const int64_t S = a->tokens * a->topk;
+    if (S <= DEC_DIRECT_S)
+        return S > 0;
+    if (a->experts > DEC_MAX_E)
+        return 0; /* the route kernel counts the experts in shared memory */
+    const int64_t busy = a->experts < S ? a->experts : S;
+    return forced || (a->tokens <= 64 && (S + busy - 1) / busy <= 16);
+}
+
 typedef struct fp8_plan {
     int gate, bm, quant_x, reduce;
     int wgmma;     /* the Hopper kernel, when the call's operands also suit it (ws_suits) */
@@ -57,6 +82,10 @@ typedef struct fp8_plan {
     size_t off_tok_valid, off_qscratch, off_xq, off_xs, off_y, bytes;
     size_t qscratch;
     mf_rows_args q; /* x's quantization (quant_x), data set at the call */
+    /* the decode kernel: its mode, split and grid, its tiles and the reduced final's counters */
+    int dec, dec_mode, dec_split, dec_clusters;
+    long long dec_tiles_bound;
+    size_t off_dec_ntiles, off_dec_tiles, off_dec_list, off_dec_arrivals;
 } fp8_plan;
 
 /* Reserve `n` (= a * b * c bytes) at *at; false on overflow. */
@@ -97,7 +126,7 @@ static int64_t a_rows(const mf_moe_args *a, const fp8_plan *pl)
     return pl->gate && !a->masked ? a->tokens : pl->rows;
 }
 
-static moefuse_status plan_fp8(moefuse_context *ctx, const cuda_state *s, const char *op,
+static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *op,
                                const mf_moe_args *a, int gate, fp8_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
@@ -121,6 +150,28 @@ static moefuse_status plan_fp8(moefuse_context *ctx, const cuda_state *s, const 
     pl->tiles_bound = pl->S / 8 + (E < pl->S ? E : pl->S);
     size_t at = 0;
     bool ok = true;
+    pl->dec = dec_for(s, a);
+    if (pl->dec) {
+        /* first, at the same offsets in the gate's and the final's scratch: a layer's final
+         * finds the gate's route and zeroed counters there (mf_moe_args.layer) */
+        const int64_t depth = gate ? K : a->inter_dim, nblk = (gate ? a->inter_dim : K) / FP8_BLOCK;
+        const int64_t busy = a->masked ? E : (E < pl->S ? E : pl->S);
+        pl->dec_mode = a->masked ? DEC_MASKED : pl->S <= DEC_DIRECT_S ? DEC_DIRECT : DEC_ROUTED;
+        pl->dec_tiles_bound = a->masked ? E * ((M + DEC_NS - 1) / DEC_NS)
+                              : pl->dec_mode == DEC_DIRECT ? busy
+                                                           : pl->S / DEC_NS + busy;
+        pl->dec_split = moe_fp8_dec_split(s, gate, busy, nblk, depth / FP8_BLOCK);
+        pl->dec_clusters =
+            moe_fp8_dec_clusters(s, gate, pl->dec_tiles_bound * nblk, pl->dec_split);
+        if (!a->masked)
+            ok = ok && reserve(&at, &pl->off_dec_arrivals, (size_t)M, (size_t)(K / FP8_BLOCK), 4);
+        if (pl->dec_mode == DEC_ROUTED) {
+            ok = ok && reserve(&at, &pl->off_dec_ntiles, 1, 4, 1);
+            ok = ok && reserve(&at, &pl->off_dec_tiles, (size_t)pl->dec_tiles_bound,
+                               sizeof(DecTile), 1);
+            ok = ok && reserve(&at, &pl->off_dec_list, (size_t)pl->S, 8, 1);
+        }
+    }
     if (!a->masked) {
         const size_t S = (size_t)pl->S;
         ok = ok && reserve(&at, &pl->off_count, (size_t)E, 8, 1);
@@ -184,6 +235,15 @@ static moefuse_status plan_fp8(moefuse_context *ctx, const cuda_state *s, const 
     if (!ok)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
     pl->bytes = at;
+    if (gate && a->layer && pl->dec) {
+        /* the layer's final must not regrow (and so lose) the scratch the gate leaves: ask
+         * for the most it can take, its reduced form */
+        mf_moe_args f = *a;
+        f.reduce = !a->masked;
+        fp8_plan fp;
+        MF_TRY(plan_fp8(ctx, s, op, &f, 0, &fp));
+        pl->bytes = pl->bytes > fp.bytes ? pl->bytes : fp.bytes;
+    }
     return MOEFUSE_OK;
 }
 
@@ -291,7 +351,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, v
                                                          const mf_moe_args *a, size_t *bytes)
 {
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, (const cuda_state *)state, "moe_gate_fp8", a, 1, &pl));
+    MF_TRY(plan_fp8(ctx, (cuda_state *)state, "moe_gate_fp8", a, 1, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -300,7 +360,7 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, 
                                                           const mf_moe_args *a, size_t *bytes)
 {
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, (const cuda_state *)state, "moe_final_fp8", a, 0, &pl));
+    MF_TRY(plan_fp8(ctx, (cuda_state *)state, "moe_final_fp8", a, 0, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -378,6 +438,189 @@ static moefuse_status launch_ws(moefuse_context *ctx, cuda_state *s, const char 
     return moe_fp8_ws_launch(ctx, s, op, pl->gate, g, &x);
 }
 
+/* Whether a layer's gate and final share the decode route (routed calls on kept scratch). */
+static bool dec_share(moefuse_context *ctx, const cuda_state *s, const mf_moe_args *a,
+                      const fp8_plan *pl)
+{
+    return a->layer && pl->dec && !a->masked && mf_cuda_scratch_kept(ctx, s);
+}
+
+/* What a decode launch takes from the plan. */
+static Fp8DecExtra dec_extra(const cuda_state *s, const fp8_plan *pl)
+{
+    Fp8DecExtra x;
+    memset(&x, 0, sizeof x);
+    x.mode = pl->dec_mode;
+    x.split = pl->dec_split;
+    x.clusters = pl->dec_clusters;
+    x.tiles_bound = pl->dec_tiles_bound;
+    x.pdl = x.trigger = s->pdl;
+    return x;
+}
+
+/* The route kernel of the routed decode mode, over the plan's buffers. */
+static Fp8DecRoute dec_route_args(const cuda_state *s, const mf_moe_args *a, const fp8_plan *pl,
+                                  char *scratch, const MoeRoute *rt)
+{
+    Fp8DecRoute r;
+    memset(&r, 0, sizeof r);
+    r.rt = *rt;
+    r.ntiles = (int *)(scratch + pl->off_dec_ntiles);
+    r.tiles = (DecTile *)(scratch + pl->off_dec_tiles);
+    r.list = (long long *)(scratch + pl->off_dec_list);
+    r.M = a->tokens;
+    r.K = a->model_dim;
+    r.pdl = s->pdl;
+    return r;
+}
+
+static void dec_tiles_from(Fp8DecExtra *x, const Fp8DecRoute *r)
+{
+    x->ntiles = r->ntiles;
+    x->tiles = r->tiles;
+    x->list = r->list;
+}
+
+/*
+ * The gate on the decode kernel. x of f32/f16/bf16 is quantized by the route kernel (routed)
+ * or in the kernel's prologue, block by block (direct, masked): no pass of its own.
+ */
+static moefuse_status gate_decode(moefuse_context *ctx, cuda_state *s, const char *op,
+                                  const mf_moe_args *a, const fp8_plan *pl, char *scratch,
+                                  bool share, Fp8Gemm *g)
+{
+    Fp8DecExtra x = dec_extra(s, pl);
+    const int ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+    /* a layer's final counts arrivals in counters the gate zeroes */
+    unsigned *arrivals = share ? (unsigned *)(scratch + pl->off_dec_arrivals) : NULL;
+    const long long arrivals_n = a->tokens * (a->model_dim / FP8_BLOCK);
+    if (pl->dec_mode == DEC_ROUTED) {
+        Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+        r.arrivals = arrivals;
+        r.arrivals_n = arrivals ? arrivals_n : 0;
+        if (pl->quant_x) {
+            r.x = mf_cuda_base(&a->x);
+            r.x_dt = (int)a->x.dtype;
+            r.x_s0 = a->x.stride[0];
+            r.xq = (uint8_t *)(scratch + pl->off_xq);
+            r.xs = (float *)(scratch + pl->off_xs);
+            r.q_eps = a->act.eps;
+            r.q_ue8m0 = ue8m0;
+            set_a(g, r.xq, a->model_dim, 0);
+            g->as.p = r.xs;
+            g->as.s0 = 0;
+            g->as.s1 = a->model_dim / FP8_BLOCK;
+            g->as.layout = MF_LAYOUT_ROW;
+            g->as.u8 = 0;
+        }
+        MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
+        dec_tiles_from(&x, &r);
+    } else {
+        x.zero_arrivals = arrivals;
+        x.zero_arrivals_n = arrivals ? arrivals_n : 0;
+    }
+    if (pl->dec_mode != DEC_ROUTED && pl->quant_x) {
+        x.x = mf_cuda_base(&a->x);
+        x.x_dt = (int)a->x.dtype;
+        x.q_eps = a->act.eps;
+        x.q_ue8m0 = ue8m0;
+        set_a(g, NULL, a->x.stride[0], a->masked ? a->x.stride[1] : 0); /* x's element offsets */
+    }
+    return moe_fp8_dec_launch(ctx, s, op, 1, g, &x);
+}
+
+/*
+ * The final on the decode kernel: reduced, y goes to f32 scratch and the last slot of each
+ * token to arrive sums the token's row (no pass of its own); the counters and the rows no tile
+ * writes are zeroed by the route kernel (routed), by the kernel's block 0 (direct rows) and a
+ * memset (direct counters: the blocks that count cannot also zero). In a layer whose scratch
+ * is kept (share), the gate routed and zeroed the counters: no kernel but the GEMM.
+ */
+static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const char *op,
+                                   const mf_moe_args *a, const fp8_plan *pl, char *scratch,
+                                   bool share, Fp8Gemm *g)
+{
+    Fp8DecExtra x = dec_extra(s, pl);
+    MoeZero zs, zt;
+    memset(&zs, 0, sizeof zs);
+    memset(&zt, 0, sizeof zt);
+    const long long nblk = g->nblk;
+    if (pl->reduce) {
+        x.arrivals = (unsigned *)(scratch + pl->off_dec_arrivals);
+        x.tw = (const float *)mf_cuda_base(&a->topk_weights);
+        x.tw_s0 = a->topk_weights.stride[0];
+        x.rout = mf_cuda_base(&a->out);
+        x.rout_s0 = a->out.stride[0];
+        x.rout_dt = (int)a->out.dtype;
+        zt.p = x.rout;
+        zt.s0 = x.rout_s0;
+        zt.width = a->model_dim;
+        zt.dt = x.rout_dt;
+    } else if (!a->masked) {
+        zs.p = mf_cuda_base(&a->out);
+        zs.s0 = a->out.stride[0];
+        zs.s1 = a->out.stride[1];
+        zs.width = a->model_dim;
+        zs.dt = (int)a->out.dtype;
+    }
+    if (share) {
+        /* a layer's gate listed the tiles and zeroed the counters; block 0 zeroes the rows */
+        Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+        dec_tiles_from(&x, &r);
+        x.zero_slot = zs;
+        x.zero_tok = zt;
+    } else if (pl->dec_mode == DEC_ROUTED) {
+        Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+        r.arrivals = x.arrivals;
+        r.arrivals_n = x.arrivals ? a->tokens * nblk : 0;
+        r.zero_slot = zs;
+        r.zero_tok = zt;
+        MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
+        dec_tiles_from(&x, &r);
+    } else if (pl->dec_mode == DEC_DIRECT) {
+        x.zero_slot = zs;
+        x.zero_tok = zt;
+        if (x.arrivals) {
+            cudaError_t e = cudaMemsetAsync(x.arrivals, 0, (size_t)(a->tokens * nblk) * 4,
+                                            s->stream);
+            if (e != cudaSuccess)
+                return mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(arrivals)");
+        }
+    }
+    return moe_fp8_dec_launch(ctx, s, op, 0, g, &x);
+}
+
+/* The gate's epilogue: the h rows, their scales in the act layout, the activation. */
+static void gate_h_out(const mf_moe_args *a, Fp8Gemm *g)
+{
+    const int64_t I = a->inter_dim;
+    g->a_scale_slot = 0; /* routed: x's scale rows are tokens */
+    g->gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
+    g->up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    g->epi = FP8_EPI_GATE;
+    g->h.q = (uint8_t *)mf_cuda_base(&a->h);
+    g->h.sc = act_view(&a->h_scales, a);
+    g->h.groups = I / FP8_BLOCK;
+    g->h.eps = a->act.eps;
+    g->h.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+    g->o_s0 = a->h.stride[0];
+    g->o_s1 = a->h.stride[1];
+}
+
+/* What no gate tile writes: invalid slots, and the scale padding rows of the column-major and
+ * packed layouts; nothing in a layer, whose final reads neither. */
+static moefuse_status gate_fill(moefuse_context *ctx, cuda_state *s, const char *op,
+                                const mf_moe_args *a, const fp8_plan *pl, const MoeRoute *rt,
+                                const Fp8Gemm *g)
+{
+    if (a->layer)
+        return MOEFUSE_OK;
+    const int64_t padded = a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR
+                               ? pl->rows
+                               : (pl->rows + 3) / 4 * 4;
+    return fp8_launch_gate_fill(ctx, s, op, rt, &a->h, &g->h, pl->rows, padded, pl->blocks);
+}
+
 extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state,
                                                const mf_moe_args *a)
 {
@@ -387,12 +630,23 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
     MF_TRY(plan_fp8(ctx, s, op, a, 1, &pl));
     if (!a->masked && pl.S == 0)
         return MOEFUSE_OK; /* h has no rows */
+    const int64_t K = a->model_dim, I = a->inter_dim;
+    if (pl.dec)
+        MF_TRY(moe_fp8_dec_launch(ctx, s, op, 1, NULL, NULL)); /* refusals before any write */
     char *scratch;
     MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
     MoeRouteBufs b;
     const MoeRoute rt = route_view(a, &pl, scratch, &b);
-    const int64_t K = a->model_dim, I = a->inter_dim;
     Fp8Gemm g = common_params(a, &pl, &rt, &a->w1, &a->w1_scales, &a->b1, K, I);
+    if (pl.dec) {
+        set_a(&g, (const uint8_t *)mf_cuda_base(&a->x), a->x.stride[0],
+              a->masked ? a->x.stride[1] : 0);
+        if (a->x.dtype == MOEFUSE_F8_E4M3)
+            g.as = act_view(&a->x_scales, a);
+        gate_h_out(a, &g);
+        MF_TRY(gate_decode(ctx, s, op, a, &pl, scratch, dec_share(ctx, s, a, &pl), &g));
+        return gate_fill(ctx, s, op, a, &pl, &rt, &g);
+    }
     if (pl.quant_x) {
         mf_rows_args q = pl.q;
         q.out.data = scratch + pl.off_xq;
@@ -412,17 +666,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
               a->masked ? a->x.stride[1] : 0);
         g.as = act_view(&a->x_scales, a);
     }
-    g.a_scale_slot = 0; /* routed: x's scale rows are tokens */
-    g.gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
-    g.up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
-    g.epi = FP8_EPI_GATE;
-    g.h.q = (uint8_t *)mf_cuda_base(&a->h);
-    g.h.sc = act_view(&a->h_scales, a);
-    g.h.groups = I / FP8_BLOCK;
-    g.h.eps = a->act.eps;
-    g.h.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
-    g.o_s0 = a->h.stride[0];
-    g.o_s1 = a->h.stride[1];
+    gate_h_out(a, &g);
     const bool ws = ws_suits(s, &pl, &g);
     if (!a->masked) {
         const MoeZero none = {NULL, 0, 0, 0, 0}; /* the fill below zeroes h's invalid rows */
@@ -432,11 +676,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
         MF_TRY(launch_ws(ctx, s, op, a, &pl, scratch, &g));
     else
         MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 1, &g));
-    /* invalid slots, and the scale padding rows of the column-major and packed layouts */
-    const int64_t padded = a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR
-                               ? pl.rows
-                               : (pl.rows + 3) / 4 * 4;
-    return fp8_launch_gate_fill(ctx, s, op, &rt, &a->h, &g.h, pl.rows, padded, pl.blocks);
+    return gate_fill(ctx, s, op, a, &pl, &rt, &g);
 }
 
 extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *state,
@@ -456,6 +696,8 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
                                           (size_t)K * es, (size_t)a->tokens, s->stream);
         return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, op, "cudaMemset2DAsync(out)");
     }
+    if (pl.dec)
+        MF_TRY(moe_fp8_dec_launch(ctx, s, op, 0, NULL, NULL)); /* refusals before any write */
     char *scratch;
     MF_TRY(take_scratch(ctx, s, op, &pl, &scratch));
     MoeRouteBufs b;
@@ -477,6 +719,8 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
         g.o_s1 = a->out.stride[1];
         g.out_dt = (int)a->out.dtype;
     }
+    if (pl.dec)
+        return final_decode(ctx, s, op, a, &pl, scratch, dec_share(ctx, s, a, &pl), &g);
     const bool ws = ws_suits(s, &pl, &g);
     if (!a->masked) {
         const MoeZero none = {NULL, 0, 0, 0, 0};

@@ -10,9 +10,10 @@
 
 /* FP8 GEMM kernels; s->fp8_gemm holds the one MOEFUSE_CUDA_FP8 forces, or FP8_GEMM_AUTO. */
 enum fp8_gemm_kind {
-    FP8_GEMM_AUTO = 0,     /* by device: wgmma on sm_90a once it exists, else portable */
+    FP8_GEMM_AUTO = 0,     /* by device and shape: decode or wgmma on sm_90a, else portable */
     FP8_GEMM_PORTABLE = 1, /* moe_fp8_portable.cu: exact, any sm_80+ */
-    FP8_GEMM_WGMMA = 2     /* the Hopper kernel (not written yet: runs the portable one) */
+    FP8_GEMM_WGMMA = 2,    /* the Hopper kernel (moe_fp8_ws.cu) */
+    FP8_GEMM_DECODE = 3    /* the decode kernel (moe_fp8_decode.cu) wherever it can run */
 };
 
 /* One GEMM on the portable kernel: tiles of bm rows (8 or 32; the final also 64), gate or

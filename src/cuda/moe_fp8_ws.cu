@@ -559,9 +559,8 @@ typedef CUresult (*f8_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* The weights as a 3-D byte tensor map [E, rows, depth], boxes of 64 rows x 128 bytes; with
- * map NULL only whether the driver would take it. */
-static int encode_weights(const cuda_state *s, const Fp8Gemm *g, int gate, CUtensorMap *map)
+int moe_fp8_weights_map(const cuda_state *s, const Fp8Gemm *g, int gate, unsigned box_rows,
+                        CUtensorMap *map)
 {
     const int64_t rows = gate ? 2 * g->ncols : g->ncols;
     if (!s->tensor_map_encode || !g->vec_w || g->depth >= INT_MAX - 256 ||
@@ -570,7 +569,7 @@ static int encode_weights(const cuda_state *s, const Fp8Gemm *g, int gate, CUten
     CUtensorMap scratch_map;
     const cuuint64_t dims[3] = {(cuuint64_t)g->depth, (cuuint64_t)rows, (cuuint64_t)g->rt.E};
     const cuuint64_t strides[2] = {(cuuint64_t)g->w_s1, (cuuint64_t)g->w_s0};
-    const cuuint32_t box[3] = {F8_BK, F8_BOX_ROWS, 1}, estride[3] = {1, 1, 1};
+    const cuuint32_t box[3] = {F8_BK, box_rows, 1}, estride[3] = {1, 1, 1};
     f8_encode_fn encode = (f8_encode_fn)s->tensor_map_encode;
     return encode(map ? map : &scratch_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)g->w, dims,
                   strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -586,7 +585,7 @@ int moe_fp8_ws_usable(const cuda_state *s)
 
 int moe_fp8_ws_weights_ok(const cuda_state *s, const Fp8Gemm *g, int gate)
 {
-    return encode_weights(s, g, gate, NULL);
+    return moe_fp8_weights_map(s, g, gate, F8_BOX_ROWS, NULL);
 }
 
 template <bool GATE>
@@ -601,7 +600,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
         return MOEFUSE_OK;
     F8Params P;
     memset(&P, 0, sizeof P);
-    if (!encode_weights(s, g, GATE, &P.map_w))
+    if (!moe_fp8_weights_map(s, g, GATE, F8_BOX_ROWS, &P.map_w))
         return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
                         "%s: internal error: the driver refused the FP8 weights' tensor map "
                         "after accepting them",

@@ -8,6 +8,8 @@
 
 #include "cuda/fp8.cuh"
 
+#include <cuda.h>
+
 #define F8_BM 128 /* rows (slots) of a tile: the route's tile height on this path */
 #define F8_BK 128 /* depth of a stage: one scale block, 128 bytes of every row */
 
@@ -33,6 +35,13 @@ typedef struct Fp8WsExtra {
 
 /* The kernel is built (sm_90a) and this device and driver can run it. */
 int moe_fp8_ws_usable(const cuda_state *s);
+/*
+ * The weights of g as a 3-D byte tensor map [E, rows, depth] in boxes of box_rows rows x 128
+ * bytes, swizzled by 128 bytes (16-byte chunk c of row r at c ^ (r % 8)); with map NULL only
+ * whether the driver would take it (it cannot without 16-byte aligned rows).
+ */
+int moe_fp8_weights_map(const cuda_state *s, const Fp8Gemm *g, int gate, unsigned box_rows,
+                        CUtensorMap *map);
 /* The weights of g as a TMA tensor map: 0 when the driver cannot describe them. */
 int moe_fp8_ws_weights_ok(const cuda_state *s, const Fp8Gemm *g, int gate);
 /* Launch one GEMM (g->epi says which); with g NULL only make the kernel ready. */

@@ -1,0 +1,921 @@
+/*
+ * The FP8 decode GEMM of the MoE layer (sm_90a): a few rows per expert, so the time is one
+ * read of the routed experts' weights, and the kernel is a weight stream.
+ *
+ * Tile: up to DEC_NS rows (slots) of one expert x 128 h columns (gate: its 128 gate and 128
+ * up weight rows, one h group) or 128 output columns (final). Roles (288 threads):
+ *  - producer, warp 8: the tile's weight rows by tensor copies (TMA, boxes of 128 rows x 128
+ *    bytes, the 128-deep block of the scales, swizzled by 128 bytes; rows no tensor map can
+ *    describe through registers) into a ring of stages, each completing on an mbarrier; beside them the tile's activation rows of the block (codes, or x of
+ *    f32/f16/bf16 quantized there as `quant` does: the gate's prologue), their group scales
+ *    and the weight blocks' scales.
+ *  - consumers, warps 0..7: warp w takes weight rows [16 w, 16 w + 16) of each half: mma.sync
+ *    m16n8k32 e4m3 with the weights as the 16-row operand and up to four n8 columns of
+ *    slots, four k32 steps per block from 0, then main = fmaf(block, sa * sw, main).
+ * A thread reads the 32 bytes [32 t, 32 t + 32) of its rows (t = lane % 4): conflict-free
+ * 16-byte shared loads (the weights swizzled, the activation rows 144 bytes apart). Its k32
+ * step s takes bytes 8 s .. 8 s + 7 of those, the same k positions of the weights and of the
+ * activations, so every product is one of the block's.
+ *
+ * Split depth: a tile's blocks are shared by a cluster of `split` blocks, rank r taking
+ * consecutive blocks from r * ceil(nkb / split), each share summed from 0; rank 0 adds the
+ * others' sums in rank order from their shared memory and runs the epilogue. Persistent: the
+ * clusters walk the (tile, column block) items with a stride of the cluster count.
+ *
+ * Epilogues: gate: bias, clamp, activation, the group's amax over the 128 h columns of a
+ * slot, the scale, the codes (fp8.cuh, as every FP8 path); final: bias and y, stored (un-
+ * reduced, masked), or y in f32 and, by the last slot of a token to arrive at a column block,
+ * the token's top-k sum in slot order (fp8_reduce_topk's arithmetic).
+ */
+#include "cuda/moe_fp8_decode.h"
+#include "cuda/moe_fp8_ws.h" /* the weights' tensor map */
+#include "cuda/hopper.cuh"
+#include "cuda/moe_math.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/wgmma.cuh" /* MOE_WGMMA_DEVICE: sm_90a device code */
+
+#include <string.h>
+
+#define DEC_PITCH 144 /* shared bytes between activation rows: conflict-free 16-byte reads */
+#define DEC_THREADS 288
+#define DEC_CONSUMER_THREADS 256
+#define DEC_PRODUCER 8 /* the producer's warp */
+#define DEC_BAR_CONSUMERS 1
+#define DEC_HPITCH 132 /* floats between the slots' rows of h in the gate's epilogue */
+#define DEC_BOX_ROWS 128 /* weight rows of one tensor copy */
+
+template <int GATE> struct DecCfg {
+    static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
+    static constexpr int FRAGS = GATE ? 2 : 1;    /* m16 operands of a consumer warp */
+    /* the gate's epilogue needs ~170 registers: one block per multiprocessor and a deeper
+     * ring; the final fits two blocks (96 registers) */
+    static constexpr int MINB = GATE ? 1 : 2;
+    static constexpr int STAGES = GATE ? 5 : 4;
+    /* weight rows of 128 bytes, swizzled (chunk c of row r at c ^ (r % 8)): 1024-aligned */
+    static constexpr int W_BYTES = ROWS * FP8_BLOCK;
+    static constexpr int SA_OFF = W_BYTES + DEC_NS * DEC_PITCH; /* activations' scales */
+    static constexpr int SW_OFF = SA_OFF + DEC_NS * 4;          /* weight blocks' scales */
+    static constexpr int STAGE = (SW_OFF + 8 + 1023) / 1024 * 1024;
+    /* beside the ring (the producer runs ahead into it): the partial sums a split tile's
+     * ranks hand to rank 0, and the gate's h of the tile in its epilogue */
+    static constexpr int PART = FRAGS * 4 * DEC_CONSUMER_THREADS * 16;
+    static constexpr int HBUF = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
+    static constexpr int RED_OFF = STAGES * STAGE;
+    static constexpr int SMEM = RED_OFF + (PART > HBUF ? PART : HBUF) + 1024; /* + alignment */
+};
+
+typedef struct DecParams {
+    CUtensorMap map_w; /* the weights in boxes of 128 rows (x.w_map), else read by the warp */
+    Fp8Gemm g;
+    Fp8DecExtra x;
+} DecParams;
+
+/* The current tile, as the producer found it. */
+struct DecTileSmem {
+    long long arow[DEC_NS]; /* element offset of the row's activations (codes, or x) */
+    long long srow[DEC_NS]; /* the row's scale row (x: token, h: slot; masked: t) */
+    long long orow[DEC_NS]; /* element offset of its output row */
+    long long hrow[DEC_NS]; /* gate: its h scale row (slot; masked: t) */
+    long long tok[DEC_NS];  /* reduced final: its token */
+    long long e, blk;       /* local expert; expert block of the scale views (masked: e) */
+    int count;              /* rows, 0: no tile */
+    int last[DEC_NS];       /* reduced final: this block sums the token of row i */
+};
+
+/* The direct mode's tiles: distinct valid experts of the S slots in order of appearance. */
+struct DecDirect {
+    int e[32];
+    unsigned mask[32]; /* their slots */
+    int n;
+};
+
+#ifdef MOE_WGMMA_DEVICE /* the GEMM's pieces exist in sm_90a device code only */
+/* ---------------------------------------------------------- primitives */
+
+static __device__ __forceinline__ uint32_t dec_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* The barrier's current phase also waits for `bytes` of transactions. */
+static __device__ __forceinline__ void dec_expect_tx(uint32_t bar, unsigned bytes)
+{
+    HP_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+           : "memory");
+}
+
+/* One arrival on an mbarrier of another block of the cluster (an address from
+ * hp_cluster_map), releasing this thread's (and what it has seen of its block's) writes. */
+static __device__ __forceinline__ void dec_arrive_remote(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
+                 : "memory");
+}
+
+/* Wait for a phase of this block's mbarrier that other blocks of the cluster complete. */
+static __device__ __forceinline__ void dec_wait_cluster(uint32_t bar, unsigned parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+static __device__ __forceinline__ void dec_bar_consumers(void)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"n"(DEC_BAR_CONSUMERS), "n"(DEC_CONSUMER_THREADS)
+                 : "memory");
+}
+
+/* d += A (16 x 32 weights) * B (32 x 8 slots), e4m3 operands, f32 accumulators. */
+static __device__ __forceinline__ void dec_mma(float (&d)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+#ifdef MOE_WGMMA_DEVICE
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+#endif
+}
+
+/* 16 codes at src: one 16-byte load when aligned, else bytes. */
+static __device__ __forceinline__ uint4 dec_load16(const uint8_t *src)
+{
+    if (((uintptr_t)src & 15u) == 0)
+        return __ldg((const uint4 *)src);
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w[q] = (uint32_t)__ldg(src + 4 * q) | ((uint32_t)__ldg(src + 4 * q + 1) << 8) |
+               ((uint32_t)__ldg(src + 4 * q + 2) << 16) | ((uint32_t)__ldg(src + 4 * q + 3) << 24);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+#endif /* MOE_WGMMA_DEVICE */
+
+/* ------------------------------------------------------------- zeroing */
+
+/* Rows no tile writes: un-reduced outputs of invalid slots, reduced rows of tokens without a
+ * valid slot, and counters; threads tid of n of one block. */
+static __device__ void dec_zero(const MoeRoute &rt, long long M, const MoeZero &zs,
+                                const MoeZero &zt, unsigned *cnt, long long cnt_n, int tid,
+                                int n)
+{
+    for (long long i = tid; i < cnt_n; i += n)
+        cnt[i] = 0u;
+    if (zs.p)
+        for (long long s = 0; s < rt.S; s++) {
+            const long long m = s / rt.topk, j = s - m * rt.topk;
+            if (moe_slot_expert(rt, m, j) >= 0)
+                continue;
+            for (long long c = tid; c < zs.width; c += n)
+                mfm_store(zs.p, zs.dt, m * zs.s0 + j * zs.s1 + c, 0.0f);
+        }
+    if (zt.p)
+        for (long long m = 0; m < M; m++) {
+            bool any = false;
+            for (long long j = 0; j < rt.topk && !any; j++)
+                any = moe_slot_expert(rt, m, j) >= 0;
+            if (any)
+                continue;
+            for (long long c = tid; c < zt.width; c += n)
+                mfm_store(zt.p, zt.dt, m * zt.s0 + c, 0.0f);
+        }
+}
+
+/* ------------------------------------------------------------ x, quantized */
+
+/*
+ * The 128 values of one row's block b of x as e4m3 codes at dst and its scale, exactly as
+ * `quant` forms them (fp8.cuh); a warp, four values a lane.
+ */
+static __device__ __forceinline__ float dec_quant_block(const void *x, int dt, long long at,
+                                                        float eps, int ue8m0, uint8_t *dst,
+                                                        int lane)
+{
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        v[q] = mfm_load(x, dt, at + 4 * lane + q);
+        const float a = fabsf(v[q]);
+        amax = (mf_is_finite(v[q]) && a > amax) ? a : amax;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    uint32_t ue;
+    const float s = fp8_group_scale(amax, eps, ue8m0, &ue);
+    uint32_t w = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w |= fp8_code(v[q], s) << (8 * q);
+    *(uint32_t *)(dst + 4 * lane) = w;
+    return s;
+}
+
+#ifdef MOE_WGMMA_DEVICE
+/* ------------------------------------------------------------- the tile */
+
+/* Row i of the tile is slot s (routed, direct) or row t (masked) of expert e. */
+static __device__ __forceinline__ void dec_row(const Fp8Gemm &g, DecTileSmem &ts, int i,
+                                               long long s, long long e, int masked)
+{
+    if (masked) {
+        ts.arow[i] = e * g.a_s0 + s * g.a_s1;
+        ts.srow[i] = s;
+        ts.orow[i] = e * g.o_s0 + s * g.o_s1;
+        ts.hrow[i] = s;
+        ts.tok[i] = s;
+        return;
+    }
+    const long long m = s / g.rt.topk, j = s - m * g.rt.topk;
+    ts.arow[i] = m * g.a_s0 + j * g.a_s1;
+    ts.srow[i] = g.a_scale_slot ? s : m;
+    ts.orow[i] = m * g.o_s0 + j * g.o_s1;
+    ts.hrow[i] = s;
+    ts.tok[i] = m;
+}
+
+/* The producer warp finds tile ti: its expert and rows into ts (count 0: none). */
+static __device__ void dec_fetch_tile(const Fp8Gemm &g, const Fp8DecExtra &x,
+                                      const DecDirect &dd, long long ti, DecTileSmem &ts,
+                                      int lane)
+{
+    if (x.mode == DEC_DIRECT) {
+        const unsigned mask = dd.mask[ti];
+        if ((mask >> lane) & 1u)
+            dec_row(g, ts, __popc(mask & ((1u << lane) - 1u)), lane, dd.e[ti], 0);
+        if (lane == 0) {
+            ts.e = dd.e[ti];
+            ts.blk = 0;
+            ts.count = __popc(mask);
+        }
+    } else if (x.mode == DEC_ROUTED) {
+        /* past L1: the route kernel wrote it while this grid may already have run (PDL) */
+        const longlong2 t = __ldcg((const longlong2 *)(x.tiles + ti));
+        const int e = (int)(t.y & 0xFFFFFFFFll), count = (int)(t.y >> 32);
+        if (lane < count)
+            dec_row(g, ts, lane, __ldcg(x.list + t.x + lane), e, 0);
+        if (lane == 0) {
+            ts.e = e;
+            ts.blk = 0;
+            ts.count = count;
+        }
+    } else {
+        const long long chunks = (g.tmax + DEC_NS - 1) / DEC_NS;
+        const long long e = ti / chunks, t0 = (ti - e * chunks) * DEC_NS;
+        const long long n = fp8_masked_rows(g, e) - t0;
+        const int count = n <= 0 ? 0 : (n < DEC_NS ? (int)n : DEC_NS);
+        if (lane < count)
+            dec_row(g, ts, lane, t0 + lane, e, 1);
+        if (lane == 0) {
+            ts.e = e;
+            ts.blk = e;
+            ts.count = count;
+        }
+    }
+}
+
+/* ------------------------------------------------------------- producer */
+
+/* Stage of depth block b: the weight rows by bulk copies, the activations, the scales. */
+template <int GATE>
+static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const Fp8Gemm &g,
+                                                   const Fp8DecExtra &x, const DecTileSmem &ts,
+                                                   char *stage, uint32_t full, long long nb,
+                                                   long long b, int lane)
+{
+    using C = DecCfg<GATE>;
+    const long long e = ts.e;
+    const int count = ts.count;
+    if (x.w_map) {
+        /* one tensor copy per 128 rows: small bulk copies (one per row) are issued far
+         * slower than DRAM delivers them */
+        if (lane == 0) {
+            dec_expect_tx(full, C::ROWS * FP8_BLOCK);
+#pragma unroll
+            for (int f = 0; f < C::FRAGS; f++)
+                hp_tma_load_3d(dec_smem(stage + f * DEC_BOX_ROWS * FP8_BLOCK), map, full,
+                               (int)(b * FP8_BLOCK),
+                               (int)((GATE ? (f == 0 ? g.gate_row : g.up_row) : 0) + nb * 128),
+                               (int)e);
+        }
+    } else { /* rows no tensor map describes: through registers, swizzled as TMA would */
+        const uint8_t *wb = g.w + e * g.w_s0 + b * FP8_BLOCK;
+        for (int r = lane; r < C::ROWS; r += 32) {
+            const long long wr =
+                GATE ? (r < 128 ? g.gate_row : g.up_row) + nb * 128 + (r & 127) : nb * 128 + r;
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                *(uint4 *)(stage + r * FP8_BLOCK + ((q ^ (r & 7)) * 16)) =
+                    dec_load16(wb + wr * g.w_s1 + 16 * q);
+        }
+    }
+    uint8_t *act = (uint8_t *)stage + C::W_BYTES;
+    float *sa = (float *)(stage + C::SA_OFF);
+    if (GATE && x.x) {
+        for (int i = 0; i < count; i++) {
+            const float s = dec_quant_block(x.x, x.x_dt, ts.arow[i] + b * FP8_BLOCK, x.q_eps,
+                                            x.q_ue8m0, act + i * DEC_PITCH, lane);
+            if (lane == 0)
+                sa[i] = s;
+        }
+        for (int i = count; i < DEC_NS; i++)
+            *(uint32_t *)(act + i * DEC_PITCH + 4 * lane) = 0u;
+        if (lane >= count)
+            sa[lane] = 0.0f;
+    } else {
+        uint4 v[8];
+        const uint8_t *src = g.a + ts.arow[lane < count ? lane : 0] + b * FP8_BLOCK;
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            v[q] = lane < count ? dec_load16(src + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            *(uint4 *)(act + lane * DEC_PITCH + 16 * q) = v[q];
+        sa[lane] = lane < count ? fp8_act_scale(g.as, ts.blk, ts.srow[lane], b) : 0.0f;
+    }
+    if (lane < C::FRAGS) {
+        const long long rb = GATE ? (lane == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
+        ((float *)(stage + C::SW_OFF))[lane] = fp8_w_scale(g.ws, e, rb, b);
+    }
+    __syncwarp();
+    if (lane == 0)
+        hp_mbar_arrive(full); /* with the activations stored; the weights' bytes complete it */
+}
+
+/* ------------------------------------------------------------- consumers */
+
+/*
+ * One stage into acc[f][nt] (f: gate / up half, nt: n8 column of slots). The weight fragments
+ * are read from shared memory again for each column: registers, not shared bandwidth, bound
+ * two blocks per multiprocessor.
+ */
+template <int GATE>
+static __device__ __forceinline__ void dec_consume(const char *stage, int ncols, int warp,
+                                                   int lane, float (&acc)[2][4][4])
+{
+    using C = DecCfg<GATE>;
+    const int g = lane >> 2, t = lane & 3;
+    const float *sa = (const float *)(stage + C::SA_OFF);
+    const float *sw = (const float *)(stage + C::SW_OFF);
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        if (nt >= ncols)
+            break;
+        const char *arow = stage + C::W_BYTES + (nt * 8 + g) * DEC_PITCH + 32 * t;
+        const uint4 x0 = *(const uint4 *)arow, x1 = *(const uint4 *)(arow + 16);
+        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const float sa0 = sa[nt * 8 + 2 * t], sa1 = sa[nt * 8 + 2 * t + 1];
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++) {
+            /* rows 16 w + g and + 8 (both g modulo 8): chunks 2 t and 2 t + 1, swizzled */
+            const char *row = stage + (f * 128 + warp * 16 + g) * FP8_BLOCK;
+            const int c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
+            const uint4 a0 = *(const uint4 *)(row + c0), a1 = *(const uint4 *)(row + c1);
+            const uint4 b0 = *(const uint4 *)(row + 8 * FP8_BLOCK + c0),
+                        b1 = *(const uint4 *)(row + 8 * FP8_BLOCK + c1);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            dec_mma(d, a0.x, b0.x, a0.y, b0.y, xb[0], xb[1]);
+            dec_mma(d, a0.z, b0.z, a0.w, b0.w, xb[2], xb[3]);
+            dec_mma(d, a1.x, b1.x, a1.y, b1.y, xb[4], xb[5]);
+            dec_mma(d, a1.z, b1.z, a1.w, b1.w, xb[6], xb[7]);
+            const float s0 = fp8_scale_mul(sa0, sw[f]), s1 = fp8_scale_mul(sa1, sw[f]);
+            acc[f][nt][0] = fp8_fma(d[0], s0, acc[f][nt][0]);
+            acc[f][nt][1] = fp8_fma(d[1], s1, acc[f][nt][1]);
+            acc[f][nt][2] = fp8_fma(d[2], s0, acc[f][nt][2]);
+            acc[f][nt][3] = fp8_fma(d[3], s1, acc[f][nt][3]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------- epilogues */
+
+/*
+ * Gate: the tile's gate and up sums into shared memory (so that the activation's code runs
+ * with none of the accumulators live), then h in place of the gate sums, then a warp per slot
+ * quantizes its group.
+ */
+static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                         long long nb, char *smem,
+                                                         const float (&acc)[2][4][4], int warp,
+                                                         int lane)
+{
+    float *hs = (float *)smem, *us = hs + DEC_NS * DEC_HPITCH;
+    const int gi = lane >> 2, t = lane & 3;
+    dec_bar_consumers(); /* the previous tile's h is read */
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int slot = nt * 8 + 2 * t + (v & 1), hc = warp * 16 + gi + 8 * (v >> 1);
+            hs[slot * DEC_HPITCH + hc] = acc[0][nt][v];
+            us[slot * DEC_HPITCH + hc] = acc[1][nt][v];
+        }
+    dec_bar_consumers();
+    const long long e = ts.e;
+    for (int i = warp * 32 + lane; i < ts.count * 128; i += DEC_CONSUMER_THREADS) {
+        const int slot = i >> 7, hc = i & 127;
+        float gv = hs[slot * DEC_HPITCH + hc], uv = us[slot * DEC_HPITCH + hc];
+        if (g.bias) {
+            const long long c = nb * FP8_BLOCK + hc;
+            gv = fp8_add(gv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.gate_row + c));
+            uv = fp8_add(uv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.up_row + c));
+        }
+        hs[slot * DEC_HPITCH + hc] = mfm_gated(g.act, g.limit, gv, uv);
+    }
+    dec_bar_consumers();
+    for (int i = warp; i < ts.count; i += 8) {
+        const float4 h4 = *(const float4 *)(hs + i * DEC_HPITCH + 4 * lane);
+        const float hv[4] = {h4.x, h4.y, h4.z, h4.w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float a = fabsf(hv[q]);
+            amax = (mf_is_finite(hv[q]) && a > amax) ? a : amax;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+        uint32_t ue;
+        const float s = fp8_group_scale(amax, g.h.eps, g.h.ue8m0, &ue);
+        uint32_t w = 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            w |= fp8_code(hv[q], s) << (8 * q);
+        uint8_t *dst = g.h.q + ts.orow[i] + nb * FP8_BLOCK + 4 * lane;
+        if (((uintptr_t)dst & 3u) == 0)
+            *(uint32_t *)dst = w;
+        else
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                dst[q] = (uint8_t)(w >> (8 * q));
+        if (lane == 0) {
+            fp8_put_scale(g.h, ts.blk, ts.hrow[i], nb, s, ue);
+            if (nb == g.nblk - 1)
+                fp8_put_scale_tail(g.h, ts.blk, ts.hrow[i]);
+        }
+    }
+}
+
+/* Final: y (+ bias) of the tile's slots; reduced, the top-k sums this block is last for. */
+static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, const Fp8DecExtra &x,
+                                          DecTileSmem &ts, long long nb,
+                                          const float (&acc)[2][4][4], int warp, int lane)
+{
+    const int gi = lane >> 2, t = lane & 3, tid = warp * 32 + lane;
+    const long long e = ts.e;
+    dec_bar_consumers(); /* the previous tile's sums are made */
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int slot = nt * 8 + 2 * t + (v & 1);
+            if (slot >= ts.count)
+                continue;
+            const long long c = nb * FP8_BLOCK + warp * 16 + gi + 8 * (v >> 1);
+            float y = acc[0][nt][v];
+            if (g.bias)
+                y = fp8_add(y, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + c));
+            if (g.epi == FP8_EPI_Y_F32)
+                ((float *)g.out)[ts.orow[slot] + c] = y;
+            else
+                mfm_store(g.out, g.out_dt, ts.orow[slot] + c, y);
+        }
+    if (!x.arrivals)
+        return;
+    /* the last of a token's valid slots to arrive at this column block sums them */
+    __threadfence();
+    dec_bar_consumers();
+    if (tid < ts.count) {
+        const long long m = ts.tok[tid];
+        int valid = 0;
+        for (long long j = 0; j < g.rt.topk; j++)
+            valid += moe_slot_expert(g.rt, m, j) >= 0;
+        const unsigned old = atomicAdd(x.arrivals + m * g.nblk + nb, 1u);
+        ts.last[tid] = old + 1u == (unsigned)valid;
+        __threadfence();
+    }
+    dec_bar_consumers();
+    const long long K = g.ncols, k = g.rt.topk;
+    for (int i = warp; i < ts.count; i += 8) {
+        if (!ts.last[i])
+            continue;
+        const long long m = ts.tok[i];
+        for (long long c = nb * FP8_BLOCK + lane; c < (nb + 1) * FP8_BLOCK; c += 32) {
+            float sum = 0.0f;
+            for (long long j = 0; j < k; j++) {
+                if (moe_slot_expert(g.rt, m, j) < 0)
+                    continue; /* an invalid slot adds nothing, not even a signed zero */
+                const float y = __ldcg((const float *)g.out + (m * k + j) * K + c);
+                sum = fp8_add(sum, mf_mul(x.tw[m * x.tw_s0 + j], y));
+            }
+            mfm_store(x.rout, x.rout_dt, m * x.rout_s0 + c, sum);
+        }
+    }
+}
+
+#endif /* MOE_WGMMA_DEVICE */
+
+/* ------------------------------------------------------------- the kernel */
+
+#ifdef MOE_WGMMA_DEVICE
+/* The producer warp: for each item, the tile into a free tile slot, then its stages. It runs
+ * ahead of the consumers by up to a tile slot and the ring. */
+template <int GATE>
+static __device__ __forceinline__ void dec_producer(const DecParams &p, const DecDirect &dd,
+                                                   DecTileSmem *ts, char *smem, uint64_t *full,
+                                                   uint64_t *empty, uint64_t *tfull,
+                                                   uint64_t *tempty, long long cluster,
+                                                   long long items, long long kb0, long long kb1,
+                                                   int lane)
+{
+    using C = DecCfg<GATE>;
+    const Fp8Gemm &g = p.g;
+    HpPipe<C::STAGES> pipe = {0, 0u};
+    HpPipe<2> tile = {0, 0u};
+    for (long long w = cluster; w < items; w += p.x.clusters) {
+        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        DecTileSmem &t = ts[tile.stage];
+        hp_mbar_wait(dec_smem(&tempty[tile.stage]), tile.phase ^ 1u);
+        dec_fetch_tile(g, p.x, dd, ti, t, lane);
+        __syncwarp();
+        if (lane == 0)
+            hp_mbar_arrive(dec_smem(&tfull[tile.stage]));
+        if (t.count > 0)
+            for (long long b = kb0; b < kb1; b++) {
+                hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
+                dec_produce<GATE>(&p.map_w, g, p.x, t, smem + pipe.stage * C::STAGE,
+                                  dec_smem(&full[pipe.stage]), nb, b, lane);
+                pipe.advance();
+            }
+        tile.advance();
+    }
+}
+
+/*
+ * Rank r > 0 of a split tile hands its sums to rank 0 through its own shared memory: it waits
+ * until rank 0 has read the previous ones (red_free), writes them, and arrives on rank 0's
+ * red_full; rank 0 waits for all of them and adds them in rank order, then frees each rank's
+ * buffer. mbarriers, not cluster barriers, so that the producer warps never wait for this.
+ */
+template <int GATE>
+static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], float4 *part,
+                                                     uint64_t *red_full, uint64_t *red_free,
+                                                     int split, int rank, unsigned phase, int tid)
+{
+    using C = DecCfg<GATE>;
+    if (rank != 0) {
+        hp_mbar_wait(dec_smem(red_free), phase ^ 1u);
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                part[(f * 4 + nt) * DEC_CONSUMER_THREADS + tid] =
+                    make_float4(acc[f][nt][0], acc[f][nt][1], acc[f][nt][2], acc[f][nt][3]);
+        dec_bar_consumers();
+        if (tid == 0)
+            dec_arrive_remote(hp_cluster_map(dec_smem(red_full), 0u));
+        return;
+    }
+    dec_wait_cluster(dec_smem(red_full), phase);
+    for (int r = 1; r < split; r++)
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float4 o = hp_cluster_ld4(hp_cluster_map(
+                    dec_smem(&part[(f * 4 + nt) * DEC_CONSUMER_THREADS + tid]), (unsigned)r));
+                acc[f][nt][0] = fp8_add(acc[f][nt][0], o.x);
+                acc[f][nt][1] = fp8_add(acc[f][nt][1], o.y);
+                acc[f][nt][2] = fp8_add(acc[f][nt][2], o.z);
+                acc[f][nt][3] = fp8_add(acc[f][nt][3], o.w);
+            }
+    dec_bar_consumers(); /* every peer's buffer read */
+    if (tid >= 1 && tid < split)
+        dec_arrive_remote(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
+}
+
+#endif /* MOE_WGMMA_DEVICE */
+
+template <int GATE>
+__global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
+    fp8_dec_gemm(const __grid_constant__ DecParams p)
+{
+#ifdef MOE_WGMMA_DEVICE
+    using C = DecCfg<GATE>;
+    extern __shared__ __align__(128) char smem_raw[];
+    char *smem = smem_raw + ((1024 - (dec_smem(smem_raw) & 1023)) & 1023); /* swizzle atoms */
+    float4 *part = (float4 *)(smem + C::RED_OFF);
+    __shared__ DecTileSmem ts[2];
+    __shared__ DecDirect dd;
+    __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], tfull[2], tempty[2];
+    __shared__ __align__(8) uint64_t red_full, red_free;
+    const Fp8Gemm &g = p.g;
+    const Fp8DecExtra &x = p.x;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int split = x.split;
+    const int rank = (int)(blockIdx.x % split);
+    const long long cluster = blockIdx.x / split;
+    if (tid == 0) {
+        for (int st = 0; st < C::STAGES; st++) {
+            hp_mbar_init(dec_smem(&full[st]), 1);
+            hp_mbar_init(dec_smem(&empty[st]), 8);
+        }
+        for (int i = 0; i < 2; i++) {
+            hp_mbar_init(dec_smem(&tfull[i]), 1);
+            hp_mbar_init(dec_smem(&tempty[i]), 8);
+        }
+        hp_mbar_init(dec_smem(&red_full), split > 1 ? split - 1 : 1);
+        hp_mbar_init(dec_smem(&red_free), 1);
+        hp_mbar_init_fence();
+    }
+    if (split > 1)
+        hp_cluster_sync(); /* every block's barriers exist before another arrives on them */
+    if (x.pdl)
+        mf_pdl_wait(); /* everything below reads what earlier kernels wrote */
+    if (x.trigger)
+        mf_pdl_trigger();
+    if (blockIdx.x == 0)
+        dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
+                 x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
+    if (x.mode == DEC_DIRECT && warp == DEC_PRODUCER) {
+        /* slot = lane: its local expert; tile i = the i-th distinct valid one */
+        long long ev = -1;
+        if (lane < g.rt.S)
+            ev = moe_slot_expert(g.rt, lane / g.rt.topk, lane % g.rt.topk);
+        const int key = ev >= 0 ? (int)ev : -1 - lane;
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, key);
+        const bool first = ev >= 0 && (__ffs(same) - 1) == lane;
+        const unsigned firsts = __ballot_sync(0xFFFFFFFFu, first);
+        if (first) {
+            const int i = __popc(firsts & ((1u << lane) - 1u));
+            dd.e[i] = (int)ev;
+            dd.mask[i] = same;
+        }
+        if (lane == 0)
+            dd.n = __popc(firsts);
+    }
+    __syncthreads();
+    const long long ntiles = x.mode == DEC_DIRECT   ? dd.n
+                             : x.mode == DEC_ROUTED ? (long long)__ldcg(x.ntiles)
+                                                    : x.tiles_bound;
+    const long long items = ntiles * g.nblk, nkb = g.depth / FP8_BLOCK;
+    const long long per = (nkb + split - 1) / split;
+    const long long kb0 = rank * per < nkb ? rank * per : nkb;
+    const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
+    if (warp == DEC_PRODUCER) {
+        dec_producer<GATE>(p, dd, ts, smem, full, empty, tfull, tempty, cluster, items, kb0, kb1,
+                           lane);
+        return;
+    }
+    HpPipe<C::STAGES> pipe = {0, 0u};
+    HpPipe<2> tile = {0, 0u};
+    unsigned red_phase = 0;
+    for (long long w = cluster; w < items; w += x.clusters) {
+        const long long nb = w % g.nblk;
+        DecTileSmem &t = ts[tile.stage];
+        hp_mbar_wait(dec_smem(&tfull[tile.stage]), tile.phase);
+        const int count = t.count; /* the same in every block of the cluster */
+        if (count > 0) {
+            float acc[2][4][4];
+#pragma unroll
+            for (int f = 0; f < 2; f++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        acc[f][nt][v] = 0.0f;
+            const int ncols = (count + 7) / 8;
+            for (long long b = kb0; b < kb1; b++) {
+                hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
+                dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane, acc);
+                __syncwarp();
+                if (lane == 0)
+                    hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
+                pipe.advance();
+            }
+            if (split > 1) {
+                dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);
+                red_phase ^= 1u;
+            }
+            if (rank == 0) {
+                if (GATE)
+                    dec_gate_epilogue(g, t, nb, (char *)part, acc, warp, lane);
+                else
+                    dec_final_epilogue(g, x, t, nb, acc, warp, lane);
+            }
+        }
+        __syncwarp();
+        if (lane == 0)
+            hp_mbar_arrive(dec_smem(&tempty[tile.stage])); /* this warp is done with t */
+        tile.advance();
+    }
+    if (split > 1 && rank != 0) /* rank 0 has read this block's last sums: it may exit */
+        hp_mbar_wait(dec_smem(&red_free), red_phase ^ 1u);
+#endif
+}
+
+/* ------------------------------------------------------------- the route */
+
+/*
+ * Routed mode, block 0: count the valid slots per expert, list them by expert, and cut each
+ * expert's list into tiles of at most DEC_NS; zero what no tile writes. Blocks 1..: x's rows
+ * quantized as `quant` does (a warp per 128-group).
+ */
+__global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
+{
+    __shared__ int cnt[DEC_MAX_E], fill[DEC_MAX_E];
+    __shared__ long long offs[DEC_MAX_E], tst[DEC_MAX_E];
+    __shared__ unsigned long long wsum[16];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (r.pdl)
+        mf_pdl_wait();
+    mf_pdl_trigger(); /* the GEMM waits for this grid before it reads anything */
+    const MoeRoute &rt = r.rt;
+    if (blockIdx.x > 0) {
+        if (!r.x)
+            return;
+        const long long groups = r.K / FP8_BLOCK, items = r.M * groups;
+        const long long warps = (long long)(gridDim.x - 1) * 16;
+        for (long long it = (long long)(blockIdx.x - 1) * 16 + warp; it < items; it += warps) {
+            const long long m = it / groups, gi = it - m * groups;
+            const float s = dec_quant_block(r.x, r.x_dt, m * r.x_s0 + gi * FP8_BLOCK, r.q_eps,
+                                            r.q_ue8m0, r.xq + m * r.K + gi * FP8_BLOCK, lane);
+            if (lane == 0)
+                r.xs[m * groups + gi] = s;
+        }
+        return;
+    }
+    const int E = (int)rt.E;
+    for (int e = tid; e < E; e += 512)
+        cnt[e] = 0, fill[e] = 0;
+    __syncthreads();
+    for (long long s = tid; s < rt.S; s += 512) {
+        const long long e = moe_slot_expert(rt, s / rt.topk, s % rt.topk);
+        if (e >= 0)
+            atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    /* exclusive scans of the counts and of the tiles, packed in one word: count << 32 | tiles */
+    const int per = (E + 511) / 512, e0 = tid * per;
+    unsigned long long mine = 0;
+    for (int e = e0; e < e0 + per && e < E; e++)
+        mine += ((unsigned long long)cnt[e] << 32) | (unsigned)((cnt[e] + DEC_NS - 1) / DEC_NS);
+    unsigned long long inc = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned long long o = __shfl_up_sync(0xFFFFFFFFu, inc, off);
+        if (lane >= off)
+            inc += o;
+    }
+    if (lane == 31)
+        wsum[warp] = inc;
+    __syncthreads();
+    unsigned long long before = inc - mine;
+    for (int w = 0; w < warp; w++)
+        before += wsum[w];
+    for (int e = e0; e < e0 + per && e < E; e++) {
+        offs[e] = (long long)(before >> 32);
+        tst[e] = (long long)(before & 0xFFFFFFFFu);
+        before += ((unsigned long long)cnt[e] << 32) | (unsigned)((cnt[e] + DEC_NS - 1) / DEC_NS);
+    }
+    if (tid == 511)
+        *r.ntiles = (int)(before & 0xFFFFFFFFu);
+    __syncthreads();
+    for (long long s = tid; s < rt.S; s += 512) {
+        const long long e = moe_slot_expert(rt, s / rt.topk, s % rt.topk);
+        if (e >= 0)
+            r.list[offs[e] + atomicAdd(&fill[e], 1)] = s; /* slot order in a tile changes no bit */
+    }
+    for (int e = tid; e < E; e += 512)
+        for (int i = 0; i * DEC_NS < cnt[e]; i++) {
+            DecTile t;
+            t.first = offs[e] + (long long)i * DEC_NS;
+            t.e = e;
+            t.count = cnt[e] - i * DEC_NS < DEC_NS ? cnt[e] - i * DEC_NS : DEC_NS;
+            r.tiles[tst[e] + i] = t;
+        }
+    dec_zero(rt, r.M, r.zero_slot, r.zero_tok, r.arrivals, r.arrivals_n, tid, 512);
+}
+
+/* ------------------------------------------------------------- host */
+
+int moe_fp8_dec_usable(const cuda_state *s)
+{
+    return moe_wgmma_usable(s) && s->clusters &&
+           (size_t)DecCfg<0>::SMEM <= s->smem_optin && (size_t)DecCfg<1>::SMEM <= s->smem_optin;
+}
+
+/*
+ * Clusters of `split` blocks that can be resident at once (cudaOccupancyMaxActiveClusters,
+ * cached per context; at least 1). The grid is persistent, so no more are launched.
+ */
+template <int GATE> static int resident_clusters(cuda_state *s, int split)
+{
+    int *cached = &s->dec_max_clusters[GATE][split];
+    if (*cached == 0) {
+        int n = 0;
+        if (cudaFuncSetAttribute(fp8_dec_gemm<GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 DecCfg<GATE>::SMEM) == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at = {};
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = (unsigned)split;
+            at.val.clusterDim.y = at.val.clusterDim.z = 1;
+            cfg.gridDim = dim3((unsigned)split);
+            cfg.blockDim = dim3(DEC_THREADS);
+            cfg.dynamicSmemBytes = DecCfg<GATE>::SMEM;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            if (cudaOccupancyMaxActiveClusters(&n, fp8_dec_gemm<GATE>, &cfg) != cudaSuccess)
+                n = 0;
+        }
+        (void)cudaGetLastError(); /* a refusal here leaves no error for the next launch check */
+        *cached = n > 0 ? n : (DecCfg<GATE>::MINB * s->sm_count / split > 0
+                                   ? DecCfg<GATE>::MINB * s->sm_count / split
+                                   : 1);
+    }
+    return *cached;
+}
+
+/*
+ * Shares of the depth: the fewest waves of the blocks that fit at once times the blocks each
+ * streams, plus one block of latency per item; ties to the smaller split. From the shapes and
+ * the device alone, so a layer's steps and its workspace agree.
+ */
+int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nblk,
+                      long long nkb)
+{
+    if (s->forced_split > 0)
+        return s->forced_split <= nkb ? s->forced_split : (int)(nkb > 0 ? nkb : 1);
+    const long long items = tiles_est * nblk;
+    int best = 1;
+    long long best_cost = -1;
+    for (int sp = 1; sp <= DEC_SPLIT_MAX && sp <= nkb; sp++) {
+        const long long slots =
+            (long long)sp * (gate ? resident_clusters<1>(s, sp) : resident_clusters<0>(s, sp));
+        const long long waves = (items * sp + slots - 1) / slots;
+        const long long cost = waves * ((nkb + sp - 1) / sp + 1);
+        if (best_cost < 0 || cost < best_cost)
+            best = sp, best_cost = cost;
+    }
+    return best;
+}
+
+int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split)
+{
+    const long long cap = gate ? resident_clusters<1>(s, split) : resident_clusters<0>(s, split);
+    return (int)(items < cap ? (items > 0 ? items : 1) : cap);
+}
+
+moefuse_status moe_fp8_dec_route(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const Fp8DecRoute *r)
+{
+    unsigned grid = 1;
+    if (r->x) {
+        const long long need = (r->M * (r->K / FP8_BLOCK) + 15) / 16;
+        const long long cap = 2LL * s->sm_count;
+        grid += (unsigned)(need < cap ? need : cap);
+    }
+    mf_launch_pdl(fp8_dec_route, dim3(grid), 512, 0, s->stream, r->pdl, *r);
+    return mf_cuda_launched(ctx, op, "fp8_dec_route");
+}
+
+template <int GATE>
+static moefuse_status ready(moefuse_context *ctx, cuda_state *s, const char *op)
+{
+    return moe_ready_smem(ctx, s, op, fp8_dec_gemm<GATE>, DecCfg<GATE>::SMEM,
+                          DecCfg<GATE>::SMEM + sizeof(DecTileSmem) + sizeof(DecDirect) + 256,
+                          &s->dec_smem_raised, GATE ? 2u : 1u,
+                          "cudaFuncSetAttribute(fp8_dec_gemm)");
+}
+
+moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
+                                  const Fp8Gemm *g, const Fp8DecExtra *x)
+{
+    MF_TRY(gate ? ready<1>(ctx, s, op) : ready<0>(ctx, s, op));
+    if (!g)
+        return MOEFUSE_OK;
+    DecParams p;
+    memset(&p, 0, sizeof p);
+    p.g = *g;
+    p.x = *x;
+    p.x.w_map = moe_fp8_weights_map(s, g, gate, DEC_BOX_ROWS, &p.map_w);
+    const dim3 grid((unsigned)(p.x.clusters * x->split));
+    if (gate)
+        mf_launch_pdl(fp8_dec_gemm<1>, grid, DEC_THREADS, DecCfg<1>::SMEM, s->stream, x->pdl, p,
+                      (unsigned)x->split);
+    else
+        mf_launch_pdl(fp8_dec_gemm<0>, grid, DEC_THREADS, DecCfg<0>::SMEM, s->stream, x->pdl, p,
+                      (unsigned)x->split);
+    return mf_cuda_launched(ctx, op, "fp8_dec_gemm");
+}

@@ -1,0 +1,107 @@
+/*
+ * The FP8 decode GEMM of the MoE layer (moe_fp8_decode.cu): few rows per expert, so a GEMM is
+ * one read of the routed experts' weights. What the host side (moe_fp8.cu) hands it beyond
+ * Fp8Gemm (fp8.cuh): where the tiles come from, how the depth is split, and the fused top-k
+ * sum of the reduced final. Included by .cu files only (C++, C style).
+ */
+#ifndef MOEFUSE_CUDA_MOE_FP8_DECODE_H
+#define MOEFUSE_CUDA_MOE_FP8_DECODE_H
+
+#include "cuda/fp8.cuh"
+
+#define DEC_NS 32       /* rows (slots) of a tile at most: four n8 columns of mma.sync */
+#define DEC_DIRECT_S 32 /* routed calls of at most this many slots route themselves */
+#define DEC_MAX_E 1024  /* local experts the route kernel counts in shared memory */
+#define DEC_SPLIT_MAX 8 /* blocks of a cluster sharing a tile's depth (portable cluster size) */
+
+/* A tile of the routed layout: `count` (<= DEC_NS) slots list[first ...] of local expert e
+ * (16 bytes, read as one longlong2: first, then e in the low and count in the high word). */
+typedef struct DecTile {
+    long long first;
+    int e, count;
+} DecTile;
+
+/*
+ * Where a decode GEMM finds its tiles, and what it does besides the product.
+ *  - direct (routed, S <= DEC_DIRECT_S): every block reads the S ids itself; tile i is the
+ *    i-th distinct valid local expert in order of first appearance, with all its slots;
+ *  - routed: the tiles fp8_dec_route wrote (ntiles, tiles, list);
+ *  - masked: tile i = (expert i / chunks, rows from (i % chunks) * DEC_NS), chunks =
+ *    ceil(Tmax / DEC_NS); a tile starting past n[e] is skipped.
+ */
+typedef struct Fp8DecExtra {
+    int mode; /* enum dec_mode */
+    const int *ntiles;
+    const DecTile *tiles;
+    const long long *list;
+    long long tiles_bound;   /* tiles the grid covers at most */
+    int split;               /* blocks (a cluster) sharing each tile's depth, 1..DEC_SPLIT_MAX */
+    int clusters;            /* persistent clusters in the grid */
+    /* gate: x of f32/f16/bf16 (x_dt) quantized per stage as `quant` does (direct and masked;
+     * routed takes the route kernel's codes); a = NULL then */
+    const void *x;
+    int x_dt;
+    float q_eps;
+    int q_ue8m0;
+    /* reduced final: y [S, K] f32 rows are summed into rout by the last slot of each token to
+     * arrive (arrivals [M, nblk], zero at the launch); tok_valid NULL: direct mode counts */
+    unsigned *arrivals;
+    const int *tok_valid;
+    const float *tw;
+    long long tw_s0;
+    void *rout;
+    long long rout_s0;
+    int rout_dt;
+    /* direct / masked: block 0 zeroes these first (out rows no tile writes; the counters of
+     * the final that follows a forward's gate) */
+    MoeZero zero_slot;       /* un-reduced final: rows of invalid slots */
+    MoeZero zero_tok;        /* reduced final: rows of tokens without a valid slot */
+    unsigned *zero_arrivals; /* gate of a forward: the final's arrivals */
+    long long zero_arrivals_n;
+    int pdl;     /* launched with programmatic dependent launch (waits before reading) */
+    int trigger; /* lets the next kernel launch once this one's inputs are known */
+    int w_map;   /* set at the launch: the weights come by tensor map */
+} Fp8DecExtra;
+
+enum dec_mode { DEC_DIRECT = 0, DEC_ROUTED = 1, DEC_MASKED = 2 };
+
+/*
+ * The route kernel's job (routed mode): list the valid slots by expert in tiles of at most
+ * DEC_NS, count each token's valid slots, zero the final's counters and the rows no tile
+ * writes, and quantize x (when x_dt is set) into xq / xs as `quant` does (row-major f32).
+ */
+typedef struct Fp8DecRoute {
+    MoeRoute rt;
+    int *ntiles;
+    DecTile *tiles;
+    long long *list;
+    int *expert_of; /* [S] */
+    int *tok_valid; /* [M] */
+    unsigned *arrivals;
+    long long arrivals_n;
+    MoeZero zero_slot, zero_tok;
+    const void *x; /* NULL: x is f8 already */
+    int x_dt;
+    int64_t x_s0;
+    uint8_t *xq;
+    float *xs;
+    int64_t M, K;
+    float q_eps;
+    int q_ue8m0;
+    int pdl;
+} Fp8DecRoute;
+
+/* The decode kernels exist (sm_90a built) and this device can run them (9.0, clusters). */
+int moe_fp8_dec_usable(const cuda_state *s);
+/* Blocks sharing the depth of each tile: from the shapes alone (gate and final alike). */
+int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nblk,
+                      long long nkb);
+/* Persistent clusters for `items` work items of `split` blocks each: no more than fit. */
+int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split);
+moefuse_status moe_fp8_dec_route(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const Fp8DecRoute *r);
+/* One GEMM (g->epi says which); with g NULL only make the kernels ready. */
+moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
+                                  const Fp8Gemm *g, const Fp8DecExtra *x);
+
+#endif /* MOEFUSE_CUDA_MOE_FP8_DECODE_H */
