@@ -4,8 +4,8 @@
  * block sums exact, the activation and the quantization of h in double. Every backend meets
  * the 2e-2 bound of "Agreement between backends"; the CPU backend, the reference, is held to
  * much tighter ones (see CPU_H_BOUND); backends that form p_b exactly (opencl, and cuda with
- * MOEFUSE_CUDA_FP8=portable) must equal the CPU backend bit for bit, CUDA's Hopper path within
- * the documented tolerances. A backend without FP8 MoE makes the program exit with SKIP.
+ * MOEFUSE_CUDA_FP8=portable) must equal the CPU backend bit for bit, CUDA's Hopper paths (the
+ * wgmma kernel, the decode kernel) within the documented tolerances. A backend without FP8 MoE makes the program exit with SKIP.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -748,6 +748,47 @@ START_TEST(test_masked)
 }
 END_TEST
 
+/*
+ * Decode shapes (the CUDA backend's decode kernel, which MOEFUSE_CUDA_FP8=decode forces):
+ * M = 1, 2, 7, 31 and 64 in every activation-scale layout, bf16 and FP8 x, invalid ids and
+ * an expert_map; slots that route themselves (up to 32) and slots the route kernel lists,
+ * more than one tile of an expert (over 32 slots), depths of 5 blocks (a ragged split), and
+ * masked experts of several tiles.
+ */
+START_TEST(test_decode)
+{
+    static const int64_t Ms[] = {1, 2, 7, 31, 64};
+    static const int layouts[][2] = {{MOEFUSE_SCALE_ROW_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
+                                     {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_COLUMN_MAJOR, 1},
+                                     {MOEFUSE_SCALE_PACKED_UE8M0, 0}};
+    for (int i = 0; i < 10; i++) {
+        cfg c = base_cfg();
+        c.M = Ms[i % 5];
+        c.k = i < 5 ? 8 : 2;
+        c.E = i == 9 ? 3 : 16, c.Eg = c.E + 4;
+        c.K = i % 2 ? 640 : 256, c.I = i % 3 ? 256 : 128;
+        c.xdt = i % 2 ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16;
+        c.layout = layouts[i % 5][0];
+        c.ue8m0 = layouts[i % 5][1];
+        c.wsdt = i % 3 == 1 ? MOEFUSE_U8 : MOEFUSE_F32;
+        c.odt = i % 2 ? MOEFUSE_BF16 : MOEFUSE_F32;
+        c.act = i % 3, c.bias = i % 3, c.limit = i == 4 ? 0.75f : 0.0f;
+        c.use_map = i % 4 == 1, c.invalid = 1, c.unreduced = i % 2 == 0;
+        run_routed(c);
+    }
+    for (int i = 0; i < 2; i++) {
+        cfg c = base_cfg();
+        c.E = 3, c.K = 384, c.I = 128;
+        c.xdt = i ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16;
+        c.layout = i ? MOEFUSE_SCALE_PACKED_UE8M0 : MOEFUSE_SCALE_COLUMN_MAJOR;
+        c.bias = 1;
+        const int64_t Tmax = 70;
+        const int32_t counts[3] = {70, 33, (int32_t)h_randint(1, 31)};
+        run_masked(c, Tmax, counts);
+    }
+}
+END_TEST
+
 /* ---------------------------------------------------------------- driver */
 
 /*
@@ -821,6 +862,7 @@ int main(void)
     tcase_add_test(tc, test_options);
     tcase_add_test(tc, test_specials);
     tcase_add_test(tc, test_masked);
+    tcase_add_test(tc, test_decode);
     suite_add_tcase(s, tc);
     return h_run(s);
 }
