@@ -8,6 +8,7 @@
 #   test-cpu        the Check suite on the CPU backend (16 cores)
 #   test-opencl     the Check suite on OpenCL, device picked by MOEFUSE_OPENCL_DEVICE (default NVIDIA)
 #   test-cuda       the Check suite on CUDA
+#   tests           only the tests named in TESTS (meson test names, e.g. test_moe_fp8@cuda)
 #   test-cuda-computed the same with the table kernels off (MOEFUSE_CUDA_ACT_TABLE=0)
 #   sanitize-cuda   compute-sanitizer memcheck and racecheck over the CUDA tests
 #   numerics-cuda   src/cuda/tools: the host proof of numerics.cuh over every float, and
@@ -20,7 +21,11 @@
 #   test-python     the pytest suite (torch CUDA tensors included) on this build's library
 #   compare-torch   bench/compare_torch.py (COMPARE_ARGS adds options, e.g. --quick)
 #   call-overhead   bench/call_overhead.py: host time per call, Python binding against C
-# SETUP_ARGS adds `meson setup` options (e.g. -Dcuda=disabled).
+#   peers           .peers/peer_bench.py (copied from the peers' folder, see its README): this
+#                   build beside vLLM's, SGLang's and torch's kernels; PEERS_ARGS adds options
+#                   (e.g. --only fp8 --Ms 1,32)
+# SETUP_ARGS adds `meson setup` options (e.g. -Dcuda=disabled, -Dnvcc_targets=sm_90a);
+# NINJA_TARGETS builds only those targets (e.g. src/libmoefuse.so tests/test_moe_fp8).
 #
 # The machine has no Check and no internet: the Debian packages of Check,
 # subunit and CLBlast (the OpenCL GEMM ceiling) travel in .deps/ (fetched by
@@ -67,7 +72,9 @@ if [ ! -f "$build/build.ninja" ]; then
     echo "${SETUP_ARGS:-}" >"$build/.setup-args"
 fi
 t0=$(date +%s)
-ninja -C "$build" >"$out/build.log" 2>&1 || { note "build FAILED"; tail -60 "$out/build.log"; exit 1; }
+# shellcheck disable=SC2086
+ninja -C "$build" ${NINJA_TARGETS:-} >"$out/build.log" 2>&1 ||
+    { note "build FAILED"; tail -60 "$out/build.log"; exit 1; }
 note "build: $(( $(date +%s) - t0 )) s"
 
 run_suite() { # backend
@@ -100,6 +107,20 @@ for stage in "$@"; do
         ;;
     test-cpu | test-opencl | test-cuda) run_suite "${stage#test-}" ;;
     test-cuda-computed) MOEFUSE_CUDA_ACT_TABLE=0 SUITE_TAG=-computed run_suite cuda ;;
+    tests)
+        log="$out/tests.log"
+        # shellcheck disable=SC2086
+        meson test -C "$build" --print-errorlogs --num-processes 4 ${TESTS:-} >"$log" 2>&1
+        note "tests: rc=$?; $(grep -E '^ *[0-9]+/[0-9]+ ' "$log" | awk '{print $2, $3, $4}' | tr '\n' ';')"
+        grep -E "Assertion|failed|FAIL" "$log" | head -30
+        ;;
+    peers)
+        # shellcheck disable=SC2086
+        MOEFUSE_LIBRARY="$build/src/libmoefuse.so" PYTHONUNBUFFERED=1 python3 .peers/peer_bench.py \
+            --project . ${PEERS_ARGS:-} --out "$out" >"$out/peers.txt" 2>&1
+        note "peers: rc=$?"
+        grep -E "^(ceiling|moe |fp8moe|router|topk)" "$out/peers.txt" >>"$summary"
+        ;;
     sanitize-cuda)
         for tool in memcheck racecheck; do
             log="$out/sanitize-$tool.log"
