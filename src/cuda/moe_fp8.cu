@@ -85,7 +85,7 @@ typedef struct fp8_plan {
     /* the decode kernel: its mode, split and grid, its tiles and the reduced final's counters */
     int dec, dec_mode, dec_split, dec_clusters;
     long long dec_tiles_bound;
-    size_t off_dec_ntiles, off_dec_tiles, off_dec_list, off_dec_arrivals;
+    size_t off_dec_ntiles, off_dec_tiles, off_dec_list, off_dec_arrivals, off_dec_part;
 } fp8_plan;
 
 /* Reserve `n` (= a * b * c bytes) at *at; false on overflow. */
@@ -171,6 +171,8 @@ static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *
                                sizeof(DecTile), 1);
             ok = ok && reserve(&at, &pl->off_dec_list, (size_t)pl->S, 8, 1);
         }
+        ok = ok && reserve(&at, &pl->off_dec_part,
+                           moe_fp8_dec_part_bytes(gate, pl->dec_clusters, pl->dec_split), 1, 1);
     }
     if (!a->masked) {
         const size_t S = (size_t)pl->S;
@@ -458,6 +460,12 @@ static Fp8DecExtra dec_extra(const cuda_state *s, const fp8_plan *pl)
     return x;
 }
 
+/* The split sums' buffer of a decode launch, when its tiles are split. */
+static void *dec_part(const fp8_plan *pl, char *scratch)
+{
+    return pl->dec_split > 1 ? scratch + pl->off_dec_part : NULL;
+}
+
 /* The route kernel of the routed decode mode, over the plan's buffers. */
 static Fp8DecRoute dec_route_args(const cuda_state *s, const mf_moe_args *a, const fp8_plan *pl,
                                   char *scratch, const MoeRoute *rt)
@@ -482,50 +490,54 @@ static void dec_tiles_from(Fp8DecExtra *x, const Fp8DecRoute *r)
 }
 
 /*
- * The gate on the decode kernel. x of f32/f16/bf16 is quantized by the route kernel (routed)
- * or in the kernel's prologue, block by block (direct, masked): no pass of its own.
+ * The gate on the decode kernel. x of f32/f16/bf16 is quantized first by the route kernel, as
+ * `quant` does (its valid rows only, masked), which also lists the tiles (routed mode).
  */
 static moefuse_status gate_decode(moefuse_context *ctx, cuda_state *s, const char *op,
                                   const mf_moe_args *a, const fp8_plan *pl, char *scratch,
                                   bool share, Fp8Gemm *g)
 {
     Fp8DecExtra x = dec_extra(s, pl);
-    const int ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+    x.part = dec_part(pl, scratch);
     /* a layer's final counts arrivals in counters the gate zeroes */
     unsigned *arrivals = share ? (unsigned *)(scratch + pl->off_dec_arrivals) : NULL;
     const long long arrivals_n = a->tokens * (a->model_dim / FP8_BLOCK);
-    if (pl->dec_mode == DEC_ROUTED) {
-        Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+    Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+    r.route = pl->dec_mode == DEC_ROUTED;
+    if (r.route) {
         r.arrivals = arrivals;
         r.arrivals_n = arrivals ? arrivals_n : 0;
-        if (pl->quant_x) {
-            r.x = mf_cuda_base(&a->x);
-            r.x_dt = (int)a->x.dtype;
-            r.x_s0 = a->x.stride[0];
-            r.xq = (uint8_t *)(scratch + pl->off_xq);
-            r.xs = (float *)(scratch + pl->off_xs);
-            r.q_eps = a->act.eps;
-            r.q_ue8m0 = ue8m0;
-            set_a(g, r.xq, a->model_dim, 0);
-            g->as.p = r.xs;
-            g->as.s0 = 0;
-            g->as.s1 = a->model_dim / FP8_BLOCK;
-            g->as.layout = MF_LAYOUT_ROW;
-            g->as.u8 = 0;
-        }
-        MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
-        dec_tiles_from(&x, &r);
     } else {
         x.zero_arrivals = arrivals;
         x.zero_arrivals_n = arrivals ? arrivals_n : 0;
     }
-    if (pl->dec_mode != DEC_ROUTED && pl->quant_x) {
-        x.x = mf_cuda_base(&a->x);
-        x.x_dt = (int)a->x.dtype;
-        x.q_eps = a->act.eps;
-        x.q_ue8m0 = ue8m0;
-        set_a(g, NULL, a->x.stride[0], a->masked ? a->x.stride[1] : 0); /* x's element offsets */
+    if (pl->quant_x) {
+        const int64_t K = a->model_dim, groups = K / FP8_BLOCK;
+        r.x = mf_cuda_base(&a->x);
+        r.x_dt = (int)a->x.dtype;
+        r.x_s0 = a->x.stride[0];
+        r.x_s1 = a->masked ? a->x.stride[1] : 0;
+        if (a->masked) {
+            r.counts = (const int32_t *)mf_cuda_base(&a->counts);
+            r.counts_s0 = a->counts.stride[0];
+            r.tmax = a->tokens;
+        }
+        r.rows = a->masked ? pl->blocks * pl->rows : a->tokens; /* x's rows: E * Tmax, or M */
+        r.xq = (uint8_t *)(scratch + pl->off_xq);
+        r.xs = (float *)(scratch + pl->off_xs);
+        r.q_eps = a->act.eps;
+        r.q_ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
+        /* codes [blocks, T, K], scales [blocks, T, groups], rows as x's */
+        set_a(g, r.xq, a->masked ? pl->rows * K : K, a->masked ? K : 0);
+        g->as.p = r.xs;
+        g->as.s0 = a->masked ? pl->rows * groups : 0;
+        g->as.s1 = groups;
+        g->as.layout = MF_LAYOUT_ROW;
+        g->as.u8 = 0;
     }
+    MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
+    if (r.route)
+        dec_tiles_from(&x, &r);
     return moe_fp8_dec_launch(ctx, s, op, 1, g, &x);
 }
 
@@ -541,6 +553,7 @@ static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const ch
                                    bool share, Fp8Gemm *g)
 {
     Fp8DecExtra x = dec_extra(s, pl);
+    x.part = dec_part(pl, scratch);
     MoeZero zs, zt;
     memset(&zs, 0, sizeof zs);
     memset(&zt, 0, sizeof zt);
@@ -571,6 +584,7 @@ static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const ch
         x.zero_tok = zt;
     } else if (pl->dec_mode == DEC_ROUTED) {
         Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
+        r.route = 1;
         r.arrivals = x.arrivals;
         r.arrivals_n = x.arrivals ? a->tokens * nblk : 0;
         r.zero_slot = zs;

@@ -4,23 +4,27 @@
  *
  * Tile: up to DEC_NS rows (slots) of one expert x 128 h columns (gate: its 128 gate and 128
  * up weight rows, one h group) or 128 output columns (final). Roles (288 threads):
- *  - producer, warp 8: the tile's weight rows by tensor copies (TMA, boxes of 128 rows x 128
- *    bytes, the 128-deep block of the scales, swizzled by 128 bytes; rows no tensor map can
- *    describe through registers) into a ring of stages, each completing on an mbarrier; beside them the tile's activation rows of the block (codes, or x of
- *    f32/f16/bf16 quantized there as `quant` does: the gate's prologue), their group scales
- *    and the weight blocks' scales.
+ *  - producer, warp 8: per 128-deep block (the block of the scales) one stage of a ring: the
+ *    tile's weight rows by tensor copies (TMA, boxes of 128 rows x 128 bytes swizzled by 128
+ *    bytes), the tile's activation codes by cp.async (zeros past the tile's rows), both
+ *    completing on the stage's mbarrier. Nothing else: it runs ahead of the consumers by the
+ *    ring, across tiles. (Rows no tensor map or cp.async can take go through its registers.)
  *  - consumers, warps 0..7: warp w takes weight rows [16 w, 16 w + 16) of each half: mma.sync
  *    m16n8k32 e4m3 with the weights as the 16-row operand and up to four n8 columns of
- *    slots, four k32 steps per block from 0, then main = fmaf(block, sa * sw, main).
+ *    slots, four k32 steps per block from 0, then main = fmaf(block, sa * sw, main), the
+ *    scales read from memory a block ahead.
  * A thread reads the 32 bytes [32 t, 32 t + 32) of its rows (t = lane % 4): conflict-free
  * 16-byte shared loads (the weights swizzled, the activation rows 144 bytes apart). Its k32
  * step s takes bytes 8 s .. 8 s + 7 of those, the same k positions of the weights and of the
- * activations, so every product is one of the block's.
+ * activations, so every product is one of the block's. x of f32/f16/bf16 is quantized before,
+ * as `quant` does, by fp8_dec_route.
  *
  * Split depth: a tile's blocks are shared by a cluster of `split` blocks, rank r taking
- * consecutive blocks from r * ceil(nkb / split), each share summed from 0; rank 0 adds the
- * others' sums in rank order from their shared memory and runs the epilogue. Persistent: the
- * clusters walk the (tile, column block) items with a stride of the cluster count.
+ * consecutive blocks from r * ceil(nkb / split), each share summed from 0; ranks r > 0 hand
+ * their sums to rank 0 through L2 (mbarriers across the cluster say when), which adds them in
+ * rank order and runs the epilogue. Persistent: the clusters walk the (tile, column block)
+ * items with a stride of the cluster count; producer and consumers find each item's tile
+ * themselves, so neither waits for the other but through the ring.
  *
  * Epilogues: gate: bias, clamp, activation, the group's amax over the 128 h columns of a
  * slot, the scale, the codes (fp8.cuh, as every FP8 path); final: bias and y, stored (un-
@@ -31,6 +35,7 @@
 #include "cuda/moe_fp8_ws.h" /* the weights' tensor map */
 #include "cuda/hopper.cuh"
 #include "cuda/moe_math.cuh"
+#include "cuda/moe_tiles.cuh" /* cp_async16 */
 #include "cuda/pdl.cuh"
 #include "cuda/wgmma.cuh" /* MOE_WGMMA_DEVICE: sm_90a device code */
 
@@ -43,6 +48,7 @@
 #define DEC_BAR_CONSUMERS 1
 #define DEC_HPITCH 132 /* floats between the slots' rows of h in the gate's epilogue */
 #define DEC_BOX_ROWS 128 /* weight rows of one tensor copy */
+#define DEC_FULL_ARRIVALS 33 /* the producer lanes' activation rows, and its lane 0 */
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -50,18 +56,16 @@ template <int GATE> struct DecCfg {
     /* the gate's epilogue needs ~170 registers: one block per multiprocessor and a deeper
      * ring; the final fits two blocks (96 registers) */
     static constexpr int MINB = GATE ? 1 : 2;
-    static constexpr int STAGES = GATE ? 5 : 4;
+    static constexpr int STAGES = 5;
     /* weight rows of 128 bytes, swizzled (chunk c of row r at c ^ (r % 8)): 1024-aligned */
     static constexpr int W_BYTES = ROWS * FP8_BLOCK;
-    static constexpr int SA_OFF = W_BYTES + DEC_NS * DEC_PITCH; /* activations' scales */
-    static constexpr int SW_OFF = SA_OFF + DEC_NS * 4;          /* weight blocks' scales */
-    static constexpr int STAGE = (SW_OFF + 8 + 1023) / 1024 * 1024;
-    /* beside the ring (the producer runs ahead into it): the partial sums a split tile's
-     * ranks hand to rank 0, and the gate's h of the tile in its epilogue */
-    static constexpr int PART = FRAGS * 4 * DEC_CONSUMER_THREADS * 16;
+    static constexpr int STAGE = (W_BYTES + DEC_NS * DEC_PITCH + 1023) / 1024 * 1024;
+    /* the gate's h of a tile in its epilogue, beside the ring (the producer runs ahead) */
     static constexpr int HBUF = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
-    static constexpr int RED_OFF = STAGES * STAGE;
-    static constexpr int SMEM = RED_OFF + (PART > HBUF ? PART : HBUF) + 1024; /* + alignment */
+    static constexpr int H_OFF = STAGES * STAGE;
+    static constexpr int SMEM = H_OFF + HBUF + 1024; /* and the base's alignment */
+    /* a rank's partial sums, float4 per consumer thread, fragment and n8 column */
+    static constexpr int PART4 = FRAGS * 4 * DEC_CONSUMER_THREADS;
 };
 
 typedef struct DecParams {
@@ -70,9 +74,8 @@ typedef struct DecParams {
     Fp8DecExtra x;
 } DecParams;
 
-/* The current tile, as the producer found it. */
+/* The consumers' view of the current tile (consumer warp 0 writes it; they share a barrier). */
 struct DecTileSmem {
-    long long arow[DEC_NS]; /* element offset of the row's activations (codes, or x) */
     long long srow[DEC_NS]; /* the row's scale row (x: token, h: slot; masked: t) */
     long long orow[DEC_NS]; /* element offset of its output row */
     long long hrow[DEC_NS]; /* gate: its h scale row (slot; masked: t) */
@@ -224,83 +227,94 @@ static __device__ __forceinline__ float dec_quant_block(const void *x, int dt, l
 #ifdef MOE_WGMMA_DEVICE
 /* ------------------------------------------------------------- the tile */
 
-/* Row i of the tile is slot s (routed, direct) or row t (masked) of expert e. */
-static __device__ __forceinline__ void dec_row(const Fp8Gemm &g, DecTileSmem &ts, int i,
-                                               long long s, long long e, int masked)
+/*
+ * Tile ti, as a warp finds it: its expert (and the expert block of the scale views), its rows,
+ * and lane's row (lane < count): a slot s = m * k + j (routed, direct) or a row t (masked).
+ */
+static __device__ __forceinline__ int dec_tile(const Fp8Gemm &g, const Fp8DecExtra &x,
+                                               const DecDirect &dd, long long ti, int lane,
+                                               long long *e, long long *row)
 {
-    if (masked) {
-        ts.arow[i] = e * g.a_s0 + s * g.a_s1;
-        ts.srow[i] = s;
-        ts.orow[i] = e * g.o_s0 + s * g.o_s1;
-        ts.hrow[i] = s;
-        ts.tok[i] = s;
-        return;
-    }
-    const long long m = s / g.rt.topk, j = s - m * g.rt.topk;
-    ts.arow[i] = m * g.a_s0 + j * g.a_s1;
-    ts.srow[i] = g.a_scale_slot ? s : m;
-    ts.orow[i] = m * g.o_s0 + j * g.o_s1;
-    ts.hrow[i] = s;
-    ts.tok[i] = m;
-}
-
-/* The producer warp finds tile ti: its expert and rows into ts (count 0: none). */
-static __device__ void dec_fetch_tile(const Fp8Gemm &g, const Fp8DecExtra &x,
-                                      const DecDirect &dd, long long ti, DecTileSmem &ts,
-                                      int lane)
-{
+    int count;
+    *row = 0;
     if (x.mode == DEC_DIRECT) {
-        const unsigned mask = dd.mask[ti];
-        if ((mask >> lane) & 1u)
-            dec_row(g, ts, __popc(mask & ((1u << lane) - 1u)), lane, dd.e[ti], 0);
-        if (lane == 0) {
-            ts.e = dd.e[ti];
-            ts.blk = 0;
-            ts.count = __popc(mask);
-        }
+        unsigned m = dd.mask[ti];
+        *e = dd.e[ti];
+        count = __popc(m);
+        for (int i = 0; i < lane && m; i++)
+            m &= m - 1u; /* the lane-th slot of the expert */
+        *row = m ? __ffs(m) - 1 : 0;
     } else if (x.mode == DEC_ROUTED) {
         /* past L1: the route kernel wrote it while this grid may already have run (PDL) */
         const longlong2 t = __ldcg((const longlong2 *)(x.tiles + ti));
-        const int e = (int)(t.y & 0xFFFFFFFFll), count = (int)(t.y >> 32);
+        *e = (int)(t.y & 0xFFFFFFFFll);
+        count = (int)(t.y >> 32);
         if (lane < count)
-            dec_row(g, ts, lane, __ldcg(x.list + t.x + lane), e, 0);
-        if (lane == 0) {
-            ts.e = e;
-            ts.blk = 0;
-            ts.count = count;
-        }
+            *row = __ldcg(x.list + t.x + lane);
     } else {
         const long long chunks = (g.tmax + DEC_NS - 1) / DEC_NS;
-        const long long e = ti / chunks, t0 = (ti - e * chunks) * DEC_NS;
-        const long long n = fp8_masked_rows(g, e) - t0;
-        const int count = n <= 0 ? 0 : (n < DEC_NS ? (int)n : DEC_NS);
-        if (lane < count)
-            dec_row(g, ts, lane, t0 + lane, e, 1);
-        if (lane == 0) {
-            ts.e = e;
-            ts.blk = e;
-            ts.count = count;
-        }
+        const long long ee = ti / chunks, t0 = (ti - ee * chunks) * DEC_NS;
+        const long long n = fp8_masked_rows(g, ee) - t0;
+        *e = ee;
+        count = n <= 0 ? 0 : (n < DEC_NS ? (int)n : DEC_NS);
+        *row = t0 + lane;
     }
+    return count;
+}
+
+/* The activation row of row s of expert e: element offset (codes, or x's elements). */
+static __device__ __forceinline__ long long dec_arow(const Fp8Gemm &g, long long s, long long e)
+{
+    if (g.masked)
+        return e * g.a_s0 + s * g.a_s1;
+    const long long m = s / g.rt.topk, j = s - m * g.rt.topk;
+    return m * g.a_s0 + j * g.a_s1;
+}
+
+/* Consumer warp 0: the tile's rows for the consumers' scales and epilogues. */
+static __device__ __forceinline__ void dec_rows(const Fp8Gemm &g, DecTileSmem &ts, int count,
+                                                long long e, long long s, int lane)
+{
+    if (lane == 0) {
+        ts.e = e;
+        ts.blk = g.masked ? e : 0;
+        ts.count = count;
+    }
+    if (lane >= count)
+        return;
+    if (g.masked) {
+        ts.srow[lane] = s;
+        ts.orow[lane] = e * g.o_s0 + s * g.o_s1;
+        ts.hrow[lane] = s;
+        ts.tok[lane] = s;
+        return;
+    }
+    const long long m = s / g.rt.topk, j = s - m * g.rt.topk;
+    ts.srow[lane] = g.a_scale_slot ? s : m;
+    ts.orow[lane] = m * g.o_s0 + j * g.o_s1;
+    ts.hrow[lane] = s;
+    ts.tok[lane] = m;
 }
 
 /* ------------------------------------------------------------- producer */
 
-/* Stage of depth block b: the weight rows by bulk copies, the activations, the scales. */
+/*
+ * Stage of depth block b: the weight rows by tensor copies, the activation rows (lane i: row
+ * i) by cp.async, every lane's and the tensor bytes completing `full`.
+ */
 template <int GATE>
 static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const Fp8Gemm &g,
-                                                   const Fp8DecExtra &x, const DecTileSmem &ts,
-                                                   char *stage, uint32_t full, long long nb,
-                                                   long long b, int lane)
+                                                   const Fp8DecExtra &x, char *stage,
+                                                   uint32_t full, long long e, int count,
+                                                   long long arow, long long nb, long long b,
+                                                   int lane)
 {
     using C = DecCfg<GATE>;
-    const long long e = ts.e;
-    const int count = ts.count;
     if (x.w_map) {
-        /* one tensor copy per 128 rows: small bulk copies (one per row) are issued far
-         * slower than DRAM delivers them */
         if (lane == 0) {
             dec_expect_tx(full, C::ROWS * FP8_BLOCK);
+            /* one tensor copy per 128 rows: small bulk copies (one per row) are issued far
+             * slower than DRAM delivers them */
 #pragma unroll
             for (int f = 0; f < C::FRAGS; f++)
                 hp_tma_load_3d(dec_smem(stage + f * DEC_BOX_ROWS * FP8_BLOCK), map, full,
@@ -319,54 +333,92 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
                     dec_load16(wb + wr * g.w_s1 + 16 * q);
         }
     }
-    uint8_t *act = (uint8_t *)stage + C::W_BYTES;
-    float *sa = (float *)(stage + C::SA_OFF);
-    if (GATE && x.x) {
-        for (int i = 0; i < count; i++) {
-            const float s = dec_quant_block(x.x, x.x_dt, ts.arow[i] + b * FP8_BLOCK, x.q_eps,
-                                            x.q_ue8m0, act + i * DEC_PITCH, lane);
-            if (lane == 0)
-                sa[i] = s;
-        }
-        for (int i = count; i < DEC_NS; i++)
-            *(uint32_t *)(act + i * DEC_PITCH + 4 * lane) = 0u;
-        if (lane >= count)
-            sa[lane] = 0.0f;
+    uint8_t *act = (uint8_t *)stage + C::W_BYTES + lane * DEC_PITCH;
+    const uint8_t *src = g.a + arow + b * FP8_BLOCK;
+    if (g.vec_a) {
+#pragma unroll
+        for (int q = 0; q < 8; q++) /* rows past the tile's: zeros (no bytes read) */
+            cp_async16(dec_smem(act + 16 * q), lane < count ? src + 16 * q : g.a,
+                       lane < count ? 16 : 0);
+        hp_cp_async_arrive(full);
     } else {
-        uint4 v[8];
-        const uint8_t *src = g.a + ts.arow[lane < count ? lane : 0] + b * FP8_BLOCK;
 #pragma unroll
         for (int q = 0; q < 8; q++)
-            v[q] = lane < count ? dec_load16(src + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-            *(uint4 *)(act + lane * DEC_PITCH + 16 * q) = v[q];
-        sa[lane] = lane < count ? fp8_act_scale(g.as, ts.blk, ts.srow[lane], b) : 0.0f;
+            *(uint4 *)(act + 16 * q) =
+                lane < count ? dec_load16(src + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
+        hp_mbar_arrive(full);
     }
-    if (lane < C::FRAGS) {
-        const long long rb = GATE ? (lane == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
-        ((float *)(stage + C::SW_OFF))[lane] = fp8_w_scale(g.ws, e, rb, b);
-    }
-    __syncwarp();
     if (lane == 0)
-        hp_mbar_arrive(full); /* with the activations stored; the weights' bytes complete it */
+        hp_mbar_arrive(full); /* with the expected bytes announced */
+}
+
+/* The producer warp: for each item its tile, then its stages, ahead by the ring. */
+template <int GATE>
+static __device__ __forceinline__ void dec_producer(const DecParams &p, const DecDirect &dd,
+                                                   char *smem, uint64_t *full, uint64_t *empty,
+                                                   long long cluster, long long items,
+                                                   long long kb0, long long kb1, int lane)
+{
+    using C = DecCfg<GATE>;
+    const Fp8Gemm &g = p.g;
+    HpPipe<C::STAGES> pipe = {0, 0u};
+    for (long long w = cluster; w < items; w += p.x.clusters) {
+        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        long long e, s;
+        const int count = dec_tile(g, p.x, dd, ti, lane, &e, &s);
+        const long long arow = lane < count ? dec_arow(g, s, e) : 0;
+        if (count > 0)
+            for (long long b = kb0; b < kb1; b++) {
+                hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
+                dec_produce<GATE>(&p.map_w, g, p.x, smem + pipe.stage * C::STAGE,
+                                  dec_smem(&full[pipe.stage]), e, count, arow, nb, b, lane);
+                pipe.advance();
+            }
+    }
 }
 
 /* ------------------------------------------------------------- consumers */
 
+/* The scales a consumer thread needs for block b: its two slot columns of each n8 column and
+ * each half's weight block. */
+template <int GATE> struct DecScales {
+    float sa[4][2], sw[2];
+};
+
+template <int GATE>
+static __device__ __forceinline__ void dec_scales(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                  long long nb, long long b, int ncols, int t,
+                                                  DecScales<GATE> &sc)
+{
+    using C = DecCfg<GATE>;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int slot = nt * 8 + 2 * t + i;
+            sc.sa[nt][i] = nt < ncols && slot < ts.count
+                               ? fp8_act_scale(g.as, ts.blk, ts.srow[slot], b)
+                               : 0.0f;
+        }
+#pragma unroll
+    for (int f = 0; f < C::FRAGS; f++) {
+        const long long rb = GATE ? (f == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
+        sc.sw[f] = fp8_w_scale(g.ws, ts.e, rb, b);
+    }
+}
+
 /*
  * One stage into acc[f][nt] (f: gate / up half, nt: n8 column of slots). The weight fragments
  * are read from shared memory again for each column: registers, not shared bandwidth, bound
- * two blocks per multiprocessor.
+ * the blocks per multiprocessor.
  */
 template <int GATE>
 static __device__ __forceinline__ void dec_consume(const char *stage, int ncols, int warp,
-                                                   int lane, float (&acc)[2][4][4])
+                                                   int lane, const DecScales<GATE> &sc,
+                                                   float (&acc)[2][4][4])
 {
     using C = DecCfg<GATE>;
     const int g = lane >> 2, t = lane & 3;
-    const float *sa = (const float *)(stage + C::SA_OFF);
-    const float *sw = (const float *)(stage + C::SW_OFF);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
         if (nt >= ncols)
@@ -374,7 +426,6 @@ static __device__ __forceinline__ void dec_consume(const char *stage, int ncols,
         const char *arow = stage + C::W_BYTES + (nt * 8 + g) * DEC_PITCH + 32 * t;
         const uint4 x0 = *(const uint4 *)arow, x1 = *(const uint4 *)(arow + 16);
         const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const float sa0 = sa[nt * 8 + 2 * t], sa1 = sa[nt * 8 + 2 * t + 1];
 #pragma unroll
         for (int f = 0; f < C::FRAGS; f++) {
             /* rows 16 w + g and + 8 (both g modulo 8): chunks 2 t and 2 t + 1, swizzled */
@@ -388,13 +439,58 @@ static __device__ __forceinline__ void dec_consume(const char *stage, int ncols,
             dec_mma(d, a0.z, b0.z, a0.w, b0.w, xb[2], xb[3]);
             dec_mma(d, a1.x, b1.x, a1.y, b1.y, xb[4], xb[5]);
             dec_mma(d, a1.z, b1.z, a1.w, b1.w, xb[6], xb[7]);
-            const float s0 = fp8_scale_mul(sa0, sw[f]), s1 = fp8_scale_mul(sa1, sw[f]);
+            const float s0 = fp8_scale_mul(sc.sa[nt][0], sc.sw[f]);
+            const float s1 = fp8_scale_mul(sc.sa[nt][1], sc.sw[f]);
             acc[f][nt][0] = fp8_fma(d[0], s0, acc[f][nt][0]);
             acc[f][nt][1] = fp8_fma(d[1], s1, acc[f][nt][1]);
             acc[f][nt][2] = fp8_fma(d[2], s0, acc[f][nt][2]);
             acc[f][nt][3] = fp8_fma(d[3], s1, acc[f][nt][3]);
         }
     }
+}
+
+/*
+ * Rank r > 0 of a split tile hands its sums to rank 0 through L2: it waits until rank 0 has
+ * read the previous ones (red_free), writes them, and arrives on rank 0's red_full; rank 0
+ * waits for all and adds them in rank order, then frees each rank's buffer. mbarriers, not
+ * cluster barriers, so that the producer warps never wait for this.
+ */
+template <int GATE>
+static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], float4 *part,
+                                                     uint64_t *red_full, uint64_t *red_free,
+                                                     int split, int rank, unsigned phase, int tid)
+{
+    using C = DecCfg<GATE>;
+    if (rank != 0) {
+        hp_mbar_wait(dec_smem(red_free), phase ^ 1u);
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                __stcg(part + rank * C::PART4 + (f * 4 + nt) * DEC_CONSUMER_THREADS + tid,
+                       make_float4(acc[f][nt][0], acc[f][nt][1], acc[f][nt][2], acc[f][nt][3]));
+        __threadfence();
+        dec_bar_consumers();
+        if (tid == 0)
+            dec_arrive_remote(hp_cluster_map(dec_smem(red_full), 0u));
+        return;
+    }
+    dec_wait_cluster(dec_smem(red_full), phase);
+    for (int r = 1; r < split; r++)
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float4 o =
+                    __ldcg(part + r * C::PART4 + (f * 4 + nt) * DEC_CONSUMER_THREADS + tid);
+                acc[f][nt][0] = fp8_add(acc[f][nt][0], o.x);
+                acc[f][nt][1] = fp8_add(acc[f][nt][1], o.y);
+                acc[f][nt][2] = fp8_add(acc[f][nt][2], o.z);
+                acc[f][nt][3] = fp8_add(acc[f][nt][3], o.w);
+            }
+    dec_bar_consumers(); /* every rank's sums read */
+    if (tid >= 1 && tid < split)
+        dec_arrive_remote(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
 }
 
 /* ------------------------------------------------------------- epilogues */
@@ -409,9 +505,8 @@ static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const
                                                          const float (&acc)[2][4][4], int warp,
                                                          int lane)
 {
-    float *hs = (float *)smem, *us = hs + DEC_NS * DEC_HPITCH;
+    float *hs = (float *)smem, *us = hs + DEC_NS * DEC_HPITCH; /* the h buffer */
     const int gi = lane >> 2, t = lane & 3;
-    dec_bar_consumers(); /* the previous tile's h is read */
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -473,7 +568,6 @@ static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, cons
 {
     const int gi = lane >> 2, t = lane & 3, tid = warp * 32 + lane;
     const long long e = ts.e;
-    dec_bar_consumers(); /* the previous tile's sums are made */
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -527,85 +621,6 @@ static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, cons
 
 /* ------------------------------------------------------------- the kernel */
 
-#ifdef MOE_WGMMA_DEVICE
-/* The producer warp: for each item, the tile into a free tile slot, then its stages. It runs
- * ahead of the consumers by up to a tile slot and the ring. */
-template <int GATE>
-static __device__ __forceinline__ void dec_producer(const DecParams &p, const DecDirect &dd,
-                                                   DecTileSmem *ts, char *smem, uint64_t *full,
-                                                   uint64_t *empty, uint64_t *tfull,
-                                                   uint64_t *tempty, long long cluster,
-                                                   long long items, long long kb0, long long kb1,
-                                                   int lane)
-{
-    using C = DecCfg<GATE>;
-    const Fp8Gemm &g = p.g;
-    HpPipe<C::STAGES> pipe = {0, 0u};
-    HpPipe<2> tile = {0, 0u};
-    for (long long w = cluster; w < items; w += p.x.clusters) {
-        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
-        DecTileSmem &t = ts[tile.stage];
-        hp_mbar_wait(dec_smem(&tempty[tile.stage]), tile.phase ^ 1u);
-        dec_fetch_tile(g, p.x, dd, ti, t, lane);
-        __syncwarp();
-        if (lane == 0)
-            hp_mbar_arrive(dec_smem(&tfull[tile.stage]));
-        if (t.count > 0)
-            for (long long b = kb0; b < kb1; b++) {
-                hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
-                dec_produce<GATE>(&p.map_w, g, p.x, t, smem + pipe.stage * C::STAGE,
-                                  dec_smem(&full[pipe.stage]), nb, b, lane);
-                pipe.advance();
-            }
-        tile.advance();
-    }
-}
-
-/*
- * Rank r > 0 of a split tile hands its sums to rank 0 through its own shared memory: it waits
- * until rank 0 has read the previous ones (red_free), writes them, and arrives on rank 0's
- * red_full; rank 0 waits for all of them and adds them in rank order, then frees each rank's
- * buffer. mbarriers, not cluster barriers, so that the producer warps never wait for this.
- */
-template <int GATE>
-static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], float4 *part,
-                                                     uint64_t *red_full, uint64_t *red_free,
-                                                     int split, int rank, unsigned phase, int tid)
-{
-    using C = DecCfg<GATE>;
-    if (rank != 0) {
-        hp_mbar_wait(dec_smem(red_free), phase ^ 1u);
-#pragma unroll
-        for (int f = 0; f < C::FRAGS; f++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-                part[(f * 4 + nt) * DEC_CONSUMER_THREADS + tid] =
-                    make_float4(acc[f][nt][0], acc[f][nt][1], acc[f][nt][2], acc[f][nt][3]);
-        dec_bar_consumers();
-        if (tid == 0)
-            dec_arrive_remote(hp_cluster_map(dec_smem(red_full), 0u));
-        return;
-    }
-    dec_wait_cluster(dec_smem(red_full), phase);
-    for (int r = 1; r < split; r++)
-#pragma unroll
-        for (int f = 0; f < C::FRAGS; f++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const float4 o = hp_cluster_ld4(hp_cluster_map(
-                    dec_smem(&part[(f * 4 + nt) * DEC_CONSUMER_THREADS + tid]), (unsigned)r));
-                acc[f][nt][0] = fp8_add(acc[f][nt][0], o.x);
-                acc[f][nt][1] = fp8_add(acc[f][nt][1], o.y);
-                acc[f][nt][2] = fp8_add(acc[f][nt][2], o.z);
-                acc[f][nt][3] = fp8_add(acc[f][nt][3], o.w);
-            }
-    dec_bar_consumers(); /* every peer's buffer read */
-    if (tid >= 1 && tid < split)
-        dec_arrive_remote(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
-}
-
-#endif /* MOE_WGMMA_DEVICE */
-
 template <int GATE>
 __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     fp8_dec_gemm(const __grid_constant__ DecParams p)
@@ -614,11 +629,9 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     using C = DecCfg<GATE>;
     extern __shared__ __align__(128) char smem_raw[];
     char *smem = smem_raw + ((1024 - (dec_smem(smem_raw) & 1023)) & 1023); /* swizzle atoms */
-    float4 *part = (float4 *)(smem + C::RED_OFF);
-    __shared__ DecTileSmem ts[2];
+    __shared__ DecTileSmem ts;
     __shared__ DecDirect dd;
-    __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], tfull[2], tempty[2];
-    __shared__ __align__(8) uint64_t red_full, red_free;
+    __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], red_full, red_free;
     const Fp8Gemm &g = p.g;
     const Fp8DecExtra &x = p.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -627,12 +640,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     const long long cluster = blockIdx.x / split;
     if (tid == 0) {
         for (int st = 0; st < C::STAGES; st++) {
-            hp_mbar_init(dec_smem(&full[st]), 1);
+            hp_mbar_init(dec_smem(&full[st]), DEC_FULL_ARRIVALS);
             hp_mbar_init(dec_smem(&empty[st]), 8);
-        }
-        for (int i = 0; i < 2; i++) {
-            hp_mbar_init(dec_smem(&tfull[i]), 1);
-            hp_mbar_init(dec_smem(&tempty[i]), 8);
         }
         hp_mbar_init(dec_smem(&red_full), split > 1 ? split - 1 : 1);
         hp_mbar_init(dec_smem(&red_free), 1);
@@ -673,51 +682,58 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     const long long kb0 = rank * per < nkb ? rank * per : nkb;
     const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
     if (warp == DEC_PRODUCER) {
-        dec_producer<GATE>(p, dd, ts, smem, full, empty, tfull, tempty, cluster, items, kb0, kb1,
-                           lane);
+        dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, lane);
         return;
     }
+    const int t = lane & 3;
+    float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
-    HpPipe<2> tile = {0, 0u};
     unsigned red_phase = 0;
     for (long long w = cluster; w < items; w += x.clusters) {
-        const long long nb = w % g.nblk;
-        DecTileSmem &t = ts[tile.stage];
-        hp_mbar_wait(dec_smem(&tfull[tile.stage]), tile.phase);
-        const int count = t.count; /* the same in every block of the cluster */
-        if (count > 0) {
-            float acc[2][4][4];
-#pragma unroll
-            for (int f = 0; f < 2; f++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++)
-                        acc[f][nt][v] = 0.0f;
-            const int ncols = (count + 7) / 8;
-            for (long long b = kb0; b < kb1; b++) {
-                hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
-                dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane, acc);
-                __syncwarp();
-                if (lane == 0)
-                    hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
-                pipe.advance();
-            }
-            if (split > 1) {
-                dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);
-                red_phase ^= 1u;
-            }
-            if (rank == 0) {
-                if (GATE)
-                    dec_gate_epilogue(g, t, nb, (char *)part, acc, warp, lane);
-                else
-                    dec_final_epilogue(g, x, t, nb, acc, warp, lane);
-            }
+        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        dec_bar_consumers(); /* the previous tile's rows are read */
+        if (warp == 0) {
+            long long e, s;
+            const int count = dec_tile(g, x, dd, ti, lane, &e, &s);
+            dec_rows(g, ts, count, e, s, lane);
         }
-        __syncwarp();
-        if (lane == 0)
-            hp_mbar_arrive(dec_smem(&tempty[tile.stage])); /* this warp is done with t */
-        tile.advance();
+        dec_bar_consumers();
+        const int count = ts.count; /* the same in every block of the cluster */
+        if (count == 0)
+            continue;
+        float acc[2][4][4];
+#pragma unroll
+        for (int f = 0; f < 2; f++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    acc[f][nt][v] = 0.0f;
+        const int ncols = (count + 7) / 8;
+        DecScales<GATE> cur, next;
+        if (kb0 < kb1)
+            dec_scales<GATE>(g, ts, nb, kb0, ncols, t, next);
+        for (long long b = kb0; b < kb1; b++) {
+            cur = next;
+            if (b + 1 < kb1) /* a block ahead: their latency hides behind this block */
+                dec_scales<GATE>(g, ts, nb, b + 1, ncols, t, next);
+            hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
+            dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane, cur, acc);
+            __syncwarp();
+            if (lane == 0)
+                hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
+            pipe.advance();
+        }
+        if (split > 1) {
+            dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);
+            red_phase ^= 1u;
+        }
+        if (rank == 0) {
+            if (GATE)
+                dec_gate_epilogue(g, ts, nb, smem + C::H_OFF, acc, warp, lane);
+            else
+                dec_final_epilogue(g, x, ts, nb, acc, warp, lane);
+        }
     }
     if (split > 1 && rank != 0) /* rank 0 has read this block's last sums: it may exit */
         hp_mbar_wait(dec_smem(&red_free), red_phase ^ 1u);
@@ -727,9 +743,10 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
 /* ------------------------------------------------------------- the route */
 
 /*
- * Routed mode, block 0: count the valid slots per expert, list them by expert, and cut each
- * expert's list into tiles of at most DEC_NS; zero what no tile writes. Blocks 1..: x's rows
- * quantized as `quant` does (a warp per 128-group).
+ * Before a decode GEMM. Routed mode (r.route), block 0: count the valid slots per expert, list
+ * them by expert, and cut each expert's list into tiles of at most DEC_NS; zero what no tile
+ * writes. The other blocks (all, without routing): x's rows quantized as `quant` does (a warp
+ * per 128-group; masked: the valid rows only) into xq [rows, K] and row-major f32 xs.
  */
 __global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
 {
@@ -741,17 +758,26 @@ __global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
         mf_pdl_wait();
     mf_pdl_trigger(); /* the GEMM waits for this grid before it reads anything */
     const MoeRoute &rt = r.rt;
-    if (blockIdx.x > 0) {
+    const unsigned qb = r.route ? 1u : 0u; /* the first quantizing block */
+    if (blockIdx.x >= qb) {
         if (!r.x)
             return;
-        const long long groups = r.K / FP8_BLOCK, items = r.M * groups;
-        const long long warps = (long long)(gridDim.x - 1) * 16;
-        for (long long it = (long long)(blockIdx.x - 1) * 16 + warp; it < items; it += warps) {
-            const long long m = it / groups, gi = it - m * groups;
-            const float s = dec_quant_block(r.x, r.x_dt, m * r.x_s0 + gi * FP8_BLOCK, r.q_eps,
-                                            r.q_ue8m0, r.xq + m * r.K + gi * FP8_BLOCK, lane);
+        const long long groups = r.K / FP8_BLOCK, items = r.rows * groups;
+        const long long warps = (long long)(gridDim.x - qb) * 16;
+        for (long long it = (long long)(blockIdx.x - qb) * 16 + warp; it < items; it += warps) {
+            const long long row = it / groups, gi = it - row * groups;
+            long long at = row * r.x_s0;
+            if (r.counts) { /* masked: row = e * Tmax + t, valid rows only */
+                const long long e = row / r.tmax, t = row - e * r.tmax;
+                const long long n = r.counts[e * r.counts_s0];
+                if (t >= (n < 0 ? 0 : n))
+                    continue; /* warp-uniform */
+                at = e * r.x_s0 + t * r.x_s1;
+            }
+            const float sc = dec_quant_block(r.x, r.x_dt, at + gi * FP8_BLOCK, r.q_eps,
+                                             r.q_ue8m0, r.xq + row * r.K + gi * FP8_BLOCK, lane);
             if (lane == 0)
-                r.xs[m * groups + gi] = s;
+                r.xs[row * groups + gi] = sc;
         }
         return;
     }
@@ -871,6 +897,12 @@ int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nb
     return best;
 }
 
+size_t moe_fp8_dec_part_bytes(int gate, int clusters, int split)
+{
+    const size_t per = (size_t)(gate ? DecCfg<1>::PART4 : DecCfg<0>::PART4) * 16;
+    return split > 1 ? per * (size_t)clusters * (size_t)split : 0;
+}
+
 int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split)
 {
     const long long cap = gate ? resident_clusters<1>(s, split) : resident_clusters<0>(s, split);
@@ -880,12 +912,14 @@ int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split)
 moefuse_status moe_fp8_dec_route(moefuse_context *ctx, cuda_state *s, const char *op,
                                  const Fp8DecRoute *r)
 {
-    unsigned grid = 1;
+    unsigned grid = r->route ? 1u : 0u;
     if (r->x) {
-        const long long need = (r->M * (r->K / FP8_BLOCK) + 15) / 16;
+        const long long need = (r->rows * (r->K / FP8_BLOCK) + 15) / 16;
         const long long cap = 2LL * s->sm_count;
         grid += (unsigned)(need < cap ? need : cap);
     }
+    if (grid == 0)
+        return MOEFUSE_OK;
     mf_launch_pdl(fp8_dec_route, dim3(grid), 512, 0, s->stream, r->pdl, *r);
     return mf_cuda_launched(ctx, op, "fp8_dec_route");
 }

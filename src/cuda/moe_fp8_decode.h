@@ -37,16 +37,11 @@ typedef struct Fp8DecExtra {
     long long tiles_bound;   /* tiles the grid covers at most */
     int split;               /* blocks (a cluster) sharing each tile's depth, 1..DEC_SPLIT_MAX */
     int clusters;            /* persistent clusters in the grid */
-    /* gate: x of f32/f16/bf16 (x_dt) quantized per stage as `quant` does (direct and masked;
-     * routed takes the route kernel's codes); a = NULL then */
-    const void *x;
-    int x_dt;
-    float q_eps;
-    int q_ue8m0;
+    /* split > 1: the ranks' partial sums [clusters, split, ...] on their way to rank 0 */
+    void *part;
     /* reduced final: y [S, K] f32 rows are summed into rout by the last slot of each token to
-     * arrive (arrivals [M, nblk], zero at the launch); tok_valid NULL: direct mode counts */
+     * arrive (arrivals [M, nblk], zero at the launch) */
     unsigned *arrivals;
-    const int *tok_valid;
     const float *tw;
     long long tw_s0;
     void *rout;
@@ -66,26 +61,27 @@ typedef struct Fp8DecExtra {
 enum dec_mode { DEC_DIRECT = 0, DEC_ROUTED = 1, DEC_MASKED = 2 };
 
 /*
- * The route kernel's job (routed mode): list the valid slots by expert in tiles of at most
- * DEC_NS, count each token's valid slots, zero the final's counters and the rows no tile
- * writes, and quantize x (when x_dt is set) into xq / xs as `quant` does (row-major f32).
+ * The kernel before a decode GEMM: in routed mode, list the valid slots by expert in tiles of
+ * at most DEC_NS, zero the final's counters and the rows no tile writes; in any mode,
+ * quantize x (when x is set) into xq / xs as `quant` does (row-major f32).
  */
 typedef struct Fp8DecRoute {
     MoeRoute rt;
     int *ntiles;
     DecTile *tiles;
     long long *list;
-    int *expert_of; /* [S] */
-    int *tok_valid; /* [M] */
     unsigned *arrivals;
     long long arrivals_n;
     MoeZero zero_slot, zero_tok;
+    int route;     /* list the tiles (block 0); else quantize x only */
     const void *x; /* NULL: x is f8 already */
     int x_dt;
-    int64_t x_s0;
-    uint8_t *xq;
-    float *xs;
-    int64_t M, K;
+    int64_t x_s0, x_s1;   /* row m at m * x_s0; masked: (e, t) at e * x_s0 + t * x_s1 */
+    const int32_t *counts; /* masked: n [E] (device data); rows e * Tmax + t, t < n[e] */
+    int64_t counts_s0, tmax;
+    uint8_t *xq; /* [rows, K] */
+    float *xs;   /* [rows, K / 128] */
+    int64_t rows, M, K;
     float q_eps;
     int q_ue8m0;
     int pdl;
@@ -96,6 +92,8 @@ int moe_fp8_dec_usable(const cuda_state *s);
 /* Blocks sharing the depth of each tile: from the shapes alone (gate and final alike). */
 int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nblk,
                       long long nkb);
+/* Bytes of the split sums' buffer for `clusters` clusters of `split` blocks (0 unsplit). */
+size_t moe_fp8_dec_part_bytes(int gate, int clusters, int split);
 /* Persistent clusters for `items` work items of `split` blocks each: no more than fit. */
 int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split);
 moefuse_status moe_fp8_dec_route(moefuse_context *ctx, cuda_state *s, const char *op,
