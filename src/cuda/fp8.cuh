@@ -65,6 +65,19 @@ static __device__ __forceinline__ float fp8_block_sum(long long count, int key)
     return __fmul_rn(__ll2float_rn(count), 0x1p-18f);
 }
 
+/* 16 codes at src: one 16-byte load when rows are aligned, else bytes. */
+static __device__ __forceinline__ uint4 fp8_load16(const uint8_t *src, int vec)
+{
+    if (vec)
+        return __ldg((const uint4 *)src);
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w[q] = (uint32_t)__ldg(src + 4 * q) | ((uint32_t)__ldg(src + 4 * q + 1) << 8) |
+               ((uint32_t)__ldg(src + 4 * q + 2) << 16) | ((uint32_t)__ldg(src + 4 * q + 3) << 24);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* ------------------------------------------------ x86 NaN rules of the sums */
 
 /* a + b with the CPU's NaN bits (first NaN operand quieted; an invalid sum the default NaN). */
@@ -167,6 +180,32 @@ static __device__ __forceinline__ uint32_t fp8_code(float h, float s)
     if (!mf_is_finite(h))
         return ((mf_f32_bits(h) >> 24) & 0x80u) | 0x7Eu;
     return mf_f32_to_e4m3(__fdiv_rn(h, s)); /* one IEEE division, not h * (1 / s) */
+}
+
+/*
+ * One 128-value group held by a warp, four consecutive values a lane (lane l: 4 l .. 4 l + 3):
+ * the group's amax over finite values across the warp, its scale (returned; *ue its exponent
+ * byte under ue8m0) and the lane's four codes packed low byte first, as `quant` forms them.
+ */
+static __device__ __forceinline__ float fp8_quant_warp4(const float (&v)[4], float eps,
+                                                        int ue8m0, uint32_t *codes, uint32_t *ue)
+{
+    float amax = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float a = fabsf(v[q]);
+        amax = (mf_is_finite(v[q]) && a > amax) ? a : amax;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const float s = fp8_group_scale(amax, eps, ue8m0, ue);
+    uint32_t w = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w |= fp8_code(v[q], s) << (8 * q);
+    *codes = w;
+    return s;
 }
 
 /* Where the gate writes h: codes (rows at Fp8Gemm's output offsets) and group scales. */

@@ -68,6 +68,40 @@ static __device__ __forceinline__ void hp_mbar_wait(uint32_t bar, unsigned parit
 #endif
 }
 
+/* The barrier's current phase also waits for `bytes` of transactions (no arrival). */
+static __device__ __forceinline__ void hp_mbar_expect_tx(uint32_t bar, unsigned bytes)
+{
+    HP_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+           : "memory");
+}
+
+/* One arrival on an mbarrier of another block of the cluster (an address from
+ * hp_cluster_map), releasing at cluster scope what this thread has written or seen. */
+static __device__ __forceinline__ void hp_mbar_arrive_cluster(uint32_t bar)
+{
+    HP_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
+           : "memory");
+}
+
+/* hp_mbar_wait for a phase that other blocks of the cluster complete: acquires at cluster
+ * scope what they released. */
+static __device__ __forceinline__ void hp_mbar_wait_cluster(uint32_t bar, unsigned parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
 /*
  * The barrier receives one arrival once every cp.async this thread issued
  * before has landed. noinc: the arrival is one of those the barrier was

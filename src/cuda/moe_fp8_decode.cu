@@ -100,35 +100,6 @@ static __device__ __forceinline__ uint32_t dec_smem(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* The barrier's current phase also waits for `bytes` of transactions. */
-static __device__ __forceinline__ void dec_expect_tx(uint32_t bar, unsigned bytes)
-{
-    HP_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-           : "memory");
-}
-
-/* One arrival on an mbarrier of another block of the cluster (an address from
- * hp_cluster_map), releasing this thread's (and what it has seen of its block's) writes. */
-static __device__ __forceinline__ void dec_arrive_remote(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
-                 : "memory");
-}
-
-/* Wait for a phase of this block's mbarrier that other blocks of the cluster complete. */
-static __device__ __forceinline__ void dec_wait_cluster(uint32_t bar, unsigned parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 static __device__ __forceinline__ void dec_bar_consumers(void)
 {
     asm volatile("bar.sync %0, %1;\n" ::"n"(DEC_BAR_CONSUMERS), "n"(DEC_CONSUMER_THREADS)
@@ -149,17 +120,10 @@ static __device__ __forceinline__ void dec_mma(float (&d)[4], uint32_t a0, uint3
 #endif
 }
 
-/* 16 codes at src: one 16-byte load when aligned, else bytes. */
+/* 16 codes at src, one 16-byte load where src is aligned. */
 static __device__ __forceinline__ uint4 dec_load16(const uint8_t *src)
 {
-    if (((uintptr_t)src & 15u) == 0)
-        return __ldg((const uint4 *)src);
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-        w[q] = (uint32_t)__ldg(src + 4 * q) | ((uint32_t)__ldg(src + 4 * q + 1) << 8) |
-               ((uint32_t)__ldg(src + 4 * q + 2) << 16) | ((uint32_t)__ldg(src + 4 * q + 3) << 24);
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    return fp8_load16(src, ((uintptr_t)src & 15u) == 0);
 }
 
 #endif /* MOE_WGMMA_DEVICE */
@@ -204,23 +168,13 @@ static __device__ __forceinline__ float dec_quant_block(const void *x, int dt, l
                                                         float eps, int ue8m0, uint8_t *dst,
                                                         int lane)
 {
-    float v[4], amax = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        v[q] = mfm_load(x, dt, at + 4 * lane + q);
-        const float a = fabsf(v[q]);
-        amax = (mf_is_finite(v[q]) && a > amax) ? a : amax;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    uint32_t ue;
-    const float s = fp8_group_scale(amax, eps, ue8m0, &ue);
-    uint32_t w = 0;
+    float v[4];
 #pragma unroll
     for (int q = 0; q < 4; q++)
-        w |= fp8_code(v[q], s) << (8 * q);
-    *(uint32_t *)(dst + 4 * lane) = w;
+        v[q] = mfm_load(x, dt, at + 4 * lane + q);
+    uint32_t codes, ue;
+    const float s = fp8_quant_warp4(v, eps, ue8m0, &codes, &ue);
+    *(uint32_t *)(dst + 4 * lane) = codes;
     return s;
 }
 
@@ -312,7 +266,7 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
     using C = DecCfg<GATE>;
     if (x.w_map) {
         if (lane == 0) {
-            dec_expect_tx(full, C::ROWS * FP8_BLOCK);
+            hp_mbar_expect_tx(full, C::ROWS * FP8_BLOCK);
             /* one tensor copy per 128 rows: small bulk copies (one per row) are issued far
              * slower than DRAM delivers them */
 #pragma unroll
@@ -472,10 +426,10 @@ static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], floa
         __threadfence();
         dec_bar_consumers();
         if (tid == 0)
-            dec_arrive_remote(hp_cluster_map(dec_smem(red_full), 0u));
+            hp_mbar_arrive_cluster(hp_cluster_map(dec_smem(red_full), 0u));
         return;
     }
-    dec_wait_cluster(dec_smem(red_full), phase);
+    hp_mbar_wait_cluster(dec_smem(red_full), phase);
     for (int r = 1; r < split; r++)
 #pragma unroll
         for (int f = 0; f < C::FRAGS; f++)
@@ -490,7 +444,7 @@ static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], floa
             }
     dec_bar_consumers(); /* every rank's sums read */
     if (tid >= 1 && tid < split)
-        dec_arrive_remote(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
+        hp_mbar_arrive_cluster(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
 }
 
 /* ------------------------------------------------------------- epilogues */
@@ -531,21 +485,8 @@ static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const
     for (int i = warp; i < ts.count; i += 8) {
         const float4 h4 = *(const float4 *)(hs + i * DEC_HPITCH + 4 * lane);
         const float hv[4] = {h4.x, h4.y, h4.z, h4.w};
-        float amax = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float a = fabsf(hv[q]);
-            amax = (mf_is_finite(hv[q]) && a > amax) ? a : amax;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-        uint32_t ue;
-        const float s = fp8_group_scale(amax, g.h.eps, g.h.ue8m0, &ue);
-        uint32_t w = 0;
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            w |= fp8_code(hv[q], s) << (8 * q);
+        uint32_t w, ue;
+        const float s = fp8_quant_warp4(hv, g.h.eps, g.h.ue8m0, &w, &ue);
         uint8_t *dst = g.h.q + ts.orow[i] + nb * FP8_BLOCK + 4 * lane;
         if (((uintptr_t)dst & 3u) == 0)
             *(uint32_t *)dst = w;

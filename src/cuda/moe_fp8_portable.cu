@@ -23,19 +23,6 @@
 #define FP8_LD (FP8_BK + 4)         /* shared row pitch in ints: conflict-free 16-byte reads */
 #define FP8_SPB (FP8_BLOCK / FP8_BK) /* stages per scale block */
 
-/* 16 codes at src: one 16-byte load when rows are aligned, else bytes. */
-static __device__ __forceinline__ uint4 fp8_load16(const uint8_t *src, int vec)
-{
-    if (vec)
-        return __ldg((const uint4 *)src);
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-        w[q] = (uint32_t)__ldg(src + 4 * q) | ((uint32_t)__ldg(src + 4 * q + 1) << 8) |
-               ((uint32_t)__ldg(src + 4 * q + 2) << 16) | ((uint32_t)__ldg(src + 4 * q + 3) << 24);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 template <int BM, int BN> struct Fp8Smem {
     int a[BM][FP8_LD];      /* activation counts of the stage */
     int b[BN][FP8_LD];      /* weight counts of the stage */
