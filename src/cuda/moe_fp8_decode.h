@@ -1,8 +1,9 @@
 /*
- * The FP8 decode GEMM of the MoE layer (moe_fp8_decode.cu): few rows per expert, so a GEMM is
- * one read of the routed experts' weights. What the host side (moe_fp8.cu) hands it beyond
- * Fp8Gemm (fp8.cuh): where the tiles come from, how the depth is split, and the fused top-k
- * sum of the reduced final. Included by .cu files only (C++, C style).
+ * The FP8 decode GEMM of the MoE layer (moe_fp8_decode.cu) and the kernel before it
+ * (moe_fp8_decode_route.cu): few rows per expert, so a GEMM is one read of the routed experts'
+ * weights. What the host side (moe_fp8.cu) hands them beyond Fp8Gemm (fp8.cuh): where the tiles
+ * come from, how the depth is split, the fused top-k sum of the reduced final, and the zeroing
+ * both kernels do. Included by .cu files only (C++, C style).
  */
 #ifndef MOEFUSE_CUDA_MOE_FP8_DECODE_H
 #define MOEFUSE_CUDA_MOE_FP8_DECODE_H
@@ -86,6 +87,34 @@ typedef struct Fp8DecRoute {
     int q_ue8m0;
     int pdl;
 } Fp8DecRoute;
+
+/* Rows no tile writes: un-reduced outputs of invalid slots, reduced rows of tokens without a
+ * valid slot, and counters; threads tid of n of one block. */
+static __device__ void dec_zero(const MoeRoute &rt, long long M, const MoeZero &zs,
+                                const MoeZero &zt, unsigned *cnt, long long cnt_n, int tid,
+                                int n)
+{
+    for (long long i = tid; i < cnt_n; i += n)
+        cnt[i] = 0u;
+    if (zs.p)
+        for (long long s = 0; s < rt.S; s++) {
+            const long long m = s / rt.topk, j = s - m * rt.topk;
+            if (moe_slot_expert(rt, m, j) >= 0)
+                continue;
+            for (long long c = tid; c < zs.width; c += n)
+                mfm_store(zs.p, zs.dt, m * zs.s0 + j * zs.s1 + c, 0.0f);
+        }
+    if (zt.p)
+        for (long long m = 0; m < M; m++) {
+            bool any = false;
+            for (long long j = 0; j < rt.topk && !any; j++)
+                any = moe_slot_expert(rt, m, j) >= 0;
+            if (any)
+                continue;
+            for (long long c = tid; c < zt.width; c += n)
+                mfm_store(zt.p, zt.dt, m * zt.s0 + c, 0.0f);
+        }
+}
 
 /* The decode kernels exist (sm_90a built) and this device can run them (9.0, clusters). */
 int moe_fp8_dec_usable(const cuda_state *s);
