@@ -359,6 +359,33 @@ START_TEST(t_decode_deep)
 }
 END_TEST
 
+/*
+ * Decode shapes (MOEFUSE_CUDA_GEMM=decode forces the CUDA backend's decode path on them):
+ * M = 1, 2, 7, 31 and 64 with k = 8 and 2, so slots that route themselves and slots the route
+ * lists, bf16 and f16, invalid ids, an expert_map, both output forms.
+ */
+START_TEST(t_decode_shapes)
+{
+    static const int64_t Ms[5] = {1, 2, 7, 31, 64};
+    for (int i = 0; i < 10; i++) {
+        cfg c = base(i % 2 ? MOEFUSE_F16 : MOEFUSE_BF16);
+        c.M = Ms[i % 5];
+        c.k = i < 5 ? 8 : 2;
+        c.E = 16, c.Eg = 20;
+        c.K = i % 3 ? 256 : 384;
+        c.I = i % 2 ? 128 : 320;
+        c.dense = 1;
+        c.invalid = 1;
+        c.use_map = i % 4 == 1;
+        c.bias = i % 2;
+        c.reduce = i % 3 != 2;
+        c.act = i % 3;
+        c.order = (i / 2) % 2;
+        run(c);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("moe");
@@ -373,6 +400,7 @@ int main(void)
     tcase_add_test(tc, t_deep_ragged);
     tcase_add_test(tc, t_many_tiles);
     tcase_add_test(tc, t_decode_deep);
+    tcase_add_test(tc, t_decode_shapes);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

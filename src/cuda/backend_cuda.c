@@ -129,7 +129,7 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
         free(s);
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "cuda: MOEFUSE_CUDA_GEMM=%.64s is none of simt16, simt64, mma_s, mma_m, "
-                        "mma_l, wgmma, ws",
+                        "mma_l, wgmma, ws, decode",
                         getenv("MOEFUSE_CUDA_GEMM"));
     }
     s->forced_split = mf_cuda_split_from_env();

@@ -23,8 +23,11 @@
 extern "C" int mf_cuda_fp8_gemm_from_env(void)
 {
     const char *v = getenv("MOEFUSE_CUDA_FP8");
-    if (!v || !*v)
-        return FP8_GEMM_AUTO;
+    if (!v || !*v) {
+        /* MOEFUSE_CUDA_GEMM=decode forces the decode path of both dtypes */
+        const char *g = getenv("MOEFUSE_CUDA_GEMM");
+        return g && strcmp(g, "decode") == 0 ? FP8_GEMM_DECODE : FP8_GEMM_AUTO;
+    }
     if (strcmp(v, "portable") == 0)
         return FP8_GEMM_PORTABLE;
     if (strcmp(v, "wgmma") == 0)

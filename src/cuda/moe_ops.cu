@@ -57,6 +57,8 @@ extern "C" int mf_cuda_gemm_from_env(void)
     const char *v = getenv("MOEFUSE_CUDA_GEMM");
     if (!v || !*v)
         return -1;
+    if (strcmp(v, "decode") == 0)
+        return MOE_MMA_S; /* the decode tiles (and moe_fp8.cu's decode kernel for FP8) */
     for (int c = 0; c < MOE_CFG_COUNT; c++)
         if (strcmp(v, gemm_names[c]) == 0)
             return c;
