@@ -96,7 +96,7 @@ run_bench() { # backend
             echo "(exit $?)" >>"$log"
     done
     note "bench-$1${BENCH_TAG:-}: $(grep -c '^== ' "$log") runs, table:"
-    awk '/^== /{cmd=$0} /^(figure|ceiling|ratio|roofline ratio):/{print cmd " | " $0}' "$log" | tee -a "$summary" >/dev/null
+    awk '/^== /{cmd=$0} /^(time|figure|ceiling|ratio|roofline ratio|read floor|read-floor ratio|graph):/{print cmd " | " $0}' "$log" | tee -a "$summary" >/dev/null
 }
 
 for stage in "$@"; do
