@@ -50,22 +50,45 @@ static __device__ __forceinline__ void hp_mbar_arrive_tx(uint32_t bar, unsigned 
            : "memory");
 }
 
-/* Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes). */
-static __device__ __forceinline__ void hp_mbar_wait(uint32_t bar, unsigned parity)
+/*
+ * Waits until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes).
+ * CLUSTER: a phase that other blocks of the cluster complete, acquiring at cluster scope what
+ * they released (hp_mbar_arrive_cluster).
+ */
+template <bool CLUSTER>
+static __device__ __forceinline__ void hp_mbar_wait_scoped(uint32_t bar, unsigned parity)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint32_t done;
     do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
+        if constexpr (CLUSTER)
+            asm volatile("{\n.reg .pred p;\n"
+                         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         "selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
+        else
+            asm volatile("{\n.reg .pred p;\n"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         "selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
     } while (!done);
 #else
     (void)bar, (void)parity;
 #endif
+}
+
+static __device__ __forceinline__ void hp_mbar_wait(uint32_t bar, unsigned parity)
+{
+    hp_mbar_wait_scoped<false>(bar, parity);
+}
+
+static __device__ __forceinline__ void hp_mbar_wait_cluster(uint32_t bar, unsigned parity)
+{
+    hp_mbar_wait_scoped<true>(bar, parity);
 }
 
 /* The barrier's current phase also waits for `bytes` of transactions (no arrival). */
@@ -81,25 +104,6 @@ static __device__ __forceinline__ void hp_mbar_arrive_cluster(uint32_t bar)
 {
     HP_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar)
            : "memory");
-}
-
-/* hp_mbar_wait for a phase that other blocks of the cluster complete: acquires at cluster
- * scope what they released. */
-static __device__ __forceinline__ void hp_mbar_wait_cluster(uint32_t bar, unsigned parity)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-#else
-    (void)bar, (void)parity;
-#endif
 }
 
 /*
