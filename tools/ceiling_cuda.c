@@ -42,6 +42,23 @@ static int stream_of(moefuse_context *ctx, cudaStream_t *stream, char *what, siz
     return 0;
 }
 
+/* The two events that time a run on the device (ev[0] before, ev[1] after); -1 with why. */
+static int events_create(cudaEvent_t ev[2], char *what, size_t what_size)
+{
+    ev[0] = ev[1] = NULL;
+    cudaError_t e = cudaEventCreate(&ev[0]);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&ev[1]);
+    return e == cudaSuccess ? 0 : cuda_failed(what, what_size, "cudaEventCreate", e);
+}
+
+static void events_destroy(cudaEvent_t ev[2])
+{
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+}
+
 /* Host-side seconds up to the end of the stream's work: how cmd_bench times the op. */
 static int sync_timed(cudaStream_t stream, double t0, double *seconds, char *what,
                       size_t what_size)
@@ -120,7 +137,7 @@ static double cuda_read_gbs(moefuse_context *ctx, char *what, size_t what_size)
     float best_ms = 1e30f;
     void *src = NULL;
     unsigned int *partial = NULL;
-    cudaEvent_t start = NULL, stop = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
     int device = 0, sms = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess)
@@ -139,24 +156,19 @@ static double cuda_read_gbs(moefuse_context *ctx, char *what, size_t what_size)
         cuda_failed(what, what_size, "cudaMalloc/cudaMemsetAsync of the read buffer", e);
         goto done;
     }
-    e = cudaEventCreate(&start);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&stop);
-    if (e != cudaSuccess) {
-        cuda_failed(what, what_size, "cudaEventCreate", e);
+    if (events_create(ev, what, what_size) != 0)
         goto done;
-    }
     for (int r = -1; r < 5; r++) { /* r = -1: warm-up */
         float ms = 0.0f;
-        e = cudaEventRecord(start, stream);
+        e = cudaEventRecord(ev[0], stream);
         if (e == cudaSuccess)
             e = ceiling_cuda_read_launch(src, bytes, partial, blocks, stream);
         if (e == cudaSuccess)
-            e = cudaEventRecord(stop, stream);
+            e = cudaEventRecord(ev[1], stream);
         if (e == cudaSuccess)
-            e = cudaEventSynchronize(stop);
+            e = cudaEventSynchronize(ev[1]);
         if (e == cudaSuccess)
-            e = cudaEventElapsedTime(&ms, start, stop);
+            e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
         if (e != cudaSuccess) {
             cuda_failed(what, what_size, "the read kernel", e);
             goto done;
@@ -171,10 +183,7 @@ static double cuda_read_gbs(moefuse_context *ctx, char *what, size_t what_size)
              bytes >> 20, blocks, READ_BLOCKS_PER_SM, ceiling_cuda_read_threads,
              ceiling_cuda_read_unroll);
 done:
-    if (start)
-        cudaEventDestroy(start);
-    if (stop)
-        cudaEventDestroy(stop);
+    events_destroy(ev);
     cudaFree(src);
     cudaFree(partial);
     return gbs;
@@ -576,7 +585,7 @@ static int cuda_graph_times(moefuse_context *ctx, moefuse_status (*issue)(void *
     cudaStream_t stream = NULL;
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    cudaEvent_t start = NULL, stop = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
     moefuse_status st = moefuse_synchronize(ctx); /* the inputs' uploads are done */
     if (st != MOEFUSE_OK) {
         snprintf(what, what_size, "moefuse_synchronize failed: %s", moefuse_last_error(ctx));
@@ -618,24 +627,19 @@ static int cuda_graph_times(moefuse_context *ctx, moefuse_status (*issue)(void *
         cuda_failed(what, what_size, "cudaGraphInstantiate", e);
         goto done;
     }
-    e = cudaEventCreate(&start);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&stop);
-    if (e != cudaSuccess) {
-        cuda_failed(what, what_size, "cudaEventCreate", e);
+    if (events_create(ev, what, what_size) != 0)
         goto done;
-    }
     for (int64_t r = -warmup; r < iters; r++) {
         float ms = 0.0f;
-        e = cudaEventRecord(start, stream);
+        e = cudaEventRecord(ev[0], stream);
         if (e == cudaSuccess)
             e = cudaGraphLaunch(exec, stream);
         if (e == cudaSuccess)
-            e = cudaEventRecord(stop, stream);
+            e = cudaEventRecord(ev[1], stream);
         if (e == cudaSuccess)
-            e = cudaEventSynchronize(stop);
+            e = cudaEventSynchronize(ev[1]);
         if (e == cudaSuccess)
-            e = cudaEventElapsedTime(&ms, start, stop);
+            e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
         if (e != cudaSuccess) {
             cuda_failed(what, what_size, "a replay of the graph", e);
             goto done;
@@ -648,10 +652,7 @@ static int cuda_graph_times(moefuse_context *ctx, moefuse_status (*issue)(void *
              (long long)calls);
     rc = 0;
 done:
-    if (start)
-        cudaEventDestroy(start);
-    if (stop)
-        cudaEventDestroy(stop);
+    events_destroy(ev);
     if (exec)
         cudaGraphExecDestroy(exec);
     if (graph)
