@@ -136,6 +136,33 @@ static __device__ __forceinline__ void hp_tma_load_3d(uint32_t dst, const void *
            : "memory");
 }
 
+/* An L2 policy under which lines go first: for data read once (a weight stream). */
+static __device__ __forceinline__ uint64_t hp_policy_evict_first(void)
+{
+    uint64_t pol = 0;
+    HP_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
+/* hp_tma_load_3d under an L2 policy (hp_policy_evict_first). */
+static __device__ __forceinline__ void hp_tma_load_3d_hint(uint32_t dst, const void *map,
+                                                           uint32_t bar, int c0, int c1, int c2,
+                                                           uint64_t policy)
+{
+    HP_ASM("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+           ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+           "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+           : "memory");
+}
+
+/* The box at (c0, c1, c2) of a 3-D tensor map into L2 only: no shared memory, no barrier. */
+static __device__ __forceinline__ void hp_tma_prefetch_3d(const void *map, int c0, int c1, int c2)
+{
+    HP_ASM("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map),
+           "r"(c0), "r"(c1), "r"(c2)
+           : "memory");
+}
+
 /* Register reallocation between warpgroups (every warp of the warpgroup executes it). */
 template <int N> static __device__ __forceinline__ void hp_regs_dec(void)
 {

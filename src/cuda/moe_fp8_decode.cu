@@ -49,6 +49,15 @@
 #define DEC_HPITCH 132 /* floats between the slots' rows of h in the gate's epilogue */
 #define DEC_BOX_ROWS 128 /* weight rows of one tensor copy */
 #define DEC_FULL_ARRIVALS 33 /* the producer lanes' activation rows, and its lane 0 */
+/* The consumers read a tile's scales from shared memory, DEC_SWIN depth blocks at a time,
+ * each window loaded into registers while the one before streams: a scale read from memory
+ * costs a DRAM latency, more than a stage takes to arrive, so reading it a block ahead
+ * (as before) capped the stream at one stage per latency. */
+#define DEC_SWIN 16
+#define DEC_SCOLS (DEC_NS + 2) /* a window's row: the slots' scales, then the weights' */
+#define DEC_SWIN_BYTES (DEC_SWIN * DEC_SCOLS * 4)
+#define DEC_SREGS ((DEC_SWIN * DEC_SCOLS + DEC_CONSUMER_THREADS - 1) / DEC_CONSUMER_THREADS)
+#define DEC_PREFETCH 8 /* stages of weights a block prefetches into L2 before its wait */
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -60,8 +69,10 @@ template <int GATE> struct DecCfg {
     /* weight rows of 128 bytes, swizzled (chunk c of row r at c ^ (r % 8)): 1024-aligned */
     static constexpr int W_BYTES = ROWS * FP8_BLOCK;
     static constexpr int STAGE = (W_BYTES + DEC_NS * DEC_PITCH + 1023) / 1024 * 1024;
-    /* the gate's h of a tile in its epilogue, beside the ring (the producer runs ahead) */
-    static constexpr int HBUF = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
+    /* the gate's h of a tile in its epilogue, beside the ring (the producer runs ahead); the
+     * scales of two windows while the tile streams (the same bytes: never live together) */
+    static constexpr int HBUF_H = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
+    static constexpr int HBUF = HBUF_H > 2 * DEC_SWIN_BYTES ? HBUF_H : 2 * DEC_SWIN_BYTES;
     static constexpr int H_OFF = STAGES * STAGE;
     static constexpr int SMEM = H_OFF + HBUF + 1024; /* and the base's alignment */
     /* a rank's partial sums, float4 per consumer thread, fragment and n8 column */
@@ -202,6 +213,36 @@ static __device__ __forceinline__ void dec_rows(const Fp8Gemm &g, DecTileSmem &t
 
 /* ------------------------------------------------------------- producer */
 
+/* The first weight row of half f (gate: gate / up rows) of column block nb. */
+template <int GATE>
+static __device__ __forceinline__ int dec_wrow(const Fp8Gemm &g, int f, long long nb)
+{
+    return (int)((GATE ? (f == 0 ? g.gate_row : g.up_row) : 0) + nb * 128);
+}
+
+/*
+ * Before the wait for the kernel ahead (x.early): the weights of this block's first item,
+ * its first DEC_PREFETCH stages, into L2, so that they stream while that kernel ends.
+ */
+template <int GATE>
+static __device__ __forceinline__ void dec_prefetch(const DecParams &p, const DecDirect &dd,
+                                                    long long cluster, long long items,
+                                                    long long kb0, long long kb1, int lane)
+{
+    using C = DecCfg<GATE>;
+    const Fp8Gemm &g = p.g;
+    if (!p.x.w_map || cluster >= items)
+        return;
+    const long long ti = cluster / g.nblk, nb = cluster - ti * g.nblk;
+    long long e, s;
+    if (dec_tile(g, p.x, dd, ti, lane, &e, &s) == 0)
+        return;
+    const long long n = kb1 - kb0 < DEC_PREFETCH ? kb1 - kb0 : DEC_PREFETCH;
+    for (long long i = lane; i < n * C::FRAGS; i += 32)
+        hp_tma_prefetch_3d(&p.map_w, (int)((kb0 + i / C::FRAGS) * FP8_BLOCK),
+                           dec_wrow<GATE>(g, (int)(i % C::FRAGS), nb), (int)e);
+}
+
 /*
  * Stage of depth block b: the weight rows by tensor copies, the activation rows (lane i: row
  * i) by cp.async, every lane's and the tensor bytes completing `full`.
@@ -211,7 +252,7 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
                                                    const Fp8DecExtra &x, char *stage,
                                                    uint32_t full, long long e, int count,
                                                    long long arow, long long nb, long long b,
-                                                   int lane)
+                                                   int lane, uint64_t policy)
 {
     using C = DecCfg<GATE>;
     if (x.w_map) {
@@ -221,10 +262,9 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
              * slower than DRAM delivers them */
 #pragma unroll
             for (int f = 0; f < C::FRAGS; f++)
-                hp_tma_load_3d(dec_smem(stage + f * DEC_BOX_ROWS * FP8_BLOCK), map, full,
-                               (int)(b * FP8_BLOCK),
-                               (int)((GATE ? (f == 0 ? g.gate_row : g.up_row) : 0) + nb * 128),
-                               (int)e);
+                hp_tma_load_3d_hint(dec_smem(stage + f * DEC_BOX_ROWS * FP8_BLOCK), map, full,
+                                    (int)(b * FP8_BLOCK), dec_wrow<GATE>(g, f, nb), (int)e,
+                                    policy);
         }
     } else { /* rows no tensor map describes: through registers, swizzled as TMA would */
         const uint8_t *wb = g.w + e * g.w_s0 + b * FP8_BLOCK;
@@ -266,6 +306,9 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
     using C = DecCfg<GATE>;
     const Fp8Gemm &g = p.g;
     HpPipe<C::STAGES> pipe = {0, 0u};
+    const uint64_t policy = hp_policy_evict_first(); /* each weight is read once */
+    if (p.x.w_map && lane == 0)
+        hp_tma_prefetch(&p.map_w);
     for (long long w = cluster; w < items; w += p.x.clusters) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         long long e, s;
@@ -275,7 +318,8 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
             for (long long b = kb0; b < kb1; b++) {
                 hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
                 dec_produce<GATE>(&p.map_w, g, p.x, smem + pipe.stage * C::STAGE,
-                                  dec_smem(&full[pipe.stage]), e, count, arow, nb, b, lane);
+                                  dec_smem(&full[pipe.stage]), e, count, arow, nb, b, lane,
+                                  policy);
                 pipe.advance();
             }
     }
@@ -283,31 +327,42 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
 
 /* ------------------------------------------------------------- consumers */
 
-/* The scales a consumer thread needs for block b: its two slot columns of each n8 column and
- * each half's weight block. */
-template <int GATE> struct DecScales {
-    float sa[4][2], sw[2];
-};
-
+/*
+ * The scales of window [b0, b0 + DEC_SWIN) (blocks below kb1) into registers: element i =
+ * tid + q * 256 of the window is (block b0 + i / DEC_SCOLS, column i % DEC_SCOLS), columns
+ * below DEC_NS the slots' activation scales, DEC_NS + f the weights' of half f.
+ */
 template <int GATE>
-static __device__ __forceinline__ void dec_scales(const Fp8Gemm &g, const DecTileSmem &ts,
-                                                  long long nb, long long b, int ncols, int t,
-                                                  DecScales<GATE> &sc)
+static __device__ __forceinline__ void dec_scales_load(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                       long long nb, long long b0, long long kb1,
+                                                       int tid, float (&r)[DEC_SREGS])
 {
-    using C = DecCfg<GATE>;
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int slot = nt * 8 + 2 * t + i;
-            sc.sa[nt][i] = nt < ncols && slot < ts.count
-                               ? fp8_act_scale(g.as, ts.blk, ts.srow[slot], b)
-                               : 0.0f;
+    for (int q = 0; q < DEC_SREGS; q++) {
+        const int i = tid + q * DEC_CONSUMER_THREADS, c = i % DEC_SCOLS;
+        const long long b = b0 + i / DEC_SCOLS;
+        r[q] = 0.0f;
+        if (i >= DEC_SWIN * DEC_SCOLS || b >= kb1)
+            continue;
+        if (c < DEC_NS) {
+            if (c < ts.count)
+                r[q] = fp8_act_scale(g.as, ts.blk, ts.srow[c], b);
+        } else if (c - DEC_NS < DecCfg<GATE>::FRAGS) {
+            const int f = c - DEC_NS;
+            const long long rb = GATE ? (f == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
+            r[q] = fp8_w_scale(g.ws, ts.e, rb, b);
         }
+    }
+}
+
+static __device__ __forceinline__ void dec_scales_store(float *win, const float (&r)[DEC_SREGS],
+                                                        int tid)
+{
 #pragma unroll
-    for (int f = 0; f < C::FRAGS; f++) {
-        const long long rb = GATE ? (f == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
-        sc.sw[f] = fp8_w_scale(g.ws, ts.e, rb, b);
+    for (int q = 0; q < DEC_SREGS; q++) {
+        const int i = tid + q * DEC_CONSUMER_THREADS;
+        if (i < DEC_SWIN * DEC_SCOLS)
+            win[i] = r[q];
     }
 }
 
@@ -318,7 +373,7 @@ static __device__ __forceinline__ void dec_scales(const Fp8Gemm &g, const DecTil
  */
 template <int GATE>
 static __device__ __forceinline__ void dec_consume(const char *stage, int ncols, int warp,
-                                                   int lane, const DecScales<GATE> &sc,
+                                                   int lane, const float *sc,
                                                    float (&acc)[2][4][4])
 {
     using C = DecCfg<GATE>;
@@ -343,8 +398,10 @@ static __device__ __forceinline__ void dec_consume(const char *stage, int ncols,
             dec_mma(d, a0.z, b0.z, a0.w, b0.w, xb[2], xb[3]);
             dec_mma(d, a1.x, b1.x, a1.y, b1.y, xb[4], xb[5]);
             dec_mma(d, a1.z, b1.z, a1.w, b1.w, xb[6], xb[7]);
-            const float s0 = fp8_scale_mul(sc.sa[nt][0], sc.sw[f]);
-            const float s1 = fp8_scale_mul(sc.sa[nt][1], sc.sw[f]);
+            /* this block's row of the window: the thread's two slots, the half's weights */
+            const float sw = sc[DEC_NS + f];
+            const float s0 = fp8_scale_mul(sc[nt * 8 + 2 * t], sw);
+            const float s1 = fp8_scale_mul(sc[nt * 8 + 2 * t + 1], sw);
             acc[f][nt][0] = fp8_fma(d[0], s0, acc[f][nt][0]);
             acc[f][nt][1] = fp8_fma(d[1], s1, acc[f][nt][1]);
             acc[f][nt][2] = fp8_fma(d[2], s0, acc[f][nt][2]);
@@ -490,21 +547,39 @@ static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, cons
         __threadfence();
     }
     dec_bar_consumers();
-    const long long K = g.ncols, k = g.rt.topk;
+    /* lane: four columns; the token's slots eight at a time, their loads issued together
+     * (one at a time, each a round trip to L2, was most of the epilogue), summed in order */
+    const long long K = g.ncols, k = g.rt.topk, c = nb * FP8_BLOCK + 4 * lane;
     for (int i = warp; i < ts.count; i += 8) {
         if (!ts.last[i])
             continue;
         const long long m = ts.tok[i];
-        for (long long c = nb * FP8_BLOCK + lane; c < (nb + 1) * FP8_BLOCK; c += 32) {
-            float sum = 0.0f;
-            for (long long j = 0; j < k; j++) {
-                if (moe_slot_expert(g.rt, m, j) < 0)
-                    continue; /* an invalid slot adds nothing, not even a signed zero */
-                const float y = __ldcg((const float *)g.out + (m * k + j) * K + c);
-                sum = fp8_add(sum, mf_mul(x.tw[m * x.tw_s0 + j], y));
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (long long j0 = 0; j0 < k; j0 += 8) {
+            float4 y[8];
+            float w[8];
+            bool ok[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const long long j = j0 + q;
+                ok[q] = j < k && moe_slot_expert(g.rt, m, j) >= 0;
+                y[q] = ok[q] ? __ldcg((const float4 *)((const float *)g.out + (m * k + j) * K + c))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                w[q] = ok[q] ? x.tw[m * x.tw_s0 + j] : 0.0f;
             }
-            mfm_store(x.rout, x.rout_dt, m * x.rout_s0 + c, sum);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                if (!ok[q])
+                    continue; /* an invalid slot adds nothing, not even a signed zero */
+                sum[0] = fp8_add(sum[0], mf_mul(w[q], y[q].x));
+                sum[1] = fp8_add(sum[1], mf_mul(w[q], y[q].y));
+                sum[2] = fp8_add(sum[2], mf_mul(w[q], y[q].z));
+                sum[3] = fp8_add(sum[3], mf_mul(w[q], y[q].w));
+            }
         }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            mfm_store(x.rout, x.rout_dt, m * x.rout_s0 + c + q, sum[q]);
     }
 }
 
@@ -540,11 +615,14 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     }
     if (split > 1)
         hp_cluster_sync(); /* every block's barriers exist before another arrives on them */
-    if (x.pdl)
+    /* early: the ids and tiles were complete before the kernel ahead started (it waited for
+     * its own before it let this one launch): only its outputs wait */
+    const bool early = x.pdl && x.early;
+    if (x.pdl && !early)
         mf_pdl_wait(); /* everything below reads what earlier kernels wrote */
-    if (x.trigger)
+    if (x.trigger && !early)
         mf_pdl_trigger();
-    if (blockIdx.x == 0)
+    if (blockIdx.x == 0 && !early)
         dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
                  x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
     if (x.mode == DEC_DIRECT && warp == DEC_PRODUCER) {
@@ -572,11 +650,21 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     const long long per = (nkb + split - 1) / split;
     const long long kb0 = rank * per < nkb ? rank * per : nkb;
     const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
+    if (early) {
+        if (warp == DEC_PRODUCER)
+            dec_prefetch<GATE>(p, dd, cluster, items, kb0, kb1, lane);
+        mf_pdl_wait();
+        if (x.trigger) /* after the wait: what ran before this kernel is complete when the
+                        * next one starts */
+            mf_pdl_trigger();
+        if (blockIdx.x == 0)
+            dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
+                     x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
+    }
     if (warp == DEC_PRODUCER) {
         dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, lane);
         return;
     }
-    const int t = lane & 3;
     float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
     unsigned red_phase = 0;
@@ -601,15 +689,22 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
                 for (int v = 0; v < 4; v++)
                     acc[f][nt][v] = 0.0f;
         const int ncols = (count + 7) / 8;
-        DecScales<GATE> cur, next;
-        if (kb0 < kb1)
-            dec_scales<GATE>(g, ts, nb, kb0, ncols, t, next);
+        float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
+        float sreg[DEC_SREGS];
+        dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sreg);
         for (long long b = kb0; b < kb1; b++) {
-            cur = next;
-            if (b + 1 < kb1) /* a block ahead: their latency hides behind this block */
-                dec_scales<GATE>(g, ts, nb, b + 1, ncols, t, next);
+            const long long wi = (b - kb0) / DEC_SWIN, wb = (b - kb0) - wi * DEC_SWIN;
+            float *cur = win + (wi & 1) * (DEC_SWIN * DEC_SCOLS);
+            if (wb == 0) {
+                /* the other window was last read before the previous window's barrier */
+                dec_scales_store(cur, sreg, tid);
+                dec_bar_consumers();
+                if (b + DEC_SWIN < kb1) /* the next window's latency hides behind this one */
+                    dec_scales_load<GATE>(g, ts, nb, b + DEC_SWIN, kb1, tid, sreg);
+            }
             hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
-            dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane, cur, acc);
+            dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane,
+                              cur + wb * DEC_SCOLS, acc);
             __syncwarp();
             if (lane == 0)
                 hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
@@ -620,9 +715,10 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
             red_phase ^= 1u;
         }
         if (rank == 0) {
-            if (GATE)
+            if (GATE) {
+                dec_bar_consumers(); /* the scale windows (h's buffer) are read */
                 dec_gate_epilogue(g, ts, nb, smem + C::H_OFF, acc, warp, lane);
-            else
+            } else
                 dec_final_epilogue(g, x, ts, nb, acc, warp, lane);
         }
     }
