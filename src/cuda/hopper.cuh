@@ -155,14 +155,6 @@ static __device__ __forceinline__ void hp_tma_load_3d_hint(uint32_t dst, const v
            : "memory");
 }
 
-/* The box at (c0, c1, c2) of a 3-D tensor map into L2 only: no shared memory, no barrier. */
-static __device__ __forceinline__ void hp_tma_prefetch_3d(const void *map, int c0, int c1, int c2)
-{
-    HP_ASM("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map),
-           "r"(c0), "r"(c1), "r"(c2)
-           : "memory");
-}
-
 /* Register reallocation between warpgroups (every warp of the warpgroup executes it). */
 template <int N> static __device__ __forceinline__ void hp_regs_dec(void)
 {

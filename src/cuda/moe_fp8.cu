@@ -543,8 +543,6 @@ static moefuse_status gate_decode(moefuse_context *ctx, cuda_state *s, const cha
     MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
     if (r.route)
         dec_tiles_from(&x, &r);
-    /* direct, the ids come from before the route kernel, which waits before it triggers */
-    x.early = pl->dec_mode == DEC_DIRECT && r.x != NULL;
     return moe_fp8_dec_launch(ctx, s, op, 1, g, &x);
 }
 
@@ -589,7 +587,6 @@ static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const ch
         dec_tiles_from(&x, &r);
         x.zero_slot = zs;
         x.zero_tok = zt;
-        x.early = 1; /* the gate waited before it triggered: ids and tiles are complete */
     } else if (pl->dec_mode == DEC_ROUTED) {
         Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
         r.route = 1;

@@ -12,7 +12,8 @@
  *  - consumers, warps 0..7: warp w takes weight rows [16 w, 16 w + 16) of each half: mma.sync
  *    m16n8k32 e4m3 with the weights as the 16-row operand and up to four n8 columns of
  *    slots, four k32 steps per block from 0, then main = fmaf(block, sa * sw, main), the
- *    scales read from memory a block ahead.
+ *    scales read from shared windows of DEC_SWIN blocks, each loaded while the one before
+ *    streams.
  * A thread reads the 32 bytes [32 t, 32 t + 32) of its rows (t = lane % 4): conflict-free
  * 16-byte shared loads (the weights swizzled, the activation rows 144 bytes apart). Its k32
  * step s takes bytes 8 s .. 8 s + 7 of those, the same k positions of the weights and of the
@@ -57,7 +58,6 @@
 #define DEC_SCOLS (DEC_NS + 2) /* a window's row: the slots' scales, then the weights' */
 #define DEC_SWIN_BYTES (DEC_SWIN * DEC_SCOLS * 4)
 #define DEC_SREGS ((DEC_SWIN * DEC_SCOLS + DEC_CONSUMER_THREADS - 1) / DEC_CONSUMER_THREADS)
-#define DEC_PREFETCH 8 /* stages of weights a block prefetches into L2 before its wait */
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -218,29 +218,6 @@ template <int GATE>
 static __device__ __forceinline__ int dec_wrow(const Fp8Gemm &g, int f, long long nb)
 {
     return (int)((GATE ? (f == 0 ? g.gate_row : g.up_row) : 0) + nb * 128);
-}
-
-/*
- * Before the wait for the kernel ahead (x.early): the weights of this block's first item,
- * its first DEC_PREFETCH stages, into L2, so that they stream while that kernel ends.
- */
-template <int GATE>
-static __device__ __forceinline__ void dec_prefetch(const DecParams &p, const DecDirect &dd,
-                                                    long long cluster, long long items,
-                                                    long long kb0, long long kb1, int lane)
-{
-    using C = DecCfg<GATE>;
-    const Fp8Gemm &g = p.g;
-    if (!p.x.w_map || cluster >= items)
-        return;
-    const long long ti = cluster / g.nblk, nb = cluster - ti * g.nblk;
-    long long e, s;
-    if (dec_tile(g, p.x, dd, ti, lane, &e, &s) == 0)
-        return;
-    const long long n = kb1 - kb0 < DEC_PREFETCH ? kb1 - kb0 : DEC_PREFETCH;
-    for (long long i = lane; i < n * C::FRAGS; i += 32)
-        hp_tma_prefetch_3d(&p.map_w, (int)((kb0 + i / C::FRAGS) * FP8_BLOCK),
-                           dec_wrow<GATE>(g, (int)(i % C::FRAGS), nb), (int)e);
 }
 
 /*
@@ -454,134 +431,7 @@ static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], floa
         hp_mbar_arrive_cluster(hp_cluster_map(dec_smem(red_free), (unsigned)tid));
 }
 
-/* ------------------------------------------------------------- epilogues */
-
-/*
- * Gate: the tile's gate and up sums into shared memory (so that the activation's code runs
- * with none of the accumulators live), then h in place of the gate sums, then a warp per slot
- * quantizes its group.
- */
-static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const DecTileSmem &ts,
-                                                         long long nb, char *smem,
-                                                         const float (&acc)[2][4][4], int warp,
-                                                         int lane)
-{
-    float *hs = (float *)smem, *us = hs + DEC_NS * DEC_HPITCH; /* the h buffer */
-    const int gi = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            const int slot = nt * 8 + 2 * t + (v & 1), hc = warp * 16 + gi + 8 * (v >> 1);
-            hs[slot * DEC_HPITCH + hc] = acc[0][nt][v];
-            us[slot * DEC_HPITCH + hc] = acc[1][nt][v];
-        }
-    dec_bar_consumers();
-    const long long e = ts.e;
-    for (int i = warp * 32 + lane; i < ts.count * 128; i += DEC_CONSUMER_THREADS) {
-        const int slot = i >> 7, hc = i & 127;
-        float gv = hs[slot * DEC_HPITCH + hc], uv = us[slot * DEC_HPITCH + hc];
-        if (g.bias) {
-            const long long c = nb * FP8_BLOCK + hc;
-            gv = fp8_add(gv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.gate_row + c));
-            uv = fp8_add(uv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.up_row + c));
-        }
-        hs[slot * DEC_HPITCH + hc] = mfm_gated(g.act, g.limit, gv, uv);
-    }
-    dec_bar_consumers();
-    for (int i = warp; i < ts.count; i += 8) {
-        const float4 h4 = *(const float4 *)(hs + i * DEC_HPITCH + 4 * lane);
-        const float hv[4] = {h4.x, h4.y, h4.z, h4.w};
-        uint32_t w, ue;
-        const float s = fp8_quant_warp4(hv, g.h.eps, g.h.ue8m0, &w, &ue);
-        uint8_t *dst = g.h.q + ts.orow[i] + nb * FP8_BLOCK + 4 * lane;
-        if (((uintptr_t)dst & 3u) == 0)
-            *(uint32_t *)dst = w;
-        else
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                dst[q] = (uint8_t)(w >> (8 * q));
-        if (lane == 0) {
-            fp8_put_scale(g.h, ts.blk, ts.hrow[i], nb, s, ue);
-            if (nb == g.nblk - 1)
-                fp8_put_scale_tail(g.h, ts.blk, ts.hrow[i]);
-        }
-    }
-}
-
-/* Final: y (+ bias) of the tile's slots; reduced, the top-k sums this block is last for. */
-static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, const Fp8DecExtra &x,
-                                          DecTileSmem &ts, long long nb,
-                                          const float (&acc)[2][4][4], int warp, int lane)
-{
-    const int gi = lane >> 2, t = lane & 3, tid = warp * 32 + lane;
-    const long long e = ts.e;
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            const int slot = nt * 8 + 2 * t + (v & 1);
-            if (slot >= ts.count)
-                continue;
-            const long long c = nb * FP8_BLOCK + warp * 16 + gi + 8 * (v >> 1);
-            float y = acc[0][nt][v];
-            if (g.bias)
-                y = fp8_add(y, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + c));
-            if (g.epi == FP8_EPI_Y_F32)
-                ((float *)g.out)[ts.orow[slot] + c] = y;
-            else
-                mfm_store(g.out, g.out_dt, ts.orow[slot] + c, y);
-        }
-    if (!x.arrivals)
-        return;
-    /* the last of a token's valid slots to arrive at this column block sums them */
-    __threadfence();
-    dec_bar_consumers();
-    if (tid < ts.count) {
-        const long long m = ts.tok[tid];
-        int valid = 0;
-        for (long long j = 0; j < g.rt.topk; j++)
-            valid += moe_slot_expert(g.rt, m, j) >= 0;
-        const unsigned old = atomicAdd(x.arrivals + m * g.nblk + nb, 1u);
-        ts.last[tid] = old + 1u == (unsigned)valid;
-        __threadfence();
-    }
-    dec_bar_consumers();
-    /* lane: four columns; the token's slots eight at a time, their loads issued together
-     * (one at a time, each a round trip to L2, was most of the epilogue), summed in order */
-    const long long K = g.ncols, k = g.rt.topk, c = nb * FP8_BLOCK + 4 * lane;
-    for (int i = warp; i < ts.count; i += 8) {
-        if (!ts.last[i])
-            continue;
-        const long long m = ts.tok[i];
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (long long j0 = 0; j0 < k; j0 += 8) {
-            float4 y[8];
-            float w[8];
-            bool ok[8];
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const long long j = j0 + q;
-                ok[q] = j < k && moe_slot_expert(g.rt, m, j) >= 0;
-                y[q] = ok[q] ? __ldcg((const float4 *)((const float *)g.out + (m * k + j) * K + c))
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                w[q] = ok[q] ? x.tw[m * x.tw_s0 + j] : 0.0f;
-            }
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                if (!ok[q])
-                    continue; /* an invalid slot adds nothing, not even a signed zero */
-                sum[0] = fp8_add(sum[0], mf_mul(w[q], y[q].x));
-                sum[1] = fp8_add(sum[1], mf_mul(w[q], y[q].y));
-                sum[2] = fp8_add(sum[2], mf_mul(w[q], y[q].z));
-                sum[3] = fp8_add(sum[3], mf_mul(w[q], y[q].w));
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            mfm_store(x.rout, x.rout_dt, m * x.rout_s0 + c + q, sum[q]);
-    }
-}
+#include "cuda/moe_fp8_decode_epi.cuh" /* the gate's and the final's epilogues */
 
 #endif /* MOE_WGMMA_DEVICE */
 
@@ -615,14 +465,11 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     }
     if (split > 1)
         hp_cluster_sync(); /* every block's barriers exist before another arrives on them */
-    /* early: the ids and tiles were complete before the kernel ahead started (it waited for
-     * its own before it let this one launch): only its outputs wait */
-    const bool early = x.pdl && x.early;
-    if (x.pdl && !early)
+    if (x.pdl)
         mf_pdl_wait(); /* everything below reads what earlier kernels wrote */
-    if (x.trigger && !early)
+    if (x.trigger)
         mf_pdl_trigger();
-    if (blockIdx.x == 0 && !early)
+    if (blockIdx.x == 0)
         dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
                  x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
     if (x.mode == DEC_DIRECT && warp == DEC_PRODUCER) {
@@ -650,17 +497,6 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     const long long per = (nkb + split - 1) / split;
     const long long kb0 = rank * per < nkb ? rank * per : nkb;
     const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
-    if (early) {
-        if (warp == DEC_PRODUCER)
-            dec_prefetch<GATE>(p, dd, cluster, items, kb0, kb1, lane);
-        mf_pdl_wait();
-        if (x.trigger) /* after the wait: what ran before this kernel is complete when the
-                        * next one starts */
-            mf_pdl_trigger();
-        if (blockIdx.x == 0)
-            dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
-                     x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
-    }
     if (warp == DEC_PRODUCER) {
         dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, lane);
         return;
@@ -768,9 +604,18 @@ template <int GATE> static int resident_clusters(cuda_state *s, int split)
 }
 
 /*
+ * What an item costs beyond its blocks, in blocks streamed: its tile's rows and first scales,
+ * the split's sums and the epilogue. Fitted on the H200 (docs/PERFORMANCE.md) from the forced
+ * splits 1, 2, 3, 4 and 8 of the Mixtral, DeepSeek-V3 and Qwen3-30B-A3B layers at M = 1: the
+ * gate of Mixtral took 75, 93 and 126 us at splits 1, 2 and 4 (2, 4 and 7 waves of 32, 16, 8
+ * blocks), about 10 blocks more per item than its blocks alone.
+ */
+#define DEC_ITEM_COST 10
+
+/*
  * Shares of the depth: the fewest waves of the blocks that fit at once times the blocks each
- * streams, plus one block of latency per item; ties to the smaller split. From the shapes and
- * the device alone, so a layer's steps and its workspace agree.
+ * streams plus DEC_ITEM_COST; ties to the smaller split. From the shapes and the device alone,
+ * so a layer's steps and its workspace agree.
  */
 int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nblk,
                       long long nkb)
@@ -784,7 +629,7 @@ int moe_fp8_dec_split(cuda_state *s, int gate, long long tiles_est, long long nb
         const long long slots =
             (long long)sp * (gate ? resident_clusters<1>(s, sp) : resident_clusters<0>(s, sp));
         const long long waves = (items * sp + slots - 1) / slots;
-        const long long cost = waves * ((nkb + sp - 1) / sp + 1);
+        const long long cost = waves * ((nkb + sp - 1) / sp + DEC_ITEM_COST);
         if (best_cost < 0 || cost < best_cost)
             best = sp, best_cost = cost;
     }
@@ -824,11 +669,16 @@ moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const cha
     p.x = *x;
     p.x.w_map = moe_fp8_weights_map(s, g, gate, DEC_BOX_ROWS, &p.map_w);
     const dim3 grid((unsigned)(p.x.clusters * x->split));
+    /* a final in clusters waits for the gate's end instead: launched early (PDL), its clusters
+     * took the SMs as the gate's blocks left, and the layer ran longer than its gate and final
+     * one after the other (H200, Mixtral M = 1, split 7: 174.5 against 141.0 us) */
+    if (!gate && x->split > 1)
+        p.x.pdl = 0;
     if (gate)
-        mf_launch_pdl(fp8_dec_gemm<1>, grid, DEC_THREADS, DecCfg<1>::SMEM, s->stream, x->pdl, p,
+        mf_launch_pdl(fp8_dec_gemm<1>, grid, DEC_THREADS, DecCfg<1>::SMEM, s->stream, p.x.pdl, p,
                       (unsigned)x->split);
     else
-        mf_launch_pdl(fp8_dec_gemm<0>, grid, DEC_THREADS, DecCfg<0>::SMEM, s->stream, x->pdl, p,
+        mf_launch_pdl(fp8_dec_gemm<0>, grid, DEC_THREADS, DecCfg<0>::SMEM, s->stream, p.x.pdl, p,
                       (unsigned)x->split);
     return mf_cuda_launched(ctx, op, "fp8_dec_gemm");
 }

@@ -55,11 +55,6 @@ typedef struct Fp8DecExtra {
     unsigned *zero_arrivals; /* gate of a forward: the final's arrivals */
     long long zero_arrivals_n;
     int pdl;     /* launched with programmatic dependent launch (waits before reading) */
-    /* with pdl: the ids and tiles were complete before the kernel ahead started, because it
-     * waits for its own before it lets this one launch (a layer's final after its gate; a
-     * direct gate after fp8_dec_route). The kernel reads them and prefetches its first
-     * weights before its wait, which then guards only the activations and the outputs. */
-    int early;
     int trigger; /* lets the next kernel launch once this one's inputs are known */
     int w_map;   /* set at the launch: the weights come by tensor map */
 } Fp8DecExtra;
