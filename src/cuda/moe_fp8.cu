@@ -69,10 +69,11 @@ static int dec_for(const cuda_state *s, const mf_moe_args *a)
         return S > 0;
     if (a->experts > DEC_MAX_E)
         return 0; /* the route kernel counts the experts in shared memory */
-    /* measured (H200, docs/PERFORMANCE.md): at 8 slots per expert (Mixtral M = 32) the
-     * large-tile kernel reads the weights faster; at 1 to 2 the decode kernel */
+    /* measured (H200, docs/PERFORMANCE.md): the decode kernel reads the weights faster than
+     * the large-tile one from 1 to 8 slots per expert (Mixtral M = 32, 8 per expert: 475
+     * against 588 us); more were not measured */
     const int64_t busy = a->experts < S ? a->experts : S;
-    return forced || (a->tokens <= 64 && (S + busy - 1) / busy < 8);
+    return forced || (a->tokens <= 64 && (S + busy - 1) / busy <= 8);
 }
 
 typedef struct fp8_plan {
