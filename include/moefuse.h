@@ -553,6 +553,50 @@ MOEFUSE_API moefuse_status moefuse_topk_softmax_workspace_size(moefuse_context *
                                                                const moefuse_tensor *weights,
                                                                size_t *bytes);
 
+/* How a router turns logits into scores (moefuse_router_options.scoring). */
+typedef enum moefuse_router_scoring {
+    MOEFUSE_ROUTER_SOFTMAX = 0,     /* softmax over the E logits, then the choice (Mixtral, Qwen) */
+    MOEFUSE_ROUTER_SIGMOID = 1,     /* the sigmoid of each logit, then the choice (DeepSeek-V3) */
+    MOEFUSE_ROUTER_TOPK_SOFTMAX = 2 /* the choice on the logits, softmax over the k (gpt-oss) */
+} moefuse_router_scoring;
+
+/* How a group of experts is scored when the choice is limited to the best groups. */
+typedef enum moefuse_group_scoring {
+    MOEFUSE_GROUP_TOP2_SUM = 0, /* the sum of its two best choice scores (DeepSeek-V3) */
+    MOEFUSE_GROUP_MAX = 1       /* its best choice score (DeepSeek-V2) */
+} moefuse_group_scoring;
+
+typedef struct moefuse_router_options {
+    moefuse_router_scoring scoring;      /* default SOFTMAX */
+    int32_t n_group;                     /* 0 or 1: no groups; else a divisor of E */
+    int32_t topk_group;                  /* with groups: how many are kept, 1..n_group */
+    moefuse_group_scoring group_scoring; /* default TOP2_SUM */
+    int32_t renormalize;                 /* != 0: the k weights divided by their sum */
+    float scale;                         /* multiplies every weight last (DeepSeek's
+                                            routed_scaling_factor); 0 means 1 */
+    uint32_t reserved[4];                /* must be 0 */
+} moefuse_router_options;
+
+/*
+ * Router of today's MoE models (docs/NUMERICS.md, "Router (topk_route)"). logits [M, E]
+ * f32/f16/bf16. logit_bias [E] (optional, f32/f16/bf16) is added to the logits (gpt-oss's
+ * router bias); choice_bias [E] (optional) is added to the scores for the choice only
+ * (DeepSeek-V3's correction bias); with n_group > 1 the choice is limited to the best
+ * topk_group groups. ids [M, k] i32 in rank order, weights [M, k] f32 from the unbiased
+ * scores. opt NULL: softmax, no groups, no renormalization, which gives topk_softmax's bits.
+ * k is at most the experts of the kept groups (E without groups).
+ */
+MOEFUSE_API moefuse_status moefuse_topk_route(moefuse_context *ctx, const moefuse_tensor *logits,
+                                              const moefuse_tensor *logit_bias,
+                                              const moefuse_tensor *choice_bias,
+                                              const moefuse_router_options *opt,
+                                              const moefuse_tensor *ids,
+                                              const moefuse_tensor *weights);
+MOEFUSE_API moefuse_status moefuse_topk_route_workspace_size(
+    moefuse_context *ctx, const moefuse_tensor *logits, const moefuse_tensor *logit_bias,
+    const moefuse_tensor *choice_bias, const moefuse_router_options *opt,
+    const moefuse_tensor *ids, const moefuse_tensor *weights, size_t *bytes);
+
 #ifdef __cplusplus
 }
 #endif

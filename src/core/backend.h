@@ -53,13 +53,19 @@ typedef struct mf_dequant_args {
     moefuse_quant_options quant;
 } mf_dequant_args;
 
-/* topk_softmax. */
+/* topk_softmax and topk_route (topk_softmax: softmax, no biases, no groups, scale 1). */
 typedef struct mf_topk_args {
     moefuse_tensor logits;  /* [M, E] */
     moefuse_tensor ids;     /* [M, k] i32 */
     moefuse_tensor weights; /* [M, k] f32 */
     int64_t tokens, experts, topk;
     bool renormalize;
+    /* topk_route only */
+    moefuse_tensor logit_bias, choice_bias; /* [E] each, absent: data NULL */
+    moefuse_router_scoring scoring;
+    moefuse_group_scoring group_scoring;
+    int64_t groups, groups_kept; /* 1 and 1 without groups */
+    float scale;                 /* 1 unless set */
 } mf_topk_args;
 
 /*
@@ -187,6 +193,9 @@ struct moefuse_backend_i {
     moefuse_status (*quant)(moefuse_context *ctx, void *state, const mf_rows_args *a);
     moefuse_status (*dequant)(moefuse_context *ctx, void *state, const mf_dequant_args *a);
     moefuse_status (*topk_softmax)(moefuse_context *ctx, void *state, const mf_topk_args *a);
+    /* [optional] topk_route, every option of mf_topk_args. Default: the call is unsupported
+     * on the backend (topk_softmax falls back to it when topk_softmax is absent) */
+    moefuse_status (*topk_route)(moefuse_context *ctx, void *state, const mf_topk_args *a);
     moefuse_status (*moe_gate)(moefuse_context *ctx, void *state, const mf_moe_args *a);
     moefuse_status (*moe_final)(moefuse_context *ctx, void *state, const mf_moe_args *a);
     /*
