@@ -566,9 +566,12 @@ typedef enum moefuse_group_scoring {
     MOEFUSE_GROUP_MAX = 1       /* its best choice score (DeepSeek-V2) */
 } moefuse_group_scoring;
 
+/* The most expert groups a router takes (a bit each in the device kernels' masks). */
+#define MOEFUSE_ROUTER_MAX_GROUPS 64
+
 typedef struct moefuse_router_options {
     moefuse_router_scoring scoring;      /* default SOFTMAX */
-    int32_t n_group;                     /* 0 or 1: no groups; else a divisor of E */
+    int32_t n_group;                     /* 0 or 1: no groups; else a divisor of E, <= 64 */
     int32_t topk_group;                  /* with groups: how many are kept, 1..n_group */
     moefuse_group_scoring group_scoring; /* default TOP2_SUM */
     int32_t renormalize;                 /* != 0: the k weights divided by their sum */

@@ -20,9 +20,10 @@ typedef struct rcase {
     int logit_bias, choice_bias;
 } rcase;
 
+/* The backends with the router today (CUDA refuses it). */
 static int routes_here(void)
 {
-    return strcmp(moefuse_backend_name(g_ctx), "cpu") == 0;
+    return strcmp(moefuse_backend_name(g_ctx), "cuda") != 0;
 }
 
 /* The oracle's scores, choice scores and choice of one row (double). */
@@ -351,6 +352,7 @@ START_TEST(t_refusals)
     } cases[] = {
         {{.n_group = 5, .topk_group = 1}, 0, MOEFUSE_ERR_INVALID_ARGUMENT, "n_group"},
         {{.n_group = -1}, 0, MOEFUSE_ERR_INVALID_ARGUMENT, "n_group"},
+        {{.n_group = 12, .topk_group = 1}, 0, MOEFUSE_ERR_SHAPE, "k = 3"},
         {{.n_group = 4, .topk_group = 0}, 0, MOEFUSE_ERR_INVALID_ARGUMENT, "topk_group"},
         {{.n_group = 4, .topk_group = 5}, 0, MOEFUSE_ERR_INVALID_ARGUMENT, "topk_group"},
         {{.topk_group = 2}, 0, MOEFUSE_ERR_INVALID_ARGUMENT, "topk_group"},
@@ -363,6 +365,18 @@ START_TEST(t_refusals)
         {{0}, 1, MOEFUSE_ERR_SHAPE, "choice_bias"},
         {{0}, 2, MOEFUSE_ERR_DTYPE, "choice_bias"},
     };
+    /* more groups than MOEFUSE_ROUTER_MAX_GROUPS */
+    tbuf *wide = tb_new2("wide logits", MOEFUSE_F32, 1, 130, 0, 1);
+    tb_fill_unif(wide, -1.0, 1.0);
+    tb_upload(wide);
+    tbuf *id1 = tb_new2("one id", MOEFUSE_I32, 1, 1, 0, 0), *w1 = tb_new2("one weight", MOEFUSE_F32, 1, 1, 0, 0);
+    const moefuse_router_options many = {.n_group = 65, .topk_group = 1};
+    moefuse_status st0 = moefuse_topk_route(g_ctx, T(wide), NULL, NULL, &many, T(id1), T(w1));
+    char msg0[512];
+    snprintf(msg0, sizeof msg0, "%s", moefuse_last_error(g_ctx));
+    HCHECK(st0 == MOEFUSE_ERR_INVALID_ARGUMENT && strstr(msg0, "at most 64"),
+           "n_group 65: %s (%s)", moefuse_status_name(st0), msg0);
+    h_check_all(1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const moefuse_tensor *cb = cases[c].bias == 1 ? T(bias) : cases[c].bias == 2 ? T(ibias) : NULL;
         const moefuse_status st =
@@ -376,6 +390,107 @@ START_TEST(t_refusals)
         h_check_all(1);
     }
     tb_free_all();
+}
+END_TEST
+
+/* ------------------------------------------------- every backend against the CPU's bytes */
+
+static double cross_logit(int mode, int64_t m, int64_t i, int64_t E)
+{
+    switch (mode) {
+    case 1: /* ties in pairs */
+        return (double)((i * 7 + m) % (E / 2 + 1)) * 0.5;
+    case 2: { /* NaN, +-Inf and ties sprinkled in */
+        const int64_t r = h_randint(0, 39);
+        if (r == 0)
+            return NAN;
+        if (r == 1)
+            return INFINITY;
+        if (r == 2)
+            return -INFINITY;
+        if (r < 6)
+            return 1.0;
+        return h_unif(-8, 8);
+    }
+    case 3: /* every number -Inf, one NaN */
+        return i == 1 ? NAN : -INFINITY;
+    case 4: /* one large logit, the rest 80-120 below: exps near the subnormals */
+        return i == m % E ? 0.0 : h_unif(-120, -80);
+    default:
+        return h_unif(-8, 8);
+    }
+}
+
+/* ids and weights of this backend equal the CPU's, byte for byte, special values included. */
+static void run_cross(const rcase *rc, moefuse_dtype dt, int64_t M, int64_t E, int64_t k,
+                      int mode, int nan_bias)
+{
+    tbuf *lg = tb_new2("logits", dt, M, E, 1, 1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < E; i++)
+            tb_set(lg, m, i, 0, cross_logit(mode, m, i, E));
+    tbuf *lb = rc->logit_bias ? tb_new1("logit_bias", MOEFUSE_BF16, E, 1) : NULL;
+    tbuf *cb = rc->choice_bias ? tb_new1("choice_bias", MOEFUSE_F32, E, 1) : NULL;
+    for (int64_t i = 0; i < E; i++) {
+        if (lb)
+            tb_set(lb, i, 0, 0, h_unif(-1.0, 1.0));
+        if (cb)
+            tb_set(cb, i, 0, 0, nan_bias && i % 5 == 2 ? NAN : h_unif(-0.1, 0.1));
+    }
+    tbuf *lg_r = tb_twin(lg, g_ref), *lb_r = lb ? tb_twin(lb, g_ref) : NULL;
+    tbuf *cb_r = cb ? tb_twin(cb, g_ref) : NULL;
+    tb_upload(lg);
+    if (lb)
+        tb_upload(lb);
+    if (cb)
+        tb_upload(cb);
+    tbuf *ids = tb_new2("ids", MOEFUSE_I32, M, k, 1, 0), *w = tb_new2("weights", MOEFUSE_F32, M, k, 2, 0);
+    tbuf *ids_r = tb_twin(ids, g_ref), *w_r = tb_twin(w, g_ref);
+    const moefuse_router_options opt = options_of(rc);
+    moefuse_status st = CALL(moefuse_topk_route(g_ctx, T(lg), T(lb), T(cb), &opt, T(ids), T(w)));
+    if (!routes_here()) {
+        HCHECK(st == (M == 0 ? MOEFUSE_OK : MOEFUSE_ERR_UNSUPPORTED), "topk_route: %s",
+               moefuse_status_name(st));
+        tb_free_all();
+        return;
+    }
+    HCHECK(st == MOEFUSE_OK, "topk_route: %s (%s)", moefuse_status_name(st),
+           moefuse_last_error(g_ctx));
+    st = CALL(moefuse_topk_route(g_ref, T(lg_r), T(lb_r), T(cb_r), &opt, T(ids_r), T(w_r)));
+    HCHECK(st == MOEFUSE_OK, "topk_route on the cpu: %s (%s)", moefuse_status_name(st),
+           moefuse_last_error(g_ref));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            const uint32_t *a = tb_el(ids, m, j, 0), *b = tb_el(ids_r, m, j, 0);
+            const uint32_t *x = tb_el(w, m, j, 0), *y = tb_el(w_r, m, j, 0);
+            HCHECK(*a == *b && *x == *y,
+                   "%s scoring %d groups %lld/%d mode %d row %lld slot %lld: id %d weight %a, "
+                   "cpu id %d weight %a",
+                   moefuse_backend_name(g_ctx), rc->scoring, (long long)rc->TG, rc->G, mode,
+                   (long long)m, (long long)j, (int)*a, (double)*(const float *)x, (int)*b,
+                   (double)*(const float *)y);
+        }
+    tb_free_all();
+}
+
+START_TEST(t_cross)
+{
+    const rcase cases[] = {
+        {MOEFUSE_ROUTER_SIGMOID, MOEFUSE_GROUP_TOP2_SUM, 8, 4, 1, 2.5f, 0, 1},
+        {MOEFUSE_ROUTER_SOFTMAX, MOEFUSE_GROUP_MAX, 8, 3, 0, 16.0f, 0, 0},
+        {MOEFUSE_ROUTER_TOPK_SOFTMAX, MOEFUSE_GROUP_TOP2_SUM, 0, 0, 0, 0.0f, 1, 0},
+        {MOEFUSE_ROUTER_SIGMOID, MOEFUSE_GROUP_TOP2_SUM, 0, 0, 1, 0.0f, 1, 1},
+        {MOEFUSE_ROUTER_SOFTMAX, MOEFUSE_GROUP_TOP2_SUM, 4, 1, 1, 0.0f, 1, 1},
+    };
+    const moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int mode = 0; mode < 5; mode++) {
+            const int64_t k = cases[c].G > 1 ? 4 : 8;
+            run_cross(&cases[c], dts[(c + (size_t)mode) % 3], 13, 64, k, mode, 0);
+            run_cross(&cases[c], dts[(c + (size_t)mode) % 3], 5, 256, k, mode, mode == 2);
+        }
+    run_cross(&cases[0], MOEFUSE_F32, 0, 64, 4, 0, 0);
+    run_cross(&cases[2], MOEFUSE_BF16, 3, 384, 8, 2, 0);
 }
 END_TEST
 
@@ -393,5 +508,10 @@ int main(void)
     tcase_add_test(tc, t_defaults_are_topk_softmax);
     tcase_add_test(tc, t_refusals);
     suite_add_tcase(s, tc);
+    TCase *tx = tcase_create("router against the cpu");
+    tcase_add_checked_fixture(tx, h_setup_cross, h_teardown);
+    tcase_set_timeout(tx, 60);
+    tcase_add_test(tx, t_cross);
+    suite_add_tcase(s, tx);
     return h_run(s);
 }

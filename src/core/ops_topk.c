@@ -69,10 +69,12 @@ static moefuse_status route_options(moefuse_context *ctx, const char *op,
                         "%s: scale is %g; it must be finite (0 means 1)", op, (double)opt.scale);
     MF_TRY(MF_CHECK_RESERVED(ctx, op, "router options", opt.reserved));
     const int64_t E = a->experts;
-    if (opt.n_group < 0 || (opt.n_group > 1 && E % opt.n_group != 0))
+    if (opt.n_group < 0 || opt.n_group > MOEFUSE_ROUTER_MAX_GROUPS ||
+        (opt.n_group > 1 && E % opt.n_group != 0))
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: n_group is %d; it must be 0 or 1 (no groups) or divide E = %lld", op,
-                        (int)opt.n_group, (long long)E);
+                        "%s: n_group is %d; it must be 0 or 1 (no groups), or divide E = %lld and "
+                        "be at most %d",
+                        op, (int)opt.n_group, (long long)E, MOEFUSE_ROUTER_MAX_GROUPS);
     a->groups = opt.n_group > 1 ? opt.n_group : 1;
     a->groups_kept = a->groups;
     if (a->groups > 1) {
@@ -145,8 +147,8 @@ static moefuse_status topk_route(moefuse_context *ctx, const char *op,
         return mf_nothing_to_do(measure);
     if (!ctx->backend->topk_route)
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: the %s backend has no grouped or biased router yet (the cpu backend "
-                        "has; topk_softmax runs here)",
+                        "%s: the %s backend has no grouped or biased router yet (the cpu and "
+                        "opencl backends have; topk_softmax runs here)",
                         op, ctx->backend->name);
     size_t need = 0;
     if (ctx->backend->topk_workspace && mf_workspace_matters(ctx, measure))

@@ -411,6 +411,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .quant = mf_ocl_quant,
     .dequant = mf_ocl_dequant,
     .topk_softmax = mf_ocl_topk_softmax,
+    .topk_route = mf_ocl_topk_route,
     .moe_gate = mf_ocl_moe_gate,
     .moe_final = mf_ocl_moe_final,
     .rows_workspace = mf_ocl_rows_workspace,

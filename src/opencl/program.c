@@ -16,6 +16,7 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_BUILD_ACT_TABLES] = "mf_build_act_tables",
     [MF_K_ROWS_ACT_MUL] = "mf_rows_act_mul",   [MF_K_ROWS_TAIL] = "mf_rows_tail",
     [MF_K_DEQUANT] = "mf_dequant",             [MF_K_TOPK_SOFTMAX] = "mf_topk_softmax",
+    [MF_K_TOPK_ROUTE] = "mf_topk_route",
     [MF_K_MOE_GATE] = "mf_moe_gate",           [MF_K_MOE_FINAL] = "mf_moe_final",
     [MF_K_MOE_ROUTE_COUNT] = "mf_moe_route_count", [MF_K_MOE_ROUTE_SCAN] = "mf_moe_route_scan",
     [MF_K_MOE_ROUTE_FILL] = "mf_moe_route_fill", [MF_K_MOE_ZERO_INVALID] = "mf_moe_zero_invalid",
