@@ -100,6 +100,23 @@ class Fp8MoeOptions(ctypes.Structure):
     ]
 
 
+ROUTER_SCORINGS = ("softmax", "sigmoid", "topk_softmax")
+GROUP_SCORINGS = ("top2_sum", "max")
+
+
+class RouterOptions(ctypes.Structure):
+    """moefuse_router_options."""
+    _fields_ = [
+        ("scoring", moefuse_enum),
+        ("n_group", ctypes.c_int32),
+        ("topk_group", ctypes.c_int32),
+        ("group_scoring", moefuse_enum),
+        ("renormalize", ctypes.c_int32),
+        ("scale", c_float),
+        ("reserved", ctypes.c_uint32 * 4),
+    ]
+
+
 class Routing(ctypes.Structure):
     """moefuse_routing."""
     _fields_ = [
@@ -159,6 +176,7 @@ _PROTOTYPES = {
     "moefuse_moe_masked_fp8": (status_t, [ctx_p, T, T, T, T, T, T, T, T, T, T,
                                           POINTER(Fp8MoeOptions)]),
     "moefuse_topk_softmax": (status_t, [ctx_p, T, c_int32, T, T]),
+    "moefuse_topk_route": (status_t, [ctx_p, T, T, T, POINTER(RouterOptions), T, T]),
     "moefuse_set_workspace": (status_t, [ctx_p, T]),
 }
 # moefuse_<call>_workspace_size: the call's arguments, then size_t *bytes
@@ -167,7 +185,8 @@ _PROTOTYPES.update({
     for name in ("moefuse_act_quant", "moefuse_act_quant_masked", "moefuse_act_mul",
                  "moefuse_quant", "moefuse_dequant", "moefuse_moe_gate", "moefuse_moe_final",
                  "moefuse_moe_forward", "moefuse_moe_gate_fp8", "moefuse_moe_final_fp8",
-                 "moefuse_moe_forward_fp8", "moefuse_moe_masked_fp8", "moefuse_topk_softmax")})
+                 "moefuse_moe_forward_fp8", "moefuse_moe_masked_fp8", "moefuse_topk_softmax",
+                 "moefuse_topk_route")})
 
 
 def _bind():

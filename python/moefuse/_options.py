@@ -105,3 +105,13 @@ def scales_dtype(layout, scale_dtype):
     if scale_dtype is not None:
         return scale_dtype
     return "i32" if layout_code(layout) == 2 else "f32"
+
+
+@_shared
+def router(scoring, n_group, topk_group, group_scoring, renormalize, scale):
+    """moefuse_router_options (scale 1 is the C default, 0)."""
+    return _capi.RouterOptions(scoring=_choice(scoring, _capi.ROUTER_SCORINGS, "scoring"),
+                               n_group=int(n_group or 0), topk_group=int(topk_group or 0),
+                               group_scoring=_choice(group_scoring, _capi.GROUP_SCORINGS,
+                                                     "group_scoring"),
+                               renormalize=int(bool(renormalize)), scale=float(scale))

@@ -384,3 +384,33 @@ def topk_softmax(logits, k=None, *, renormalize=False, ids=None, weights=None, c
         call.run(lib.moefuse_topk_softmax, ctypes.byref(tl), int(bool(renormalize)),
                  ctypes.byref(ti), ctypes.byref(tw))
     return ids, weights
+
+
+def topk_route(logits, k=None, *, logit_bias=None, choice_bias=None, scoring="softmax",
+               n_group=0, topk_group=0, group_scoring="top2_sum", renormalize=False, scale=1.0,
+               ids=None, weights=None, ctx=None):
+    """The routers of today's MoE models (docs/NUMERICS.md, "Router (topk_route)"): scores of
+    logits [M, E] by `scoring` ("softmax", "sigmoid", or "topk_softmax": the choice on the
+    logits, softmax over the k), `logit_bias` [E] added to the logits, `choice_bias` [E] added
+    to the scores for the choice only, the choice limited to the best `topk_group` of `n_group`
+    groups ("top2_sum" or "max"), `renormalize`, then `scale` (routed_scaling_factor).
+    Returns (ids [M, k] i32, weights [M, k] f32); k defaults to ids' width."""
+    lo = _tensors.describe(logits, "logits")
+    lbo = _tensors.describe(logit_bias, "logit_bias")
+    cbo = _tensors.describe(choice_bias, "choice_bias")
+    io = _tensors.describe(ids, "ids")
+    c = resolve_context(ctx, [lo, lbo, cbo])
+    if k is None:
+        if io is None:
+            raise TypeError("moefuse topk_route: give k, or ids to write into")
+        k = _dims(io, 2)[1]
+    shape = _topk_shape(lo, k)
+    ids, io = _result(ids, "ids", lo, shape, "i32")
+    weights, wo = _result(weights, "weights", lo, shape, "f32")
+    opt = _options.router(scoring, n_group, topk_group, group_scoring, renormalize, scale)
+    with Call(c, "topk_route") as call:
+        tl, tlb, tcb = call.tensor(lo), call.tensor(lbo), call.tensor(cbo)
+        ti, tw = call.tensor(io, output=True), call.tensor(wo, output=True)
+        call.run(lib.moefuse_topk_route, ctypes.byref(tl), _ref(tlb), _ref(tcb),
+                 ctypes.byref(opt), ctypes.byref(ti), ctypes.byref(tw))
+    return ids, weights

@@ -30,6 +30,10 @@ _QUANT = ('int group_size=128, str scale_layout="row_major", bool ue8m0=False, f
 SCHEMAS = {
     "topk_softmax":
         "(Tensor logits, int k, bool renormalize=False) -> (Tensor ids, Tensor weights)",
+    "topk_route":
+        '(Tensor logits, int k, *, Tensor? logit_bias=None, Tensor? choice_bias=None, '
+        'str scoring="softmax", int n_group=0, int topk_group=0, str group_scoring="top2_sum", '
+        'bool renormalize=False, float scale=1.0) -> (Tensor ids, Tensor weights)',
     "act_quant":
         f"(Tensor x, *, Tensor? row_scale=None, {_ACT}, {_QUANT}) -> (Tensor q, Tensor scales)",
     "act_quant_masked":
@@ -115,6 +119,7 @@ def _moe_masked_fp8(*args, **options):
 # The row operations take the schema's keyword arguments as they are.
 KERNELS = {
     "topk_softmax": _topk_softmax,
+    "topk_route": ops.topk_route,
     "act_quant": ops.act_quant,
     "act_quant_masked": ops.act_quant_masked,
     "act_mul": ops.act_mul,
@@ -141,6 +146,11 @@ def _quant_results(x, shapes, dtype, scale_layout, scale_dtype):
 
 
 def _fake_topk_softmax(logits, k, renormalize=False):
+    shape = ops._topk_shape(logits, k)
+    return _fast.empty(logits, shape, "i32"), _fast.empty(logits, shape, "f32")
+
+
+def _fake_topk_route(logits, k, **_):
     shape = ops._topk_shape(logits, k)
     return _fast.empty(logits, shape, "i32"), _fast.empty(logits, shape, "f32")
 

@@ -261,3 +261,48 @@ def topk_softmax(logits, k, renormalize=False):
         if renormalize and wts[m].sum() > 0:
             wts[m] /= wts[m].sum()
     return ids, wts.astype(F32)
+
+
+def topk_route(logits, k, logit_bias=None, choice_bias=None, scoring="softmax", n_group=0,
+               topk_group=0, group_scoring="top2_sum", renormalize=False, scale=1.0):
+    """(ids, weights) of the grouped / biased routers, in float64, as the models' inference
+    code forms them (DeepSeek-V3 noaux_tc, DeepSeek-V2 group_limited_greedy, gpt-oss), with
+    NUMERICS' choices where they differ: dropped groups excluded, no 1e-20 in the division.
+    Finite inputs only."""
+    lg = np.asarray(logits).astype(np.float64)
+    if logit_bias is not None:
+        lg = lg + np.asarray(logit_bias).astype(np.float64)
+    M, E = lg.shape
+    if scoring == "softmax":
+        e = np.exp(lg - lg.max(axis=1, keepdims=True))
+        s = e / e.sum(axis=1, keepdims=True)
+    elif scoring == "sigmoid":
+        s = 1.0 / (1.0 + np.exp(-lg))
+    else:
+        s = lg
+    c = s + (np.asarray(choice_bias).astype(np.float64) if choice_bias is not None else 0.0)
+    ids = np.zeros((M, k), dtype=np.int32)
+    wts = np.zeros((M, k))
+    G = n_group if n_group > 1 else 1
+    per = E // G
+    for m in range(M):
+        cand = np.ones(E, dtype=bool)
+        if G > 1:
+            grp = c[m].reshape(G, per)
+            top = -np.sort(-grp, axis=1)
+            gs = top[:, 0] if group_scoring == "max" or per == 1 else top[:, 0] + top[:, 1]
+            kept = sorted(range(G), key=lambda g: (-gs[g], g))[:topk_group]
+            cand = np.zeros(E, dtype=bool)
+            for g in kept:
+                cand[g * per:(g + 1) * per] = True
+        order = sorted(np.flatnonzero(cand), key=lambda i: (-c[m, i], i))[:k]
+        ids[m] = order
+        if scoring == "topk_softmax":
+            v = lg[m, order]
+            w = np.exp(v - v.max())
+            wts[m] = w / w.sum()
+        else:
+            wts[m] = s[m, order]
+        if renormalize:
+            wts[m] /= wts[m].sum()
+    return ids, (wts * scale).astype(F32)
