@@ -600,6 +600,33 @@ MOEFUSE_API moefuse_status moefuse_topk_route_workspace_size(
     const moefuse_tensor *choice_bias, const moefuse_router_options *opt,
     const moefuse_tensor *ids, const moefuse_tensor *weights, size_t *bytes);
 
+/*
+ * Routing metadata: what an engine drives expert-parallel dispatch and the masked layout with
+ * (vLLM's moe_align_block_size), from routing->topk_ids [M, k] and routing->expert_map
+ * (topk_weights is not read). Slot s = m * k + j is valid as in the MoE calls; E is the length
+ * of counts. Every tensor is i32 in the backend's memory; all but counts are optional.
+ */
+typedef struct moefuse_routing_meta {
+    moefuse_tensor counts;     /* [E]: the valid slots of each local expert */
+    moefuse_tensor offsets;    /* [E + 1]: where each expert's list starts in order, each list
+                                  padded up to a multiple of block_size; [E] is the total */
+    moefuse_tensor order;      /* [L], L >= M * k + E * (block_size - 1): the valid slots
+                                  expert by expert, ascending within an expert; -1 in the
+                                  padding and past the total */
+    moefuse_tensor position;   /* [M, k]: each slot's index in order; -1 when invalid */
+    moefuse_tensor masked_row; /* [M, k]: each slot's row in the masked 3-D layout (its rank
+                                  among its expert's slots); -1 when invalid */
+} moefuse_routing_meta;
+
+/* block_size >= 1 (1: no padding). Deterministic: the order depends on the ids alone. */
+MOEFUSE_API moefuse_status moefuse_routing_metadata(moefuse_context *ctx,
+                                                    const moefuse_routing *routing,
+                                                    int32_t block_size,
+                                                    const moefuse_routing_meta *meta);
+MOEFUSE_API moefuse_status moefuse_routing_metadata_workspace_size(
+    moefuse_context *ctx, const moefuse_routing *routing, int32_t block_size,
+    const moefuse_routing_meta *meta, size_t *bytes);
+
 #ifdef __cplusplus
 }
 #endif

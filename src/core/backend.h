@@ -111,6 +111,15 @@ typedef struct mf_moe_args {
     bool layer;
 } mf_moe_args;
 
+/* routing_metadata: route holds the routing fields of mf_moe_args (tokens, topk, experts,
+ * global_experts, topk_ids, expert_map); absent outputs (data NULL) are not written. */
+typedef struct mf_meta_args {
+    mf_moe_args route;
+    int64_t block;  /* block_size */
+    int64_t length; /* L, order's length (0 when order is absent) */
+    moefuse_tensor counts, offsets, order, position, masked_row;
+} mf_meta_args;
+
 /* -------------------------------------------------------------- workspace */
 
 /* A region of backend memory: data (a pointer, or a cl_mem) plus a byte offset. */
@@ -193,6 +202,8 @@ struct moefuse_backend_i {
     moefuse_status (*quant)(moefuse_context *ctx, void *state, const mf_rows_args *a);
     moefuse_status (*dequant)(moefuse_context *ctx, void *state, const mf_dequant_args *a);
     moefuse_status (*topk_softmax)(moefuse_context *ctx, void *state, const mf_topk_args *a);
+    /* [optional] routing_metadata. Default: the call is unsupported on the backend */
+    moefuse_status (*routing_metadata)(moefuse_context *ctx, void *state, const mf_meta_args *a);
     /* [optional] topk_route, every option of mf_topk_args. Default: the call is unsupported
      * on the backend (topk_softmax falls back to it when topk_softmax is absent) */
     moefuse_status (*topk_route)(moefuse_context *ctx, void *state, const mf_topk_args *a);

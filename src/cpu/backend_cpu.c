@@ -145,6 +145,7 @@ const moefuse_backend_i mf_backend_cpu = {
     .quant = mf_cpu_quant,
     .dequant = mf_cpu_dequant,
     .topk_route = mf_cpu_topk_route, /* topk_softmax too: its defaults */
+    .routing_metadata = mf_cpu_routing_metadata,
     .moe_gate = mf_cpu_moe_gate,
     .moe_final = mf_cpu_moe_final,
     .moe_forward = NULL,

@@ -412,6 +412,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .dequant = mf_ocl_dequant,
     .topk_softmax = mf_ocl_topk_softmax,
     .topk_route = mf_ocl_topk_route,
+    .routing_metadata = mf_ocl_routing_metadata,
     .moe_gate = mf_ocl_moe_gate,
     .moe_final = mf_ocl_moe_final,
     .rows_workspace = mf_ocl_rows_workspace,

@@ -29,6 +29,9 @@ enum mf_ocl_kernel {
     MF_K_DEQUANT,
     MF_K_TOPK_SOFTMAX,
     MF_K_TOPK_ROUTE, /* kernels/router.cl */
+    MF_K_ROUTING_META_COUNT, /* kernels/routing_meta.cl */
+    MF_K_ROUTING_META_PLACE,
+    MF_K_ROUTING_META_INVALID,
     MF_K_MOE_GATE,
     MF_K_MOE_FINAL,
     MF_K_MOE_ROUTE_COUNT,
@@ -142,6 +145,7 @@ moefuse_status mf_ocl_quant(moefuse_context *ctx, void *state, const mf_rows_arg
 moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
 moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
+moefuse_status mf_ocl_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_ocl_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a);

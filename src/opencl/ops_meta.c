@@ -1,0 +1,56 @@
+/* Host side of routing_metadata: count per expert, place per expert, mark the invalid slots. */
+#include "opencl/ocl_internal.h"
+
+/* The routing operands every kernel of kernels/routing_meta.cl starts with. */
+static void route_args(mf_kargs *k, const mf_moe_args *r)
+{
+    mf_karg_operand(k, &r->topk_ids, 1, false);
+    mf_karg_operand(k, &r->expert_map, 1, false);
+    mf_karg_int(k, r->expert_map.data != NULL);
+    mf_karg_long(k, r->tokens);
+    mf_karg_long(k, r->topk);
+    mf_karg_long(k, r->experts);
+    mf_karg_long(k, r->global_experts);
+}
+
+/* An optional [M, k] output: buffer, offset, row stride, present. */
+static void slot_out(mf_kargs *k, const moefuse_tensor *t)
+{
+    mf_karg_operand(k, t, 1, false);
+    mf_karg_int(k, t->data != NULL);
+}
+
+moefuse_status mf_ocl_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a)
+{
+    ocl_state *s = state;
+    const mf_moe_args *r = &a->route;
+    const size_t local = 64;
+    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_ROUTING_META_COUNT]);
+    route_args(&k, r);
+    mf_karg_operand(&k, &a->counts, 0, false);
+    size_t global = mf_round_up((size_t)r->experts, local);
+    MF_TRY(mf_ocl_launch(ctx, s, &k, "routing_metadata", 1, &global, &local));
+
+    k = mf_kargs_begin(s->kernels[MF_K_ROUTING_META_PLACE]);
+    route_args(&k, r);
+    mf_karg_operand(&k, &a->counts, 0, false);
+    mf_karg_long(&k, a->block);
+    mf_karg_long(&k, a->length);
+    mf_karg_operand(&k, &a->offsets, 0, false);
+    mf_karg_int(&k, a->offsets.data != NULL);
+    mf_karg_operand(&k, &a->order, 0, false);
+    mf_karg_int(&k, a->order.data != NULL);
+    slot_out(&k, &a->position);
+    slot_out(&k, &a->masked_row);
+    global = mf_round_up((size_t)r->experts + 1, local);
+    MF_TRY(mf_ocl_launch(ctx, s, &k, "routing_metadata", 1, &global, &local));
+
+    if (!a->position.data && !a->masked_row.data)
+        return MOEFUSE_OK;
+    k = mf_kargs_begin(s->kernels[MF_K_ROUTING_META_INVALID]);
+    route_args(&k, r);
+    slot_out(&k, &a->position);
+    slot_out(&k, &a->masked_row);
+    global = mf_round_up((size_t)(r->tokens * r->topk), local);
+    return mf_ocl_launch(ctx, s, &k, "routing_metadata", 1, &global, &local);
+}
