@@ -24,7 +24,7 @@ from .errors import (AlignmentError, BackendFailureError, BackendUnavailableErro
                      ShapeError, StrideError, UnsupportedError, WorkspaceTooSmallError,
                      WrongDeviceError)
 from .ops import (act_mul, act_quant, act_quant_masked, dequant, moe_final, moe_forward, moe_gate,
-                  quant, topk_route, topk_softmax)
+                  quant, routing_metadata, topk_route, topk_softmax)
 from .ops_fp8 import moe_final_fp8, moe_forward_fp8, moe_gate_fp8, moe_masked_fp8
 
 try:  # the installed distribution's version (meson.build's project version)
@@ -36,7 +36,7 @@ except Exception:  # run from the source tree (PYTHONPATH=python)
 __all__ = [
     "Context", "Buffer", "built_backends", "default_context", "library_path",
     "act_quant", "act_quant_masked", "act_mul", "quant", "dequant",
-    "moe_gate", "moe_final", "moe_forward", "topk_softmax", "topk_route",
+    "moe_gate", "moe_final", "moe_forward", "topk_softmax", "topk_route", "routing_metadata",
     "moe_gate_fp8", "moe_final_fp8", "moe_forward_fp8", "moe_masked_fp8",
     "Error", "NullPointerError", "InvalidArgumentError", "ShapeError", "DtypeError",
     "StrideError", "AlignmentError", "WrongDeviceError", "UnsupportedError",

@@ -126,6 +126,17 @@ class Routing(ctypes.Structure):
     ]
 
 
+class RoutingMeta(ctypes.Structure):
+    """moefuse_routing_meta."""
+    _fields_ = [
+        ("counts", Tensor),
+        ("offsets", Tensor),
+        ("order", Tensor),
+        ("position", Tensor),
+        ("masked_row", Tensor),
+    ]
+
+
 ctx_p = c_void_p
 T = POINTER(Tensor)
 status_t = moefuse_enum
@@ -177,6 +188,8 @@ _PROTOTYPES = {
                                           POINTER(Fp8MoeOptions)]),
     "moefuse_topk_softmax": (status_t, [ctx_p, T, c_int32, T, T]),
     "moefuse_topk_route": (status_t, [ctx_p, T, T, T, POINTER(RouterOptions), T, T]),
+    "moefuse_routing_metadata": (status_t, [ctx_p, POINTER(Routing), c_int32,
+                                            POINTER(RoutingMeta)]),
     "moefuse_set_workspace": (status_t, [ctx_p, T]),
 }
 # moefuse_<call>_workspace_size: the call's arguments, then size_t *bytes
@@ -186,7 +199,7 @@ _PROTOTYPES.update({
                  "moefuse_quant", "moefuse_dequant", "moefuse_moe_gate", "moefuse_moe_final",
                  "moefuse_moe_forward", "moefuse_moe_gate_fp8", "moefuse_moe_final_fp8",
                  "moefuse_moe_forward_fp8", "moefuse_moe_masked_fp8", "moefuse_topk_softmax",
-                 "moefuse_topk_route")})
+                 "moefuse_topk_route", "moefuse_routing_metadata")})
 
 
 def _bind():

@@ -414,3 +414,33 @@ def topk_route(logits, k=None, *, logit_bias=None, choice_bias=None, scoring="so
         call.run(lib.moefuse_topk_route, ctypes.byref(tl), _ref(tlb), _ref(tcb),
                  ctypes.byref(opt), ctypes.byref(ti), ctypes.byref(tw))
     return ids, weights
+
+
+def _order_length(topk_ids, experts, block_size):
+    M, k = _dims(topk_ids, 2)
+    return M * k + experts * (max(int(block_size), 1) - 1)
+
+
+def routing_metadata(topk_ids, experts, *, block_size=1, expert_map=None, ctx=None):
+    """What expert-parallel dispatch and the masked layout need, from topk_ids [M, k] i32 (and
+    expert_map [E_global]) for `experts` local experts (docs/NUMERICS.md, "Routing metadata"):
+    (counts [E], offsets [E + 1], order [M k + E (block_size - 1)], position [M, k],
+    masked_row [M, k]), all i32: the valid slots per expert; where each expert's list starts,
+    padded to block_size; the slots m * k + j expert by expert, ascending, -1 in the padding;
+    each slot's index in order and its rank within its expert (-1 when invalid)."""
+    io = _tensors.describe(topk_ids, "topk_ids")
+    mo = _tensors.describe(expert_map, "expert_map")
+    c = resolve_context(ctx, [io, mo])
+    E = int(experts)
+    results = {}
+    for name, shape in (("counts", (E,)), ("offsets", (E + 1,)),
+                        ("order", (_order_length(io, E, block_size),)),
+                        ("position", _dims(io, 2)), ("masked_row", _dims(io, 2))):
+        results[name] = _result(None, name, io, shape, "i32")
+    with Call(c, "routing_metadata") as call:
+        route = _routing(call, io, None, mo)
+        meta = _capi.RoutingMeta(**{name: call.tensor(op, output=True)
+                                    for name, (_, op) in results.items()})
+        call.run(lib.moefuse_routing_metadata, ctypes.byref(route), int(block_size),
+                 ctypes.byref(meta))
+    return tuple(obj for obj, _ in results.values())

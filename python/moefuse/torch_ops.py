@@ -34,6 +34,9 @@ SCHEMAS = {
         '(Tensor logits, int k, *, Tensor? logit_bias=None, Tensor? choice_bias=None, '
         'str scoring="softmax", int n_group=0, int topk_group=0, str group_scoring="top2_sum", '
         'bool renormalize=False, float scale=1.0) -> (Tensor ids, Tensor weights)',
+    "routing_metadata":
+        "(Tensor topk_ids, int experts, *, int block_size=1, Tensor? expert_map=None) -> "
+        "(Tensor counts, Tensor offsets, Tensor order, Tensor position, Tensor masked_row)",
     "act_quant":
         f"(Tensor x, *, Tensor? row_scale=None, {_ACT}, {_QUANT}) -> (Tensor q, Tensor scales)",
     "act_quant_masked":
@@ -120,6 +123,7 @@ def _moe_masked_fp8(*args, **options):
 KERNELS = {
     "topk_softmax": _topk_softmax,
     "topk_route": ops.topk_route,
+    "routing_metadata": ops.routing_metadata,
     "act_quant": ops.act_quant,
     "act_quant_masked": ops.act_quant_masked,
     "act_mul": ops.act_mul,
@@ -153,6 +157,13 @@ def _fake_topk_softmax(logits, k, renormalize=False):
 def _fake_topk_route(logits, k, **_):
     shape = ops._topk_shape(logits, k)
     return _fast.empty(logits, shape, "i32"), _fast.empty(logits, shape, "f32")
+
+
+def _fake_routing_metadata(topk_ids, experts, *, block_size=1, **_):
+    slots = ops._dims(topk_ids, 2)
+    return tuple(_fast.empty(topk_ids, shape, "i32") for shape in (
+        (experts,), (experts + 1,), (ops._order_length(topk_ids, experts, block_size),), slots,
+        slots))
 
 
 def _fake_act_quant(x, *, group_size=128, scale_layout="row_major", dtype="f8_e4m3",

@@ -21,6 +21,8 @@ STRUCTS = {
     "moefuse_moe_options": (_capi.MoeOptions, ["activation", "order", "limit"]),
     "moefuse_fp8_moe_options": (_capi.Fp8MoeOptions, ["moe", "act", "reserved"]),
     "moefuse_routing": (_capi.Routing, ["topk_ids", "topk_weights", "expert_map"]),
+    "moefuse_routing_meta": (_capi.RoutingMeta, ["counts", "offsets", "order", "position",
+                                                 "masked_row"]),
     "moefuse_router_options": (_capi.RouterOptions, ["scoring", "n_group", "topk_group",
                                                      "group_scoring", "renormalize", "scale",
                                                      "reserved"]),

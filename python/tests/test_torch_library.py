@@ -62,7 +62,10 @@ def samples(device):
                                                  choice_bias=r((32,), torch.float32, 0.01),
                                                  renormalize=True, scale=2.5)),
                 ("topk_route", (logits.to(torch.bfloat16), 3),
-                 dict(scoring="topk_softmax", logit_bias=r((32,), torch.bfloat16)))]
+                 dict(scoring="topk_softmax", logit_bias=r((32,), torch.bfloat16))),
+                ("routing_metadata",
+                 (torch.randint(-1, 9, (M, 4), generator=gen, dtype=torch.int32).to(device), 8),
+                 dict(block_size=16))]
         x = r((M, 512), torch.bfloat16, 3.0)
         row_scale = r((M,)).abs() + 0.5
         out += [("act_quant", (x,), {}),
@@ -152,7 +155,7 @@ def _fp8_masked_samples(r, device):
 
 
 # Operators the cuda backend refuses for now (MOEFUSE_ERR_UNSUPPORTED): their samples skip there.
-NOT_ON_CUDA = {"topk_route"}
+NOT_ON_CUDA = {"topk_route", "routing_metadata"}
 
 
 def _skip_where_unsupported(name, device):
