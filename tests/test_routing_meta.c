@@ -201,6 +201,7 @@ START_TEST(t_refusals)
         {1, T(fcounts), NULL, NULL, NULL, MOEFUSE_ERR_DTYPE, "meta.counts"},
         {1, T(counts), NULL, T(pos), NULL, MOEFUSE_ERR_SHAPE, "meta.position"},
         {1, T(counts), NULL, NULL, T(offs), MOEFUSE_ERR_SHAPE, "meta.offsets"},
+        {1 << 30, T(counts), NULL, NULL, NULL, MOEFUSE_ERR_SHAPE, "2^31"}, /* i32 indices */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         moefuse_routing_meta meta;

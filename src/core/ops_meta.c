@@ -36,9 +36,10 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
     a.block = block_size;
     const int64_t M = a.route.tokens, k = a.route.topk, E = a.route.experts;
     /* every index the outputs hold is an i32: the slots, and the padded total */
-    int64_t need = 0;
+    int64_t need = 0, pad = 0;
     if (__builtin_mul_overflow(M, k, &need) ||
-        __builtin_add_overflow(need, E * (int64_t)(block_size - 1), &need) || need > INT32_MAX)
+        __builtin_mul_overflow(E, (int64_t)(block_size - 1), &pad) ||
+        __builtin_add_overflow(need, pad, &need) || need > INT32_MAX)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE,
                         "%s: M * k + E * (block_size - 1) is above 2^31 - 1 (M = %lld, k = %lld, "
                         "E = %lld, block_size = %d): the outputs hold i32 indices",
