@@ -18,7 +18,7 @@
 
 static const mf_fault_kind kinds[] = {MF_FAULT_HOST_ALLOC, MF_FAULT_DEVICE_ALLOC,
                                       MF_FAULT_SCRATCH_GROW, MF_FAULT_PROGRAM_BUILD};
-enum { KINDS = sizeof kinds / sizeof kinds[0], MAX_HITS = 64, MAX_OUTS = 4 };
+enum { KINDS = sizeof kinds / sizeof kinds[0], MAX_HITS = 64, MAX_OUTS = 5 };
 
 /* An environment variable set for the length of one test (CK_FORK=no runs them in one
  * process): put_env remembers the old value, restore_env puts it back. */
@@ -267,6 +267,54 @@ static moefuse_status call_topk(void)
     return moefuse_topk_softmax(g_ctx, T(X), 1, T(IDS), T(WTS));
 }
 
+/* topk_route: the same shapes, DeepSeek-V3's options, a choice bias. */
+static tbuf *CBIAS;
+static const moefuse_router_options route_opt = {.scoring = MOEFUSE_ROUTER_SIGMOID,
+                                                 .n_group = 4,
+                                                 .topk_group = 2,
+                                                 .renormalize = 1,
+                                                 .scale = 2.5f};
+static void build_route(void)
+{
+    build_topk();
+    CBIAS = tb_new1("choice_bias", MOEFUSE_F32, 16, 1);
+    tb_fill_unif(CBIAS, -0.1, 0.1);
+    tb_upload(CBIAS);
+}
+static moefuse_status call_route(void)
+{
+    return moefuse_topk_route(g_ctx, T(X), NULL, T(CBIAS), &route_opt, T(IDS), T(WTS));
+}
+
+/* routing_metadata: ids [7, 4] of 16 experts (some invalid) -> every output, blocks of 4. */
+static tbuf *COUNTS, *OFFS, *ORDER, *POS, *MROW;
+static void build_meta(void)
+{
+    IDS = tb_new2("topk_ids", MOEFUSE_I32, 7, 4, 1, 1);
+    for (int64_t m = 0; m < 7; m++)
+        for (int64_t j = 0; j < 4; j++)
+            tb_set(IDS, m, j, 0, (double)((m * 5 + j * 3) % 18 - 1));
+    tb_upload(IDS);
+    COUNTS = tb_new1("counts", MOEFUSE_I32, 16, 0);
+    OFFS = tb_new1("offsets", MOEFUSE_I32, 17, 0);
+    ORDER = tb_new1("order", MOEFUSE_I32, 28 + 16 * 3, 0);
+    POS = tb_new2("position", MOEFUSE_I32, 7, 4, 0, 0);
+    MROW = tb_new2("masked_row", MOEFUSE_I32, 7, 4, 2, 0);
+    add_out(COUNTS);
+    add_out(OFFS);
+    add_out(ORDER);
+    add_out(POS);
+    add_out(MROW);
+}
+static moefuse_status call_meta(void)
+{
+    moefuse_routing r;
+    memset(&r, 0, sizeof r);
+    r.topk_ids = *T(IDS);
+    moefuse_routing_meta meta = {*T(COUNTS), *T(OFFS), *T(ORDER), *T(POS), *T(MROW)};
+    return moefuse_routing_metadata(g_ctx, &r, 4, &meta);
+}
+
 /* > 0 while warming up: the MoE calls see only the first tokens_limit tokens. */
 static int64_t tokens_limit;
 
@@ -459,6 +507,8 @@ START_TEST(t_rows)
         {"quant", build_quant, call_quant, false},
         {"dequant", build_dequant, call_dequant, false},
         {"topk_softmax", build_topk, call_topk, false},
+        {"topk_route", build_route, call_route, false},
+        {"routing_metadata", build_meta, call_meta, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i]);

@@ -55,6 +55,7 @@ typedef struct mf_dequant_args {
 
 /* topk_softmax and topk_route (topk_softmax: softmax, no biases, no groups, scale 1). */
 typedef struct mf_topk_args {
+    const char *op;         /* "topk_softmax" or "topk_route": what messages start with */
     moefuse_tensor logits;  /* [M, E] */
     moefuse_tensor ids;     /* [M, k] i32 */
     moefuse_tensor weights; /* [M, k] f32 */

@@ -10,6 +10,7 @@ static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
                                    size_t *measure)
 {
     mf_topk_args a = {0};
+    a.op = op;
     MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
     a.tokens = logits->shape[0];
     a.experts = logits->shape[1];
@@ -109,6 +110,7 @@ static moefuse_status topk_route(moefuse_context *ctx, const char *op,
                                  const moefuse_tensor *weights, size_t *measure)
 {
     mf_topk_args a = {0};
+    a.op = op;
     MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
     a.tokens = logits->shape[0];
     a.experts = logits->shape[1];

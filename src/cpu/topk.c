@@ -199,7 +199,7 @@ moefuse_status mf_cpu_topk_route(moefuse_context *ctx, void *state, const mf_top
     const int nt = mf_cpu_max_threads();
     const size_t stride = thread_stride(a);
     mf_cpu_scratch scratch;
-    MF_TRY(mf_cpu_scratch_take(ctx, "topk", (size_t)nt * stride, &scratch));
+    MF_TRY(mf_cpu_scratch_take(ctx, a->op, (size_t)nt * stride, &scratch));
     char *mem = scratch.mem;
 MF_OMP(parallel num_threads(nt))
     {
