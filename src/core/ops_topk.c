@@ -4,29 +4,39 @@
 
 #include <math.h>
 
+/* logits [M, E], ids [M, k] with 1 <= k <= E, weights [M, k]: into a (both routers). */
+static moefuse_status check_router_operands(moefuse_context *ctx, const char *op,
+                                            const moefuse_tensor *logits,
+                                            const moefuse_tensor *ids,
+                                            const moefuse_tensor *weights, mf_topk_args *a)
+{
+    a->op = op;
+    MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
+    a->tokens = logits->shape[0];
+    a->experts = logits->shape[1];
+    MF_TRY(mf_check_tensor(ctx, op, "ids", ids, 2, MF_DT(MOEFUSE_I32)));
+    a->topk = ids->shape[1];
+    if (ids->shape[0] != a->tokens || a->topk < 1 || a->topk > a->experts)
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                        "%s: ids is [%lld, %lld] but logits [%lld, %lld] needs [M, k] with M = %lld "
+                        "and 1 <= k <= E = %lld",
+                        op, (long long)ids->shape[0], (long long)a->topk, (long long)a->tokens,
+                        (long long)a->experts, (long long)a->tokens, (long long)a->experts);
+    MF_TRY(mf_check_tensor(ctx, op, "weights", weights, 2, MF_DT(MOEFUSE_F32)));
+    MF_TRY(mf_expect_shape(ctx, op, "weights", weights, ids->shape, "ids [M, k]"));
+    a->logits = *logits;
+    a->ids = *ids;
+    a->weights = *weights;
+    return MOEFUSE_OK;
+}
+
 static moefuse_status topk_softmax(moefuse_context *ctx, const char *op,
                                    const moefuse_tensor *logits, int32_t renormalize,
                                    const moefuse_tensor *ids, const moefuse_tensor *weights,
                                    size_t *measure)
 {
     mf_topk_args a = {0};
-    a.op = op;
-    MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
-    a.tokens = logits->shape[0];
-    a.experts = logits->shape[1];
-    MF_TRY(mf_check_tensor(ctx, op, "ids", ids, 2, MF_DT(MOEFUSE_I32)));
-    a.topk = ids->shape[1];
-    if (ids->shape[0] != a.tokens || a.topk < 1 || a.topk > a.experts)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
-                        "%s: ids is [%lld, %lld] but logits [%lld, %lld] needs [M, k] with M = %lld "
-                        "and 1 <= k <= E = %lld",
-                        op, (long long)ids->shape[0], (long long)a.topk, (long long)a.tokens,
-                        (long long)a.experts, (long long)a.tokens, (long long)a.experts);
-    MF_TRY(mf_check_tensor(ctx, op, "weights", weights, 2, MF_DT(MOEFUSE_F32)));
-    MF_TRY(mf_expect_shape(ctx, op, "weights", weights, ids->shape, "ids [M, k]"));
-    a.logits = *logits;
-    a.ids = *ids;
-    a.weights = *weights;
+    MF_TRY(check_router_operands(ctx, op, logits, ids, weights, &a));
     a.renormalize = renormalize != 0;
     const mf_operand operands[] = {
         {"logits", logits, false}, {"ids", ids, true}, {"weights", weights, true}};
@@ -110,20 +120,7 @@ static moefuse_status topk_route(moefuse_context *ctx, const char *op,
                                  const moefuse_tensor *weights, size_t *measure)
 {
     mf_topk_args a = {0};
-    a.op = op;
-    MF_TRY(mf_check_tensor(ctx, op, "logits", logits, 2, MF_FLOATS));
-    a.tokens = logits->shape[0];
-    a.experts = logits->shape[1];
-    MF_TRY(mf_check_tensor(ctx, op, "ids", ids, 2, MF_DT(MOEFUSE_I32)));
-    a.topk = ids->shape[1];
-    if (ids->shape[0] != a.tokens || a.topk < 1 || a.topk > a.experts)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
-                        "%s: ids is [%lld, %lld] but logits [%lld, %lld] needs [M, k] with M = %lld "
-                        "and 1 <= k <= E = %lld",
-                        op, (long long)ids->shape[0], (long long)a.topk, (long long)a.tokens,
-                        (long long)a.experts, (long long)a.tokens, (long long)a.experts);
-    MF_TRY(mf_check_tensor(ctx, op, "weights", weights, 2, MF_DT(MOEFUSE_F32)));
-    MF_TRY(mf_expect_shape(ctx, op, "weights", weights, ids->shape, "ids [M, k]"));
+    MF_TRY(check_router_operands(ctx, op, logits, ids, weights, &a));
     const int64_t bias_shape[1] = {a.experts};
     MF_TRY(mf_check_optional(ctx, op, "logit_bias", logit_bias, 1, MF_FLOATS));
     if (mf_present(logit_bias))
@@ -133,9 +130,6 @@ static moefuse_status topk_route(moefuse_context *ctx, const char *op,
         MF_TRY(mf_expect_shape(ctx, op, "choice_bias", choice_bias, bias_shape,
                                "logits [M, E]: [E]"));
     MF_TRY(route_options(ctx, op, opt, &a));
-    a.logits = *logits;
-    a.ids = *ids;
-    a.weights = *weights;
     a.logit_bias = mf_present(logit_bias) ? *logit_bias : mf_absent();
     a.choice_bias = mf_present(choice_bias) ? *choice_bias : mf_absent();
     const mf_operand operands[] = {{"logits", logits, false},
