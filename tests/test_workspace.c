@@ -291,6 +291,80 @@ START_TEST(t_topk)
 }
 END_TEST
 
+static tbuf *CBIAS;
+static const moefuse_router_options ROUTE_OPT = {.scoring = MOEFUSE_ROUTER_SIGMOID,
+                                                 .n_group = 8,
+                                                 .topk_group = 4,
+                                                 .renormalize = 1,
+                                                 .scale = 2.5f};
+
+static moefuse_status route_op(int set, size_t *bytes)
+{
+    return bytes ? moefuse_topk_route_workspace_size(g_ctx, T(LOGITS), NULL, T(CBIAS), &ROUTE_OPT,
+                                                     T(IDS[set]), T(WTS[set]), bytes)
+                 : moefuse_topk_route(g_ctx, T(LOGITS), NULL, T(CBIAS), &ROUTE_OPT, T(IDS[set]),
+                                      T(WTS[set]));
+}
+
+/* The calls the cuda backend refuses for now (MOEFUSE_ERR_UNSUPPORTED): skipped there. */
+static int refused_here(void)
+{
+    return strcmp(moefuse_backend_name(g_ctx), "cuda") == 0;
+}
+
+START_TEST(t_topk_route)
+{
+    if (refused_here())
+        return;
+    LOGITS = tb_new2("logits", MOEFUSE_F32, 9, 64, 0, 1);
+    tb_fill_unif(LOGITS, -5, 5);
+    tb_upload(LOGITS);
+    CBIAS = tb_new1("choice_bias", MOEFUSE_F32, 64, 1);
+    tb_fill_unif(CBIAS, -0.1, 0.1);
+    tb_upload(CBIAS);
+    for (int s = 0; s < 2; s++) {
+        IDS[s] = tb_new2(s ? "ids1" : "ids0", MOEFUSE_I32, 9, 6, 0, 0);
+        WTS[s] = tb_new2(s ? "weights1" : "weights0", MOEFUSE_F32, 9, 6, 0, 0);
+    }
+    tbuf *s0[2] = {IDS[0], WTS[0]}, *s1[2] = {IDS[1], WTS[1]};
+    check_op("topk_route", route_op, s0, s1, 2, 1);
+}
+END_TEST
+
+static tbuf *MD_IDS, *MD_OUT[2][5];
+
+static moefuse_status meta_op(int set, size_t *bytes)
+{
+    moefuse_routing r;
+    memset(&r, 0, sizeof r);
+    r.topk_ids = *T(MD_IDS);
+    moefuse_routing_meta meta = {*T(MD_OUT[set][0]), *T(MD_OUT[set][1]), *T(MD_OUT[set][2]),
+                                 *T(MD_OUT[set][3]), *T(MD_OUT[set][4])};
+    return bytes ? moefuse_routing_metadata_workspace_size(g_ctx, &r, 8, &meta, bytes)
+                 : moefuse_routing_metadata(g_ctx, &r, 8, &meta);
+}
+
+START_TEST(t_routing_meta)
+{
+    if (refused_here())
+        return;
+    const int64_t M = 13, k = 4, E = 10;
+    MD_IDS = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++)
+            tb_set(MD_IDS, m, j, 0, (double)((m * 7 + j * 3) % (E + 2) - 1));
+    tb_upload(MD_IDS);
+    for (int s = 0; s < 2; s++) {
+        MD_OUT[s][0] = tb_new1(s ? "counts1" : "counts0", MOEFUSE_I32, E, 0);
+        MD_OUT[s][1] = tb_new1(s ? "offsets1" : "offsets0", MOEFUSE_I32, E + 1, 0);
+        MD_OUT[s][2] = tb_new1(s ? "order1" : "order0", MOEFUSE_I32, M * k + E * 7, 0);
+        MD_OUT[s][3] = tb_new2(s ? "position1" : "position0", MOEFUSE_I32, M, k, 0, 0);
+        MD_OUT[s][4] = tb_new2(s ? "masked_row1" : "masked_row0", MOEFUSE_I32, M, k, 0, 0);
+    }
+    check_op("routing_metadata", meta_op, MD_OUT[0], MD_OUT[1], 5, 1);
+}
+END_TEST
+
 /* ------------------------------------------------------------ MoE */
 
 static tbuf *MX, *MW1, *MW2, *MB1, *MB2, *MIDS, *MWTS, *MH[2], *MHIN, *MOUT[2];
@@ -589,6 +663,8 @@ int main(void)
     tcase_add_test(tc, t_act_quant_masked);
     tcase_add_test(tc, t_act_mul_quant_dequant);
     tcase_add_test(tc, t_topk);
+    tcase_add_test(tc, t_topk_route);
+    tcase_add_test(tc, t_routing_meta);
     tcase_add_test(tc, t_moe);
     tcase_add_test(tc, t_moe_fp8);
     tcase_add_test(tc, t_queries_refuse_as_calls_do);
