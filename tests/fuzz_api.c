@@ -140,12 +140,15 @@ enum op {
     OP_MOE_GATE,
     OP_MOE_FINAL,
     OP_MOE_FORWARD,
+    OP_TOPK_ROUTE,
+    OP_ROUTING_META,
     OP_COUNT
 };
 
 static const char *const op_names[OP_COUNT] = {
     "act_quant", "act_quant_masked", "act_mul",  "quant",       "dequant",
-    "topk_softmax", "moe_gate",      "moe_final", "moe_forward",
+    "topk_softmax", "moe_gate",      "moe_final", "moe_forward", "topk_route",
+    "routing_metadata",
 };
 
 /* Operand slots, in the order each builder adds them. */
@@ -158,6 +161,8 @@ enum { TK_LOGITS, TK_IDS, TK_WEIGHTS };
 enum { GA_X, GA_W1, GA_B1, GA_IDS, GA_WEIGHTS, GA_MAP, GA_H };
 enum { FI_H, FI_W2, FI_B2, FI_IDS, FI_WEIGHTS, FI_MAP, FI_OUT };
 enum { FW_X, FW_W1, FW_W2, FW_B1, FW_B2, FW_IDS, FW_WEIGHTS, FW_MAP, FW_OUT };
+enum { TR_LOGITS, TR_LOGIT_BIAS, TR_CHOICE_BIAS, TR_IDS, TR_WEIGHTS };
+enum { RM_IDS, RM_WEIGHTS, RM_MAP, RM_COUNTS, RM_OFFSETS, RM_ORDER, RM_POSITION, RM_MASKED_ROW };
 
 enum role { ROLE_INPUT, ROLE_OUTPUT, ROLE_IGNORED };
 enum data_kind { DATA_ARENA, DATA_NULL, DATA_FOREIGN };
@@ -167,7 +172,8 @@ typedef struct operand {
     const char *name;
     enum role role;
     bool optional;
-    bool in_routing;         /* a member of moefuse_routing, handed over by value */
+    bool in_routing;         /* a member of moefuse_routing (or moefuse_routing_meta), handed
+                                over by value */
     bool only_when_reduced;  /* moe_final's topk_weights: read only for out [M, K] */
     bool passed;             /* a non-NULL pointer is handed over */
     enum data_kind data;
@@ -188,6 +194,8 @@ typedef struct fuzz_call {
     moefuse_act_quant_options aq; /* .act for act_mul, .quant for quant and dequant */
     moefuse_moe_options moe;
     int32_t renormalize;
+    moefuse_router_options route; /* topk_route */
+    int32_t block_size;           /* routing_metadata */
     bool null_options, null_context, null_routing;
     bool maybe_invalid; /* a perturbation that may or may not break the call */
     int64_t hidden;     /* H of the valid call (group_size = H is valid) */
@@ -718,9 +726,71 @@ static void build_moe_forward(rng *r, fuzz_call *c)
     maybe_absent(r, c, FW_B2, 50);
 }
 
+/* topk_route: valid options (groups that divide E, k within the kept groups), biases or not. */
+static void build_topk_route(rng *r, fuzz_call *c)
+{
+    static const float scales[] = {0.0f, 1.0f, 2.5f, 16.0f};
+    /* no huge E (topk_softmax's calls try those): [E] biases, even absent, need a place */
+    const int64_t E = rng_percent(r, 70) ? rng_int(r, 1, 16) : rng_int(r, 17, 64);
+    const int64_t M = pick_rows(r, 16);
+    moefuse_router_options *o = &c->route;
+    o->scoring = (moefuse_router_scoring)rng_int(r, 0, MOEFUSE_ROUTER_TOPK_SOFTMAX);
+    o->group_scoring = (moefuse_group_scoring)rng_int(r, 0, MOEFUSE_GROUP_MAX);
+    o->renormalize = (int32_t)rng_int(r, 0, 1);
+    o->scale = PICK(r, scales);
+    int64_t kept = E;
+    if (E <= 64 && rng_percent(r, 50)) {
+        int32_t g = (int32_t)rng_int(r, 1, E);
+        while (E % g)
+            g--;
+        o->n_group = g;
+        o->topk_group = g > 1 ? (int32_t)rng_int(r, 1, g) : (int32_t)rng_int(r, 0, 1);
+        kept = g > 1 ? o->topk_group * (E / g) : E;
+    }
+    const int64_t most = kept < 8 ? kept : 8;
+    const int64_t k = rng_percent(r, 90) ? rng_int(r, 1, most > 0 ? most : 1) : kept;
+    add_operand(c, "logits", ROLE_INPUT, false, pick_float(r), FLOATS, FILL_FLOATS, 2, SHAPE(M, E));
+    add_operand(c, "logit_bias", ROLE_INPUT, true, pick_float(r), FLOATS, FILL_FLOATS, 1, SHAPE(E));
+    add_operand(c, "choice_bias", ROLE_INPUT, true, pick_float(r), FLOATS, FILL_FLOATS, 1,
+                SHAPE(E));
+    add_operand(c, "ids", ROLE_OUTPUT, false, MOEFUSE_I32, DT(MOEFUSE_I32), FILL_BYTES, 2,
+                SHAPE(M, k));
+    add_operand(c, "weights", ROLE_OUTPUT, false, MOEFUSE_F32, DT(MOEFUSE_F32), FILL_BYTES, 2,
+                SHAPE(M, k));
+    maybe_absent(r, c, TR_LOGIT_BIAS, 60);
+    maybe_absent(r, c, TR_CHOICE_BIAS, 50);
+}
+
+/* routing_metadata: the routing of a MoE call, every output or some, blocks of 1 to 16. */
+static void build_routing_meta(rng *r, fuzz_call *c)
+{
+    static const int32_t blocks[] = {1, 1, 4, 16, 7};
+    moe_sizes s;
+    pick_moe(r, c, &s);
+    c->block_size = PICK(r, blocks);
+    add_routing(r, c, &s, ROLE_IGNORED);
+    const int64_t S = mul_sat(s.M, s.k);
+    const int64_t L = add_sat(add_sat(S, s.E * (c->block_size - 1)), rng_int(r, 0, 3));
+    const struct {
+        const char *name;
+        int rank;
+        int64_t a, b;
+    } outs[] = {{"counts", 1, s.E, 0},        {"offsets", 1, s.E + 1, 0}, {"order", 1, L, 0},
+                {"position", 2, s.M, s.k},   {"masked_row", 2, s.M, s.k}};
+    for (int i = 0; i < 5; i++) {
+        const int slot = add_operand(c, outs[i].name, ROLE_OUTPUT, i > 0, MOEFUSE_I32,
+                                     DT(MOEFUSE_I32), FILL_BYTES, outs[i].rank,
+                                     outs[i].rank == 1 ? SHAPE(outs[i].a) : SHAPE(outs[i].a, outs[i].b));
+        c->v[slot].in_routing = true; /* members of moefuse_routing_meta */
+        if (i > 0)
+            maybe_absent(r, c, slot, 30);
+    }
+}
+
 static void (*const builders[OP_COUNT])(rng *, fuzz_call *) = {
     build_act_quant, build_act_quant_masked, build_act_mul,   build_quant,      build_dequant,
     build_topk_softmax, build_moe_gate,      build_moe_final, build_moe_forward,
+    build_topk_route,   build_routing_meta,
 };
 
 /* Row padding, padded outer dims and free strides of size-1 dims: all legal. */
@@ -1108,6 +1178,28 @@ static bool perturb_option(const fuzzer *f, rng *r, fuzz_call *c)
         note(c, "renormalize %d", (int)c->renormalize);
         return true;
     }
+    if (c->op == OP_TOPK_ROUTE) {
+        moefuse_router_options *o = &c->route;
+        switch (rng_int(r, 0, 5)) {
+        case 0: o->scoring = (moefuse_router_scoring)garbage_enum(r, 3); break;
+        case 1: o->group_scoring = (moefuse_group_scoring)garbage_enum(r, 2); break;
+        case 2: o->n_group = (int32_t)rng_int(r, -2, 70); break;
+        case 3: o->topk_group = (int32_t)rng_int(r, -2, 70); break;
+        case 4: o->scale = garbage_float(r); break;
+        default: o->reserved[rng_int(r, 0, 3)] = (uint32_t)rng_int(r, 1, 1000); break;
+        }
+        c->maybe_invalid = true;
+        note(c, "router options {scoring %d, groups %d/%d (%d), scale %g}", (int)o->scoring,
+             (int)o->topk_group, (int)o->n_group, (int)o->group_scoring, (double)o->scale);
+        return true;
+    }
+    if (c->op == OP_ROUTING_META) {
+        static const int32_t odd[] = {0, -1, INT32_MIN, 2, 1 << 30};
+        c->block_size = PICK(r, odd);
+        c->maybe_invalid = true;
+        note(c, "block_size %d", (int)c->block_size);
+        return true;
+    }
     if (is_moe(c->op)) {
         moefuse_act_options a = {
             .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
@@ -1133,7 +1225,7 @@ static bool perturb_option(const fuzzer *f, rng *r, fuzz_call *c)
 static bool perturb_null_routing(const fuzzer *f, rng *r, fuzz_call *c)
 {
     (void)f, (void)r;
-    if (!is_moe(c->op))
+    if (!is_moe(c->op) && c->op != OP_ROUTING_META)
         return false;
     c->null_routing = true;
     note(c, "routing NULL");
@@ -1397,6 +1489,27 @@ static void judge_options(const fuzz_call *c, verdict *v)
             .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
         judge_act_options(&a, v);
     }
+    if (c->op == OP_TOPK_ROUTE) {
+        const moefuse_router_options *o = &c->route;
+        if ((unsigned)o->scoring > MOEFUSE_ROUTER_TOPK_SOFTMAX)
+            must_refuse(v, "scoring %d", (int)o->scoring);
+        if ((unsigned)o->group_scoring > MOEFUSE_GROUP_MAX)
+            must_refuse(v, "group_scoring %d", (int)o->group_scoring);
+        if (!isfinite(o->scale))
+            must_refuse(v, "scale %g", (double)o->scale);
+        if (o->n_group < 0 || o->n_group > MOEFUSE_ROUTER_MAX_GROUPS)
+            must_refuse(v, "n_group %d", (int)o->n_group);
+        for (int i = 0; i < 4; i++)
+            if (o->reserved[i])
+                must_refuse(v, "router options reserved[%d]", i);
+    }
+}
+
+/* routing_metadata's block size: refused below 1 whatever the tensors. */
+static void judge_block_size(const fuzz_call *c, verdict *v)
+{
+    if (c->op == OP_ROUTING_META && c->block_size < 1)
+        must_refuse(v, "block_size %d", (int)c->block_size);
 }
 
 static verdict expected_outcome(const fuzzer *f, const fuzz_call *c)
@@ -1411,6 +1524,7 @@ static verdict expected_outcome(const fuzzer *f, const fuzz_call *c)
             judge_operand(f, &c->v[i], &v);
     judge_overlap(c, &v);
     judge_options(c, &v);
+    judge_block_size(c, &v);
     return v;
 }
 
@@ -1628,6 +1742,17 @@ static moefuse_status invoke(const fuzzer *f, const fuzz_call *c)
         routing = routing_of(c, FI_IDS, FI_WEIGHTS, FI_MAP);
         return moefuse_moe_final(ctx, arg(c, FI_H), arg(c, FI_W2), arg(c, FI_B2),
                                  c->null_routing ? NULL : &routing, arg(c, FI_OUT), moe);
+    case OP_TOPK_ROUTE:
+        return moefuse_topk_route(ctx, arg(c, TR_LOGITS), arg(c, TR_LOGIT_BIAS),
+                                  arg(c, TR_CHOICE_BIAS), c->null_options ? NULL : &c->route,
+                                  arg(c, TR_IDS), arg(c, TR_WEIGHTS));
+    case OP_ROUTING_META: {
+        routing = routing_of(c, RM_IDS, RM_WEIGHTS, RM_MAP);
+        const moefuse_routing_meta meta = {c->v[RM_COUNTS].t, c->v[RM_OFFSETS].t, c->v[RM_ORDER].t,
+                                           c->v[RM_POSITION].t, c->v[RM_MASKED_ROW].t};
+        return moefuse_routing_metadata(ctx, c->null_routing ? NULL : &routing, c->block_size,
+                                        &meta);
+    }
     default:
         routing = routing_of(c, FW_IDS, FW_WEIGHTS, FW_MAP);
         return moefuse_moe_forward(ctx, arg(c, FW_X), arg(c, FW_W1), arg(c, FW_W2), arg(c, FW_B1),
@@ -1720,6 +1845,13 @@ static void describe_options(const fuzz_call *c)
                (int)c->moe.order, (double)c->moe.limit, c->null_routing ? " routing NULL" : "");
     if (c->op == OP_TOPK_SOFTMAX)
         printf("    renormalize %d\n", (int)c->renormalize);
+    if (c->op == OP_TOPK_ROUTE)
+        printf("    router {scoring %d, n_group %d, topk_group %d, group_scoring %d, renormalize "
+               "%d, scale %g}\n",
+               (int)c->route.scoring, (int)c->route.n_group, (int)c->route.topk_group,
+               (int)c->route.group_scoring, (int)c->route.renormalize, (double)c->route.scale);
+    if (c->op == OP_ROUTING_META)
+        printf("    block_size %d%s\n", (int)c->block_size, c->null_routing ? " routing NULL" : "");
 }
 
 static void describe_call(const fuzz_call *c)

@@ -64,6 +64,7 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
     a.masked_row = mf_present(&meta->masked_row) ? meta->masked_row : mf_absent();
     mf_operand operands[8];
     mf_moe_routing_operands(routing, operands);
+    operands[1].t = NULL; /* no router weights are read */
     operands[3] = (mf_operand){"meta.counts", &meta->counts, true};
     operands[4] = (mf_operand){"meta.offsets", &meta->offsets, true};
     operands[5] = (mf_operand){"meta.order", &meta->order, true};
