@@ -352,6 +352,21 @@ def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_m
     return out
 
 
+def _router_results(op, lo, k, ids, weights):
+    """A router's ids [M, k] i32 and weights [M, k] f32: the given ones, or new ones like the
+    logits (Operand lo); k defaults to the given ids' width. Returns (ids, Operand, weights,
+    Operand)."""
+    io = _tensors.describe(ids, "ids")
+    if k is None:
+        if io is None:
+            raise TypeError(f"moefuse {op}: give k, or ids to write into")
+        k = _dims(io, 2)[1]
+    shape = _topk_shape(lo, k)
+    ids, io = (ids, io) if ids is not None else _result(None, "ids", lo, shape, "i32")
+    weights, wo = _result(weights, "weights", lo, shape, "f32")
+    return ids, io, weights, wo
+
+
 def topk_softmax(logits, k=None, *, renormalize=False, ids=None, weights=None, ctx=None):
     """Router: softmax over logits [M, E] in f32, the k largest in descending order
     (ties to the lower id). Returns (ids [M, k] i32, weights [M, k] f32); k defaults
@@ -370,15 +385,8 @@ def topk_softmax(logits, k=None, *, renormalize=False, ids=None, weights=None, c
             if _fast.call.topk_softmax(ctx, logits, renormalize, i, w):
                 return i, w
     lo = _tensors.describe(logits, "logits")
-    io = _tensors.describe(ids, "ids")
     c = resolve_context(ctx, [lo])
-    if k is None:
-        if io is None:
-            raise TypeError("moefuse topk_softmax: give k, or ids to write into")
-        k = _dims(io, 2)[1]
-    shape = _topk_shape(lo, k)
-    ids, io = _result(ids, "ids", lo, shape, "i32")
-    weights, wo = _result(weights, "weights", lo, shape, "f32")
+    ids, io, weights, wo = _router_results("topk_softmax", lo, k, ids, weights)
     with Call(c, "topk_softmax") as call:
         tl, ti, tw = call.tensor(lo), call.tensor(io, output=True), call.tensor(wo, output=True)
         call.run(lib.moefuse_topk_softmax, ctypes.byref(tl), int(bool(renormalize)),
@@ -398,15 +406,8 @@ def topk_route(logits, k=None, *, logit_bias=None, choice_bias=None, scoring="so
     lo = _tensors.describe(logits, "logits")
     lbo = _tensors.describe(logit_bias, "logit_bias")
     cbo = _tensors.describe(choice_bias, "choice_bias")
-    io = _tensors.describe(ids, "ids")
     c = resolve_context(ctx, [lo, lbo, cbo])
-    if k is None:
-        if io is None:
-            raise TypeError("moefuse topk_route: give k, or ids to write into")
-        k = _dims(io, 2)[1]
-    shape = _topk_shape(lo, k)
-    ids, io = _result(ids, "ids", lo, shape, "i32")
-    weights, wo = _result(weights, "weights", lo, shape, "f32")
+    ids, io, weights, wo = _router_results("topk_route", lo, k, ids, weights)
     opt = _options.router(scoring, n_group, topk_group, group_scoring, renormalize, scale)
     with Call(c, "topk_route") as call:
         tl, tlb, tcb = call.tensor(lo), call.tensor(lbo), call.tensor(cbo)
