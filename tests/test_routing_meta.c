@@ -10,9 +10,10 @@
 
 #include "harness.h"
 
+/* Every backend has the call (a new one may refuse it until it does). */
 static int meta_here(void)
 {
-    return strcmp(moefuse_backend_name(g_ctx), "cuda") != 0;
+    return 1;
 }
 
 /* The local expert of a global id, as NUMERICS.md's MoE section says (-1: invalid). */

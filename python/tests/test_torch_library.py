@@ -155,7 +155,7 @@ def _fp8_masked_samples(r, device):
 
 
 # Operators the cuda backend refuses for now (MOEFUSE_ERR_UNSUPPORTED): their samples skip there.
-NOT_ON_CUDA = {"topk_route", "routing_metadata"}
+NOT_ON_CUDA = set()
 
 
 def _skip_where_unsupported(name, device):
