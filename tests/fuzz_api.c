@@ -1764,9 +1764,6 @@ static moefuse_status invoke(const fuzzer *f, const fuzz_call *c)
 static void build_call(const fuzzer *f, rng *r, fuzz_call *c)
 {
     enum op op = (enum op)rng_int(r, 0, OP_COUNT - 1);
-    /* the cuda backend refuses these for now (MOEFUSE_ERR_UNSUPPORTED): its other calls */
-    while (strcmp(f->backend, "cuda") == 0 && (op == OP_TOPK_ROUTE || op == OP_ROUTING_META))
-        op = (enum op)rng_int(r, 0, OP_COUNT - 1);
     for (int attempt = 0;; attempt++) {
         memset(c, 0, sizeof *c);
         c->op = op;
