@@ -56,6 +56,12 @@ typedef struct bench {
     /* router=1: logits [M, E] that moefuse_topk_softmax turns into route before each layer */
     int64_t router;
     moefuse_tensor logits;
+    /* topk_route: the router's options and its choice bias; routing_metadata's outputs */
+    moefuse_router_options ro;
+    moefuse_tensor choice_bias;
+    int has_choice_bias;
+    moefuse_routing_meta meta;
+    int32_t block_size;
 } bench;
 
 /* How cmd_bench runs the op: the options, and the progress line it may show on stderr. */
@@ -83,6 +89,7 @@ int bench_setup(bench *b, shape_spec *s, double *work);
 int bench_setup_rows(bench *b, shape_spec *s, double *work); /* bench_setup_rows.c */
 int bench_setup_moe(bench *b, shape_spec *s, double *work);  /* bench_setup_moe.c */
 int bench_setup_fp8(bench *b, shape_spec *s, double *work);  /* bench_setup_fp8.c */
+int bench_setup_route(bench *b, shape_spec *s, double *work); /* bench_setup_route.c */
 
 /* bench_routing.c: the MoE ops' routing, drawn on the host, and the router=1 logits. */
 int draw_routing(int64_t M, int64_t k, int64_t E, int32_t **ids_out, float **wts_out,

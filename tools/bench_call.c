@@ -24,6 +24,11 @@ moefuse_status bench_call(bench *b)
         return moefuse_dequant(c, &b->x, &b->scales, &b->out, &b->qo);
     if (strcmp(n, "topk_softmax") == 0)
         return moefuse_topk_softmax(c, &b->x, 1, &b->route.topk_ids, &b->route.topk_weights);
+    if (strcmp(n, "topk_route") == 0)
+        return moefuse_topk_route(c, &b->x, NULL, b->has_choice_bias ? &b->choice_bias : NULL,
+                                  &b->ro, &b->route.topk_ids, &b->route.topk_weights);
+    if (strcmp(n, "routing_metadata") == 0)
+        return moefuse_routing_metadata(c, &b->route, b->block_size, &b->meta);
     if (b->router) { /* the layer's routing from its logits, as an engine's step runs it */
         moefuse_status st = moefuse_topk_softmax(c, &b->logits, 1, &b->route.topk_ids,
                                                  &b->route.topk_weights);
@@ -69,6 +74,14 @@ moefuse_status bench_workspace_size(bench *b, size_t *bytes)
     else if (strcmp(n, "topk_softmax") == 0)
         st = moefuse_topk_softmax_workspace_size(c, &b->x, 1, &b->route.topk_ids,
                                                  &b->route.topk_weights, bytes);
+    else if (strcmp(n, "topk_route") == 0)
+        st = moefuse_topk_route_workspace_size(c, &b->x, NULL,
+                                               b->has_choice_bias ? &b->choice_bias : NULL,
+                                               &b->ro, &b->route.topk_ids,
+                                               &b->route.topk_weights, bytes);
+    else if (strcmp(n, "routing_metadata") == 0)
+        st = moefuse_routing_metadata_workspace_size(c, &b->route, b->block_size, &b->meta,
+                                                     bytes);
     else if (strcmp(n, "moe_gate") == 0)
         st = moefuse_moe_gate_workspace_size(c, &b->x, &b->w1, NULL, &b->route, &b->h, &b->mo,
                                              bytes);

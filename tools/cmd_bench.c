@@ -22,6 +22,8 @@ static const op_info ops[] = {
     {"quant", KIND_ROWS, "T, H, G, layout, ue8m0, q"},
     {"dequant", KIND_ROWS, "T, H, G, layout, ue8m0, q"},
     {"topk_softmax", KIND_TOPK, "M, E, k"},
+    {"topk_route", KIND_TOPK, "M, E, k, n_group, topk_group, scoring, bias"},
+    {"routing_metadata", KIND_TOPK, "M, E, k, block"},
     {"moe_gate", KIND_MOE, "M, E, k, K, I"},
     {"moe_final", KIND_MOE, "M, E, k, K, I"},
     {"moe_forward", KIND_MOE, "M, E, k, K, I, router"},
