@@ -488,7 +488,12 @@ START_TEST(t_cross)
             const int64_t k = cases[c].G > 1 ? 4 : 8;
             run_cross(&cases[c], dts[(c + (size_t)mode) % 3], 13, 64, k, mode, 0);
             run_cross(&cases[c], dts[(c + (size_t)mode) % 3], 5, 256, k, mode, mode == 2);
+            run_cross(&cases[c], dts[(c + (size_t)mode) % 3], 7, 40, k, mode, mode == 2);
         }
+    /* past the warp kernel's 512 experts; more picks than a warp has lanes */
+    run_cross(&cases[1], MOEFUSE_F32, 3, 640, 8, 0, 0);
+    run_cross(&cases[3], MOEFUSE_BF16, 4, 96, 40, 2, 1);
+    run_cross(&cases[2], MOEFUSE_F16, 4, 96, 40, 1, 0);
     run_cross(&cases[0], MOEFUSE_F32, 0, 64, 4, 0, 0);
     run_cross(&cases[2], MOEFUSE_BF16, 3, 384, 8, 2, 0);
 }

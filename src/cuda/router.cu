@@ -1,33 +1,19 @@
 /*
- * topk_route and routing_metadata of the CUDA backend: the CPU's bits (src/cpu/topk.c,
- * src/cpu/routing_meta.c, docs/NUMERICS.md). The shapes of the OpenCL kernels
- * (kernels/router.cl, kernels/routing_meta.cl): a thread per row of logits, every score
- * recomputed where it is used, the kept groups as bits of a 64-bit mask; a thread per local
- * expert scanning every slot in order for the metadata. Correct first: the fast warp-per-row
- * router of topk.cu is where topk_softmax's speed comes from, and these can follow it.
+ * topk_route of the CUDA backend: the CPU's bits (src/cpu/topk.c, docs/NUMERICS.md, "Router
+ * (topk_route)"). Two kernels: mf_k_route_warp (router_warp.cu) for E <= 512, every model's
+ * router; and here mf_k_topk_route, the reference for any E: a thread per row, every score
+ * recomputed where it is used (the shape of kernels/router.cl).
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/moe_internal.h"
-#include "cuda/moe_kernels.cuh"
 #include "cuda/moe_math.cuh"
 #include "cuda/numerics.cuh"
+#include "cuda/router.h"
 
 #include <string.h>
 
 /* ------------------------------------------------------------- topk_route */
 
-typedef struct RouteParams {
-    const void *l, *lb, *cb; /* logits [M, E]; the logit and choice biases [E] or NULL */
-    int64_t ls0;
-    int ldt, lbdt, cbdt;
-    int32_t *ids;
-    int64_t is0;
-    float *w;
-    int64_t ws0;
-    int64_t M, E, k, groups, kept;
-    int scoring, group_scoring, renorm;
-    float scale;
-} RouteParams;
 
 typedef struct RouteRow {
     const RouteParams *p;
@@ -281,115 +267,12 @@ moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_to
     p.group_scoring = (int)a->group_scoring;
     p.renorm = a->renormalize;
     p.scale = a->scale;
+    if (p.E <= ROUTE_WARP_MAX_E) {
+        mf_route_warp_launch(&p, s->stream);
+        return mf_cuda_launched(ctx, "topk_route", "mf_k_route_warp");
+    }
     const unsigned grid = (unsigned)((p.M + 63) / 64);
     mf_k_topk_route<<<grid, 64, 0, s->stream>>>(p);
     return mf_cuda_launched(ctx, "topk_route", "mf_k_topk_route");
 }
 
-/* --------------------------------------------------------- routing_metadata */
-
-typedef struct MetaParams {
-    MoeRoute rt;
-    int64_t M, block, length;
-    int32_t *counts, *offsets, *order, *position, *mrow;
-    int64_t ps0, ws0;
-} MetaParams;
-
-static __device__ __forceinline__ int64_t meta_expert(const MetaParams &p, int64_t s)
-{
-    return moe_slot_expert(p.rt, s / p.rt.topk, s % p.rt.topk);
-}
-
-__global__ void mf_k_meta_count(const MetaParams p)
-{
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= p.rt.E)
-        return;
-    int64_t n = 0;
-    for (int64_t s = 0; s < p.rt.S; s++)
-        n += meta_expert(p, s) == e;
-    p.counts[e] = (int32_t)n;
-}
-
-__global__ void mf_k_meta_place(const MetaParams p)
-{
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e > p.rt.E)
-        return;
-    int64_t start = 0;
-    for (int64_t f = 0; f < e; f++)
-        start += (p.counts[f] + p.block - 1) / p.block * p.block;
-    if (p.offsets)
-        p.offsets[e] = (int32_t)start;
-    if (e == p.rt.E) {
-        if (p.order)
-            for (int64_t q = start; q < p.length; q++)
-                p.order[q] = -1;
-        return;
-    }
-    const int64_t k = p.rt.topk;
-    int64_t n = 0;
-    for (int64_t s = 0; s < p.rt.S; s++) {
-        if (meta_expert(p, s) != e)
-            continue;
-        if (p.order)
-            p.order[start + n] = (int32_t)s;
-        if (p.position)
-            p.position[(s / k) * p.ps0 + s % k] = (int32_t)(start + n);
-        if (p.mrow)
-            p.mrow[(s / k) * p.ws0 + s % k] = (int32_t)n;
-        n++;
-    }
-    if (p.order)
-        for (int64_t q = start + n; q < start + (n + p.block - 1) / p.block * p.block; q++)
-            p.order[q] = -1;
-}
-
-__global__ void mf_k_meta_invalid(const MetaParams p)
-{
-    const int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= p.rt.S || meta_expert(p, s) >= 0)
-        return;
-    const int64_t k = p.rt.topk;
-    if (p.position)
-        p.position[(s / k) * p.ps0 + s % k] = -1;
-    if (p.mrow)
-        p.mrow[(s / k) * p.ws0 + s % k] = -1;
-}
-
-moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a)
-{
-    cuda_state *s = (cuda_state *)state;
-    const mf_moe_args *r = &a->route;
-    MetaParams p;
-    memset(&p, 0, sizeof p);
-    p.rt.ids = (const int32_t *)mf_cuda_base(&r->topk_ids);
-    p.rt.ids_s0 = r->topk_ids.stride[0];
-    p.rt.map = r->expert_map.data ? (const int32_t *)mf_cuda_base(&r->expert_map) : NULL;
-    p.rt.map_s0 = r->expert_map.data ? r->expert_map.stride[0] : 0;
-    p.rt.topk = r->topk;
-    p.rt.S = r->tokens * r->topk;
-    p.rt.E = r->experts;
-    p.rt.Eg = r->global_experts;
-    p.M = r->tokens;
-    p.block = a->block;
-    p.length = a->length;
-    p.counts = (int32_t *)mf_cuda_base(&a->counts);
-    p.offsets = a->offsets.data ? (int32_t *)mf_cuda_base(&a->offsets) : NULL;
-    p.order = a->order.data ? (int32_t *)mf_cuda_base(&a->order) : NULL;
-    p.position = a->position.data ? (int32_t *)mf_cuda_base(&a->position) : NULL;
-    p.ps0 = a->position.data ? a->position.stride[0] : 0;
-    p.mrow = a->masked_row.data ? (int32_t *)mf_cuda_base(&a->masked_row) : NULL;
-    p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
-    if (p.rt.E > 0) {
-        mf_k_meta_count<<<(unsigned)((p.rt.E + 63) / 64), 64, 0, s->stream>>>(p);
-        MF_TRY(mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_count"));
-    }
-    mf_k_meta_place<<<(unsigned)((p.rt.E + 64) / 64), 64, 0, s->stream>>>(p);
-    MF_TRY(mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_place"));
-    if ((p.position || p.mrow) && p.rt.S > 0) {
-        mf_k_meta_invalid<<<(unsigned)((p.rt.S + 255) / 256), 256, 0, s->stream>>>(p);
-        MF_TRY(mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_invalid"));
-    }
-    return MOEFUSE_OK;
-}
