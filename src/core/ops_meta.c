@@ -76,8 +76,7 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
         return mf_nothing_to_do(measure);
     if (!ctx->backend->routing_metadata)
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: the %s backend has no routing metadata yet (the cpu and opencl "
-                        "backends have)",
+                        "%s: the %s backend has no routing metadata",
                         op, ctx->backend->name);
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, 0, measure, &run));

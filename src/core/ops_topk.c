@@ -143,8 +143,8 @@ static moefuse_status topk_route(moefuse_context *ctx, const char *op,
         return mf_nothing_to_do(measure);
     if (!ctx->backend->topk_route)
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: the %s backend has no grouped or biased router yet (the cpu and "
-                        "opencl backends have; topk_softmax runs here)",
+                        "%s: the %s backend has no grouped or biased router (topk_softmax may "
+                        "run here)",
                         op, ctx->backend->name);
     size_t need = 0;
     if (ctx->backend->topk_workspace && mf_workspace_matters(ctx, measure))
