@@ -685,6 +685,113 @@ START_TEST(decode_layer_in_a_graph)
 }
 END_TEST
 
+/* ------------------------------------------- the grouped router and its metadata */
+
+/* DeepSeek-V3's router, then the dispatch metadata of its ids: one graph for both (the
+ * metadata's two launches share scratch of the call's own and a programmatic launch). */
+typedef struct {
+    int64_t M, E, k;
+    tbuf *lg, *bias;                        /* inputs, with twins on the cpu */
+    tbuf *ids[SIDES], *wts[SIDES];          /* the router's result feeds the metadata */
+    tbuf *cnt[SIDES], *off[SIDES], *ord[SIDES], *pos[SIDES], *row[SIDES];
+} routed;
+
+static moefuse_status routed_run(routed *r, int side)
+{
+    moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
+    moefuse_router_options o;
+    memset(&o, 0, sizeof o);
+    o.scoring = MOEFUSE_ROUTER_SIGMOID;
+    o.n_group = 8;
+    o.topk_group = 4;
+    o.renormalize = 1;
+    o.scale = 2.5f;
+    moefuse_status st = moefuse_topk_route(ctx, T(in(r->lg, side)), NULL, T(in(r->bias, side)),
+                                           &o, T(r->ids[side]), T(r->wts[side]));
+    if (st != MOEFUSE_OK)
+        return st;
+    moefuse_routing R;
+    memset(&R, 0, sizeof R);
+    R.topk_ids = r->ids[side]->t;
+    moefuse_routing_meta m;
+    memset(&m, 0, sizeof m);
+    m.counts = r->cnt[side]->t;
+    m.offsets = r->off[side]->t;
+    m.order = r->ord[side]->t;
+    m.position = r->pos[side]->t;
+    m.masked_row = r->row[side]->t;
+    return moefuse_routing_metadata(ctx, &R, 16, &m);
+}
+
+static moefuse_status routed_issue(void *arg, int graph) { return routed_run(arg, graph ? GRAPH : EAGER); }
+
+/* M = 1 and M = 4096 (the metadata's span path over 16 blocks); replayed twice on new logits. */
+START_TEST(router_and_metadata_in_a_graph)
+{
+    static const int64_t Ms[] = {1, 4096};
+    static const char *side[2] = {"eager", "graph"};
+    routed r;
+    memset(&r, 0, sizeof r);
+    r.M = Ms[_i], r.E = 256, r.k = 8;
+    const int64_t L = r.M * r.k + r.E * 15;
+    r.lg = tb_new2("logits", MOEFUSE_BF16, r.M, r.E, 0, 1);
+    r.bias = tb_new1("choice_bias", MOEFUSE_F32, r.E, 1);
+    tb_twin(r.lg, g_ref);
+    tb_twin(r.bias, g_ref);
+    tb_fill_unif(r.lg, -4.0, 4.0);
+    tb_fill_unif(r.bias, -0.1, 0.1);
+    tb_upload(r.lg); /* and their twins */
+    tb_upload(r.bias);
+    for (int g = 0; g < 2; g++) {
+        char n[48];
+#define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
+        r.ids[g] = tb_new2(NAME("ids"), MOEFUSE_I32, r.M, r.k, 0, 0);
+        r.wts[g] = tb_new2(NAME("weights"), MOEFUSE_F32, r.M, r.k, 0, 0);
+        r.cnt[g] = tb_new1(NAME("counts"), MOEFUSE_I32, r.E, 0);
+        r.off[g] = tb_new1(NAME("offsets"), MOEFUSE_I32, r.E + 1, 0);
+        r.ord[g] = tb_new1(NAME("order"), MOEFUSE_I32, L, 0);
+        r.pos[g] = tb_new2(NAME("position"), MOEFUSE_I32, r.M, r.k, 0, 0);
+        r.row[g] = tb_new2(NAME("masked_row"), MOEFUSE_I32, r.M, r.k, 0, 0);
+#undef NAME
+    }
+    tbuf **outs[] = {r.ids, r.wts, r.cnt, r.off, r.ord, r.pos, r.row};
+    static const char *names[] = {"ids", "weights", "counts", "offsets", "order", "position",
+                                  "masked_row"};
+    for (size_t i = 0; i < 7; i++)
+        outs[i][CPU] = cpu_output(outs[i][EAGER], names[i]);
+    cudaStream_t cs;
+    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaGraphExec_t exec = capture(cs, routed_issue, &r);
+    for (int rep = 0; rep < 2; rep++) {
+        for (size_t i = 0; i < 7; i++) { /* three patterns: no element may be left alone */
+            repoison(outs[i][EAGER]); /* its twin, the cpu's, gets the same: replaced below */
+            repoison(outs[i][GRAPH]);
+            for (int d = GRAPH; d <= CPU; d++) {
+                tbuf *tb = outs[i][d];
+                for (size_t b = 0; b < tb->total; b++)
+                    if (tb->logical[b])
+                        tb->full[b] = (unsigned char)(d == GRAPH ? 0xA3 ^ b : 0x3A ^ (b * 5));
+                tb_upload(tb);
+            }
+        }
+        refill_on_stream(r.lg, -4.0, 4.0, cs);
+        replay(exec, cs);
+        OK(routed_issue(&r, 0));
+        OK(moefuse_synchronize(g_ctx));
+        moefuse_status st = routed_run(&r, CPU);
+        HCHECK(st == MOEFUSE_OK, "router and metadata on the cpu: %s", moefuse_last_error(g_ref));
+        h_check_all(0);
+        for (size_t i = 0; i < 7; i++) {
+            same_bytes(outs[i][GRAPH], outs[i][EAGER], h_fmt("%s, replay %d", names[i], rep));
+            same_bytes(outs[i][EAGER], outs[i][CPU], h_fmt("%s vs the cpu, %d", names[i], rep));
+        }
+    }
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaStreamDestroy(cs));
+    tb_free_all();
+}
+END_TEST
+
 /* ------------------------------------------------------------ two streams */
 
 /* A large call on stream a, a small one on stream b right after (same scratch,
@@ -798,6 +905,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, moe_forward_in_a_graph_with_workspace, 0, 2);
     tcase_add_test(tc, row_ops_in_a_graph);
     tcase_add_loop_test(tc, decode_layer_in_a_graph, 0, 2);
+    tcase_add_loop_test(tc, router_and_metadata_in_a_graph, 0, 2);
     tcase_add_test(tc, streams_switch_without_waiting);
     tcase_add_test(tc, unknown_switch_values_refused);
     tcase_add_test(tc, device_by_index);

@@ -361,7 +361,7 @@ START_TEST(t_routing_meta)
         MD_OUT[s][3] = tb_new2(s ? "position1" : "position0", MOEFUSE_I32, M, k, 0, 0);
         MD_OUT[s][4] = tb_new2(s ? "masked_row1" : "masked_row0", MOEFUSE_I32, M, k, 0, 0);
     }
-    check_op("routing_metadata", meta_op, MD_OUT[0], MD_OUT[1], 5, 1);
+    check_op("routing_metadata", meta_op, MD_OUT[0], MD_OUT[1], 5, 0); /* CUDA: span sums */
 }
 END_TEST
 

@@ -227,6 +227,8 @@ struct moefuse_backend_i {
                                      size_t *bytes);
     moefuse_status (*topk_workspace)(moefuse_context *ctx, void *state, const mf_topk_args *a,
                                      size_t *bytes);
+    moefuse_status (*meta_workspace)(moefuse_context *ctx, void *state, const mf_meta_args *a,
+                                     size_t *bytes);
     moefuse_status (*moe_gate_workspace)(moefuse_context *ctx, void *state, const mf_moe_args *a,
                                          size_t *bytes);
     moefuse_status (*moe_final_workspace)(moefuse_context *ctx, void *state, const mf_moe_args *a,

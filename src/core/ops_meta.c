@@ -78,8 +78,11 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
                         "%s: the %s backend has no routing metadata",
                         op, ctx->backend->name);
+    size_t scratch = 0;
+    if (ctx->backend->meta_workspace && mf_workspace_matters(ctx, measure))
+        MF_TRY(ctx->backend->meta_workspace(ctx, ctx->state, &a, &scratch));
     bool run;
-    MF_TRY(mf_workspace_step(ctx, op, 0, measure, &run));
+    MF_TRY(mf_workspace_step(ctx, op, scratch, measure, &run));
     return run ? ctx->backend->routing_metadata(ctx, ctx->state, &a) : MOEFUSE_OK;
 }
 

@@ -426,6 +426,7 @@ const moefuse_backend_i mf_backend_cuda = {
     .moe_final = cuda_moe_final,
     .moe_forward = cuda_moe_forward,
     .rows_workspace = mf_cuda_rows_workspace,
+    .meta_workspace = mf_cuda_meta_workspace,
     .moe_gate_workspace = mf_cuda_moe_gate_workspace,
     .moe_final_workspace = mf_cuda_moe_final_workspace,
     .moe_forward_workspace = mf_cuda_moe_forward_workspace,

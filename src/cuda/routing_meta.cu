@@ -1,19 +1,19 @@
 /*
  * routing_metadata of the CUDA backend: integers only, so the CPU's bytes by construction
  * (docs/NUMERICS.md, "Routing metadata"). Two paths:
- *  - mf_k_meta_grid, for E up to a few thousand: block b places a span of the slots. It counts
- *    every slot into a shared histogram (before its span, after it, or the row of the warp
- *    whose part of the span holds it); a block scan turns the padded counts into offsets and
- *    each warp's row into its first positions; then each warp walks its part 32 slots at a
- *    time, a slot's rank among the lanes of the same expert from __match_any_sync, so that the
- *    order is ascending in the slot as the contract asks and no atomic decides it. The
- *    counting is repeated in every block (the ids are read from L2 once per block) so that
- *    the call is one launch with no grid-wide wait: what an engine's graph wants.
+ *  - for E up to about 3000, two launches over spans of 2048 slots or more: the first counts
+ *    each span per expert into scratch; the second (a programmatic dependent launch, which
+ *    counts its span warp by warp while the first ends) sums the spans before its own and all
+ *    of them, scans the padded counts into offsets, and places its span warp by warp, a slot's
+ *    rank among the lanes of the same expert from __match_any_sync: the order is ascending in
+ *    the slot, as the contract asks, and no atomic decides it. Graph-capturable (the scratch is
+ *    the call's, see mf_cuda_scratch).
  *  - the reference, for larger E: a thread per expert scanning every slot in order.
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/moe_internal.h"
 #include "cuda/moe_kernels.cuh"
+#include "cuda/pdl.cuh"
 
 #include <string.h>
 
@@ -89,23 +89,22 @@ __global__ void mf_k_meta_invalid(const MetaParams p)
         p.mrow[(s / k) * p.ws0 + s % k] = -1;
 }
 
-/* ------------------------------------------------ a grid of blocks, E <= about 3000 */
+/* --------------------------------------------- two launches over spans, E <= about 3000 */
 
 #define RM_THREADS 1024
 #define RM_WARPS (RM_THREADS / 32)
 #define RM_SMEM_INTS (48 * 1024 / 4) /* the default dynamic shared-memory limit */
 #define RM_FULL 0xFFFFFFFFu
-#define RM_SPAN 2048      /* slots a block places, at least */
-#define RM_MAX_BLOCKS 128 /* past that the spans grow: each block reads every id */
-#define RM_BATCH 16       /* ids a thread loads together, their latencies overlapped */
+#define RM_SPAN 2048      /* slots a block takes, at least */
+#define RM_MAX_BLOCKS 256 /* past that the spans grow (the place kernel reads blocks x E sums) */
 
-/* Warps with a histogram row of their own that fit beside the block's other arrays (pre,
-   post, offsets, the scan's warp sums); 0: too many experts, the reference's case. */
-static int64_t meta_chunks(int64_t E)
+/* Rows of a block's [rows, E] histogram (one per warp) that fit beside its other arrays
+   (offsets, counts, the scan's warp sums); 0: too many experts, the reference's case. */
+static int64_t meta_rows(int64_t E)
 {
     if (E <= 0)
         return 0;
-    const int64_t w = (RM_SMEM_INTS - 3 * E - 1 - (RM_WARPS + 1)) / E;
+    const int64_t w = (RM_SMEM_INTS - 2 * E - 1 - (RM_WARPS + 1)) / E;
     return w < 0 ? 0 : (w > RM_WARPS ? RM_WARPS : w);
 }
 
@@ -147,69 +146,98 @@ static __device__ int32_t meta_block_scan(int32_t x, int32_t *warp_sums, int32_t
 }
 
 /*
- * Block b places the slots [b * span, (b + 1) * span), warp w of its chunks the part
- * [w * chunk, (w + 1) * chunk) of that. Every block counts every slot: before its span (pre),
- * in it (its warp's row) or after (post), which gives it the offsets and each warp's first
- * positions with no other block's help, in one launch and no grid-wide wait.
+ * Counts block b's span [b * span, (b + 1) * span) into rows of a shared [rows, E] histogram,
+ * warp w's part [w * part, (w + 1) * part) into row w; rows == 1 gives the span's counts.
  */
-__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_grid(const MetaParams p, int chunks,
-                                                             int64_t span)
+static __device__ void meta_count_span(const MetaParams &p, int32_t *hist, int rows,
+                                       int64_t span, int64_t lo, int64_t hi)
 {
-    extern __shared__ int32_t sm[];
-    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk;
-    int32_t *hist = sm;                /* [chunks, E]: counts, then each row's next position */
-    int32_t *pre = hist + chunks * E;  /* [E]: valid slots before the span */
-    int32_t *post = pre + E;           /* [E]: after it */
-    int32_t *off = post + E;           /* [E + 1] */
-    int32_t *warp_sums = off + E + 1;  /* [RM_WARPS + 1] */
-    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
-    const int64_t chunk = span / chunks;
-    for (int64_t q = tid; q < (chunks + 2) * E; q += RM_THREADS)
+    const int64_t E = p.rt.E, part = span / rows;
+    for (int64_t q = threadIdx.x; q < rows * E; q += RM_THREADS)
         hist[q] = 0;
     __syncthreads();
-    for (int64_t s0 = 0; s0 < S; s0 += (int64_t)RM_THREADS * RM_BATCH) {
-        int e[RM_BATCH];
-#pragma unroll
-        for (int r = 0; r < RM_BATCH; r++) {
-            const int64_t s = s0 + (int64_t)r * RM_THREADS + tid;
-            e[r] = s < S ? meta_expert32(p, s) : -1;
-        }
-#pragma unroll
-        for (int r = 0; r < RM_BATCH; r++) {
-            const int64_t s = s0 + (int64_t)r * RM_THREADS + tid;
-            if (e[r] >= 0) /* 32-bit: a 64-bit division is a long loop */
-                atomicAdd(s < lo    ? &pre[e[r]]
-                          : s >= hi ? &post[e[r]]
-                                    : &hist[(uint32_t)(s - lo) / (uint32_t)chunk * E + e[r]],
-                          1);
-        }
+    for (int64_t s = lo + threadIdx.x; s < hi; s += RM_THREADS) {
+        const int e = meta_expert32(p, s);
+        if (e >= 0) /* 32-bit: a 64-bit division is a long loop */
+            atomicAdd(&hist[(uint32_t)(s - lo) / (uint32_t)part * E + e], 1);
     }
     __syncthreads();
-    /* counts and padded offsets: thread t takes experts [e0, e1) */
+}
+
+/* The span path's arguments: the call's, the histogram rows a block, the span, the sums. */
+typedef struct MetaSpan {
+    MetaParams p;
+    int rows;
+    int64_t span;
+    int32_t *sums; /* [blocks, E] scratch */
+} MetaSpan;
+
+/* Launch 1: each block's counts per expert into sums[b, E] (the scratch). */
+__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_count(const MetaSpan q)
+{
+    extern __shared__ int32_t sm[];
+    const MetaParams &p = q.p;
+    const int64_t span = q.span;
+    int32_t *sums = q.sums;
+    const int64_t E = p.rt.E, S = p.rt.S;
+    const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
+    meta_count_span(p, sm, 1, span, lo, hi);
+    for (int64_t e = threadIdx.x; e < E; e += RM_THREADS)
+        sums[blockIdx.x * E + e] = sm[e];
+    mf_pdl_trigger();
+}
+
+/*
+ * Launch 2 (programmatic: it counts its own span by warps while launch 1 ends): the offsets
+ * from every block's sums, each warp's first positions, then its slots 32 at a time, a slot's
+ * place its row's next position plus its rank among the lanes of the same expert
+ * (__match_any_sync), so the order is ascending in the slot and no atomic decides it.
+ */
+__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpan q)
+{
+    extern __shared__ int32_t sm[];
+    const MetaParams &p = q.p;
+    const int rows = q.rows;
+    const int64_t span = q.span;
+    const int32_t *sums = q.sums;
+    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk;
+    int32_t *hist = sm;               /* [rows, E]: counts, then each row's next position */
+    int32_t *cnt = hist + rows * E;   /* [E]: each expert's count */
+    int32_t *off = cnt + E;           /* [E + 1] */
+    int32_t *warp_sums = off + E + 1; /* [RM_WARPS + 1] */
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
+    const int64_t part = span / rows;
+    meta_count_span(p, hist, rows, span, lo, hi);
+    mf_pdl_wait(); /* launch 1's sums */
+    /* thread t takes experts [e0, e1): the slots before this span, and in all */
     const int64_t per = (E + RM_THREADS - 1) / RM_THREADS;
     const int64_t e0 = tid * per < E ? tid * per : E, e1 = e0 + per < E ? e0 + per : E;
     int32_t mine = 0;
     for (int64_t e = e0; e < e1; e++) {
-        int32_t n = pre[e] + post[e];
-        for (int w = 0; w < chunks; w++)
-            n += hist[w * E + e];
+        int32_t before = 0, n = 0;
+        for (int64_t b = 0; b < (int64_t)gridDim.x; b++) {
+            const int32_t c = sums[b * E + e];
+            before += b < (int64_t)blockIdx.x ? c : 0;
+            n += c;
+        }
         if (blockIdx.x == 0)
             p.counts[e] = n;
+        cnt[e] = n;
+        off[e] = before; /* for now */
         mine += (int32_t)((n + p.block - 1) / p.block * p.block);
-        post[e] = n; /* the count, from here on */
     }
     int32_t total;
     int32_t at = meta_block_scan(mine, warp_sums, &total);
     for (int64_t e = e0; e < e1; e++) {
+        int32_t next = at + off[e];
         off[e] = at;
-        int32_t next = at + pre[e];
-        for (int w = 0; w < chunks; w++) { /* each row's first position */
+        for (int w = 0; w < rows; w++) { /* each row's first position */
             const int32_t n = hist[w * E + e];
             hist[w * E + e] = next;
             next += n;
         }
-        at += (int32_t)((post[e] + p.block - 1) / p.block * p.block);
+        at += (int32_t)((cnt[e] + p.block - 1) / p.block * p.block);
     }
     if (tid == 0)
         off[E] = total;
@@ -217,55 +245,79 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_grid(const MetaParams p,
     if (p.offsets && blockIdx.x == 0)
         for (int64_t e = tid; e <= E; e += RM_THREADS)
             p.offsets[e] = off[e];
-    /* the span's slots, 32 at a time per warp: a slot's place is its row's next position
-       plus its rank among the lanes of the same expert (ascending slots, as the contract) */
-    const int64_t wlo = lo + warp * chunk, whi = wlo + chunk < hi ? wlo + chunk : hi;
-    if (warp < chunks && (p.order || p.position || p.mrow))
-        for (int64_t s0 = wlo; s0 < whi; s0 += 32 * RM_BATCH) {
-            int ev[RM_BATCH];
-#pragma unroll
-            for (int r = 0; r < RM_BATCH; r++) {
-                const int64_t s = s0 + 32 * r + lane;
-                ev[r] = s < whi ? meta_expert32(p, s) : -2;
+    const int64_t wlo = lo + warp * part, whi = wlo + part < hi ? wlo + part : hi;
+    if (warp < rows && (p.order || p.position || p.mrow))
+        for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
+            const int64_t s = s0 + lane;
+            const int e = s < whi ? meta_expert32(p, s) : -2;
+            const unsigned same = __match_any_sync(RM_FULL, e);
+            const int rank = __popc(same & ((1u << lane) - 1u));
+            const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
+            const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
+            if (e >= 0) {
+                const int32_t pos = hist[warp * E + e] + rank;
+                if (p.order)
+                    p.order[pos] = (int32_t)s;
+                if (p.position)
+                    p.position[at_p] = pos;
+                if (p.mrow)
+                    p.mrow[at_w] = pos - off[e];
+            } else if (e == -1) {
+                if (p.position)
+                    p.position[at_p] = -1;
+                if (p.mrow)
+                    p.mrow[at_w] = -1;
             }
-#pragma unroll
-            for (int r = 0; r < RM_BATCH; r++) {
-                const int e = ev[r];
-                const int64_t s = s0 + 32 * r + lane;
-                const unsigned same = __match_any_sync(RM_FULL, e);
-                const int rank = __popc(same & ((1u << lane) - 1u));
-                const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
-                const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
-                if (e >= 0) {
-                    const int32_t pos = hist[warp * E + e] + rank;
-                    if (p.order)
-                        p.order[pos] = (int32_t)s;
-                    if (p.position)
-                        p.position[at_p] = pos;
-                    if (p.mrow)
-                        p.mrow[at_w] = pos - off[e];
-                } else if (e == -1) {
-                    if (p.position)
-                        p.position[at_p] = -1;
-                    if (p.mrow)
-                        p.mrow[at_w] = -1;
-                }
-                __syncwarp();
-                if (e >= 0 && rank == 0)
-                    hist[warp * E + e] += __popc(same);
-                __syncwarp();
-            }
+            __syncwarp();
+            if (e >= 0 && rank == 0)
+                hist[warp * E + e] += __popc(same);
+            __syncwarp();
         }
     if (!p.order)
         return;
     /* -1 in the padding of the experts e = b (mod blocks) and in a share of the tail */
     for (int64_t e = blockIdx.x + (int64_t)gridDim.x * tid; e < E;
          e += (int64_t)gridDim.x * RM_THREADS)
-        for (int64_t q = off[e] + post[e]; q < off[e + 1]; q++)
+        for (int64_t q = off[e] + cnt[e]; q < off[e + 1]; q++)
             p.order[q] = -1;
     for (int64_t q = off[E] + (int64_t)blockIdx.x * RM_THREADS + tid; q < p.length;
          q += (int64_t)gridDim.x * RM_THREADS)
         p.order[q] = -1;
+}
+
+/* The span path's shape for these args: rows per block (0: the reference), span, blocks. */
+static int64_t meta_plan(const mf_meta_args *a, int64_t *span, int64_t *blocks)
+{
+    const int64_t E = a->route.experts, S = a->route.tokens * a->route.topk;
+    const int64_t rows = meta_rows(E);
+    if (rows == 0)
+        return 0;
+    int64_t b = (S + RM_SPAN - 1) / RM_SPAN;
+    b = b < 1 ? 1 : (b > RM_MAX_BLOCKS ? RM_MAX_BLOCKS : b);
+    const int64_t unit = 32 * rows; /* whole rounds of every warp's part */
+    int64_t sp = ((S + b - 1) / b + unit - 1) / unit * unit;
+    sp = sp > 0 ? sp : unit;
+    *span = sp;
+    *blocks = S > 0 ? (S + sp - 1) / sp : 1;
+    return rows;
+}
+
+/* The scratch of the span path: each block's sums. */
+static size_t meta_scratch_bytes(const mf_meta_args *a)
+{
+    int64_t span, blocks;
+    if (meta_plan(a, &span, &blocks) == 0)
+        return 0;
+    return (size_t)(blocks * a->route.experts) * sizeof(int32_t);
+}
+
+moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,
+                                      size_t *bytes)
+{
+    (void)ctx;
+    (void)state;
+    *bytes = meta_scratch_bytes(a);
+    return MOEFUSE_OK;
 }
 
 moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a)
@@ -292,18 +344,23 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
     p.ps0 = a->position.data ? a->position.stride[0] : 0;
     p.mrow = a->masked_row.data ? (int32_t *)mf_cuda_base(&a->masked_row) : NULL;
     p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
-    const int64_t chunks = meta_chunks(p.rt.E);
-    if (chunks > 0) {
-        int64_t blocks = (p.rt.S + RM_SPAN - 1) / RM_SPAN;
-        blocks = blocks < 1 ? 1 : (blocks > RM_MAX_BLOCKS ? RM_MAX_BLOCKS : blocks);
-        const int64_t unit = 32 * chunks; /* a span is whole rounds of every warp */
-        const int64_t span = ((p.rt.S + blocks - 1) / blocks + unit - 1) / unit * unit;
-        blocks = span > 0 ? (p.rt.S + span - 1) / span : 1;
-        blocks = blocks < 1 ? 1 : blocks;
-        const size_t smem = (size_t)((chunks + 3) * p.rt.E + 1 + RM_WARPS + 1) * 4;
-        mf_k_meta_grid<<<(unsigned)blocks, RM_THREADS, smem, s->stream>>>(p, (int)chunks,
-                                                                          span > 0 ? span : unit);
-        return mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_grid");
+    int64_t span, blocks;
+    const int64_t rows = meta_plan(a, &span, &blocks);
+    if (rows > 0) {
+        void *scratch = NULL;
+        MF_TRY(mf_cuda_scratch(ctx, s, meta_scratch_bytes(a), "routing_metadata", &scratch));
+        MetaSpan q;
+        q.p = p;
+        q.rows = (int)rows;
+        q.span = span;
+        q.sums = (int32_t *)scratch;
+        const int64_t E = p.rt.E;
+        mf_k_meta_span_count<<<(unsigned)blocks, RM_THREADS, (size_t)E * 4, s->stream>>>(q);
+        MF_TRY(mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_span_count"));
+        const size_t smem = (size_t)((rows + 2) * E + 1 + RM_WARPS + 1) * 4;
+        mf_launch_pdl(mf_k_meta_span_place, dim3((unsigned)blocks), RM_THREADS, smem, s->stream,
+                      s->pdl, q);
+        return mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_span_place");
     }
     if (p.rt.E > 0) {
         mf_k_meta_count<<<(unsigned)((p.rt.E + 63) / 64), 64, 0, s->stream>>>(p);
