@@ -399,18 +399,29 @@ typedef struct moefuse_moe_options {
  *               Without it E_global = E.
  * A slot whose id is < 0, >= E_global, or maps outside [0, E) is invalid: it
  * reads no weights and contributes nothing; its rows of h and y are written as 0.
+ * With shared experts, a routed slot whose local expert is a shared one is invalid too.
  */
 typedef struct moefuse_routing {
     moefuse_tensor topk_ids;
     moefuse_tensor topk_weights;
     moefuse_tensor expert_map;
+    /*
+     * Shared experts (DeepSeek-V3, Qwen2-MoE; docs/NUMERICS.md "MoE"): the last n_shared local
+     * experts of w1 / w2, which every token passes through as slots k .. k + n_shared - 1
+     * after its routed ones (h and an un-reduced out then have k + n_shared slots). 0: none.
+     */
+    int32_t n_shared;
+    float shared_scale;            /* each shared slot's weight; 0 means 1 */
+    moefuse_tensor shared_weights; /* optional [M] f32: a factor per token on the shared slots'
+                                      weight (Qwen2-MoE's sigmoid gate); final / forward only */
 } moefuse_routing;
 
 /*
  * Gate: for each valid (m, j), a = x[m] @ w1[e]^T + b1[e] in f32, then
  * h[m, j, :] = act(a_gate) * a_up, rounded once to h's dtype.
  *  x [M, K] f32/f16/bf16, w1 [E, 2I, K] same dtype as x, b1 optional [E, 2I]
- *  (f32/f16/bf16), h [M, k, I] f32/f16/bf16.
+ *  (f32/f16/bf16), h [M, k, I] f32/f16/bf16. With shared experts, k here and below counts
+ *  the routed slots and the shared ones: k = topk_ids' k + routing->n_shared.
  */
 MOEFUSE_API moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
                                             const moefuse_tensor *w1, const moefuse_tensor *b1,
