@@ -1702,7 +1702,7 @@ static const moefuse_tensor *arg(const fuzz_call *c, int slot)
 
 static moefuse_routing routing_of(const fuzz_call *c, int ids, int weights, int map)
 {
-    moefuse_routing routing;
+    moefuse_routing routing = {0}; /* no shared experts */
     routing.topk_ids = c->v[ids].t;
     routing.topk_weights = c->v[weights].t;
     routing.expert_map = c->v[map].t;
@@ -2067,9 +2067,8 @@ static moefuse_status health_calls(fuzzer *f)
     moefuse_tensor mx = health_tensor(&h, MOEFUSE_F32, 2, SHAPE(3, 16), 7);
     moefuse_tensor w1 = health_tensor(&h, MOEFUSE_F32, 3, SHAPE(4, 16, 16), 8);
     moefuse_tensor w2 = health_tensor(&h, MOEFUSE_F32, 3, SHAPE(4, 16, 8), 9);
-    moefuse_routing routing = {health_tensor(&h, MOEFUSE_I32, 2, SHAPE(3, 2), 10),
-                               health_tensor(&h, MOEFUSE_F32, 2, SHAPE(3, 2), 11),
-                               {0}};
+    moefuse_routing routing = {.topk_ids = health_tensor(&h, MOEFUSE_I32, 2, SHAPE(3, 2), 10),
+                               .topk_weights = health_tensor(&h, MOEFUSE_F32, 2, SHAPE(3, 2), 11)};
     moefuse_tensor out = health_tensor(&h, MOEFUSE_F32, 2, SHAPE(3, 16), 12);
     f->health_bytes = h.cursor;
     moefuse_status st;

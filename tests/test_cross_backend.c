@@ -729,8 +729,10 @@ static void run_moe_case(ecfg c)
     pair ids = pair2("topk_ids", MOEFUSE_I32, M, k, 1, 1), wts = pair2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
     pair map = c.Eg ? pair1("expert_map", MOEFUSE_I32, Eg, 1) : (pair){NULL, NULL};
     fill_routing(&c, Eg, ids, wts, map);
-    moefuse_routing rd = {ids.d->t, wts.d->t, map.d ? map.d->t : (moefuse_tensor){0}};
-    moefuse_routing rc = {ids.c->t, wts.c->t, map.c ? map.c->t : (moefuse_tensor){0}};
+    moefuse_routing rd = {.topk_ids = ids.d->t, .topk_weights = wts.d->t,
+                          .expert_map = map.d ? map.d->t : (moefuse_tensor){0}};
+    moefuse_routing rc = {.topk_ids = ids.c->t, .topk_weights = wts.c->t,
+                          .expert_map = map.c ? map.c->t : (moefuse_tensor){0}};
     moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit};
 
     /* the oracle's h, from the inputs */

@@ -398,7 +398,7 @@ static void moe_setup(moefuse_dtype dt, int64_t M, int64_t K, int64_t I, int64_t
     MHIN = tb_new3("h_in", dt, M, k, I, 0, 1);
     tb_fill_unif(MHIN, -1, 1);
     tb_upload(MHIN);
-    MR = (moefuse_routing){MIDS->t, MWTS->t, {0}};
+    MR = (moefuse_routing){.topk_ids = MIDS->t, .topk_weights = MWTS->t};
 }
 
 static moefuse_status gate_op(int set, size_t *bytes)

@@ -123,6 +123,9 @@ class Routing(ctypes.Structure):
         ("topk_ids", Tensor),
         ("topk_weights", Tensor),
         ("expert_map", Tensor),
+        ("n_shared", ctypes.c_int32),
+        ("shared_scale", c_float),
+        ("shared_weights", Tensor),
     ]
 
 

@@ -112,6 +112,21 @@ typedef struct mf_moe_args {
     bool layer;
 } mf_moe_args;
 
+/*
+ * Shared experts as slots (moe_shared_routing): from route's topk_ids [M, k] (k = route.topk,
+ * the routed slots), expert_map and topk_weights (absent for a gate), write ids [M, k + n]
+ * i32, each slot's local expert (-1: invalid, a routed slot on a shared expert included; slot
+ * k + s: experts - n + s), and weights [M, k + n] f32 when present (routed: topk_weights;
+ * shared: scale * shared_weights[m], or scale).
+ */
+typedef struct mf_shared_args {
+    mf_moe_args route;
+    int64_t n_shared;
+    float scale;
+    moefuse_tensor shared_weights; /* [M] f32, or absent */
+    moefuse_tensor ids, weights;   /* dense; weights absent when route.topk_weights is */
+} mf_shared_args;
+
 /* routing_metadata: route holds the routing fields of mf_moe_args (tokens, topk, experts,
  * global_experts, topk_ids, expert_map); absent outputs (data NULL) are not written. */
 typedef struct mf_meta_args {
@@ -203,6 +218,10 @@ struct moefuse_backend_i {
     moefuse_status (*quant)(moefuse_context *ctx, void *state, const mf_rows_args *a);
     moefuse_status (*dequant)(moefuse_context *ctx, void *state, const mf_dequant_args *a);
     moefuse_status (*topk_softmax)(moefuse_context *ctx, void *state, const mf_topk_args *a);
+    /* [optional] shared experts as slots, which the core then passes to the MoE members as
+     * an ordinary routing (no expert map). Default: shared experts are unsupported */
+    moefuse_status (*moe_shared_routing)(moefuse_context *ctx, void *state,
+                                         const mf_shared_args *a);
     /* [optional] routing_metadata. Default: the call is unsupported on the backend */
     moefuse_status (*routing_metadata)(moefuse_context *ctx, void *state, const mf_meta_args *a);
     /* [optional] topk_route, every option of mf_topk_args. Default: the call is unsupported

@@ -129,6 +129,8 @@ void moefuse_context_destroy(moefuse_context *ctx)
         return;
     if (ctx->workspace)
         ctx->backend->buffer_free(ctx->state, ctx->workspace);
+    if (ctx->shared_routing)
+        ctx->backend->buffer_free(ctx->state, ctx->shared_routing);
     ctx->backend->release(ctx->state);
     free(ctx);
 }

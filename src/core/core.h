@@ -18,6 +18,8 @@ struct moefuse_context {
     char message[MF_MESSAGE_BYTES];
     void *workspace;             /* moe_forward's h when the caller set no workspace */
     size_t workspace_bytes;
+    void *shared_routing;        /* shared experts' slot ids and weights, the same case */
+    size_t shared_routing_bytes;
     mf_region caller_workspace;  /* moefuse_set_workspace's; data NULL when none is set */
 };
 

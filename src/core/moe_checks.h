@@ -11,15 +11,39 @@ typedef moefuse_status (*mf_moe_fn)(moefuse_context *, void *, const mf_moe_args
 typedef moefuse_status (*mf_moe_size_fn)(moefuse_context *, void *, const mf_moe_args *,
                                          size_t *);
 
+/* Shared experts of a routed call (routing.n_shared > 0), kept by the core: the backends see
+ * them as ordinary slots (moe_shared.c). */
+typedef struct mf_shared {
+    int64_t n;              /* n_shared; 0: none */
+    int64_t routed;         /* topk_ids' k */
+    float scale;            /* shared_scale, 1 when 0 was given */
+    moefuse_tensor weights; /* shared_weights [M] f32 (final, forward), or absent */
+} mf_shared;
+
+/* A call on the routed and shared slots of a (a->topk counts both), run or measured. */
+typedef moefuse_status (*mf_moe_runner)(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                        size_t *measure);
+
 /* Copy `in` (NULL = defaults) to `out` after range checks. */
 moefuse_status mf_moe_check_options(moefuse_context *ctx, const char *op,
                                     const moefuse_moe_options *in, moefuse_moe_options *out);
-/* topk_ids [M, k] (M = a->tokens), topk_weights [M, k] when need_weights, expert_map; sets
- * a->topk and the routing tensors. */
+/* topk_ids [M, k] (M = a->tokens), topk_weights [M, k] when need_weights, expert_map, and the
+ * shared experts (a->experts known): sets the routing tensors and a->topk = k + n_shared, and
+ * *sh; sh NULL (a call with no place for them) refuses shared experts. */
 moefuse_status mf_moe_check_routing(moefuse_context *ctx, const char *op,
-                                    const moefuse_routing *r, bool need_weights, mf_moe_args *a);
-/* The routing tensors as inputs of the overlap check, at ops[0..2]. */
+                                    const moefuse_routing *r, bool need_weights, mf_moe_args *a,
+                                    mf_shared *sh);
+/* The routing tensors as inputs of the overlap check, at ops[0 .. MF_ROUTING_OPERANDS - 1]:
+ * topk_ids, topk_weights, expert_map, shared_weights. */
+#define MF_ROUTING_OPERANDS 4
 void mf_moe_routing_operands(const moefuse_routing *r, mf_operand *ops);
+/*
+ * Run (or measure) `run` on a; with shared experts, on their slots made ordinary: the core
+ * asks the backend (moe_shared_routing) for the ids and weights of all k + n slots, in front
+ * of the call's workspace or in scratch of the context's, and runs `run` on them.
+ */
+moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                 const mf_shared *sh, mf_moe_runner run, size_t *measure);
 /* The scratch a step takes: its backend member's answer, or 0 (none, or it does not matter). */
 moefuse_status mf_moe_step_workspace(moefuse_context *ctx, mf_moe_size_fn size,
                                      const mf_moe_args *a, size_t *measure, size_t *bytes);

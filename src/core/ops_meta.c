@@ -28,7 +28,7 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
     a.route.experts = meta->counts.shape[0];
     MF_TRY(mf_check_tensor(ctx, op, "topk_ids", &routing->topk_ids, 2, MF_DT(MOEFUSE_I32)));
     a.route.tokens = routing->topk_ids.shape[0];
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a.route));
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a.route, NULL));
     if (block_size < 1)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: block_size is %d; it must be at least 1 (1: no padding)", op,
@@ -62,14 +62,15 @@ static moefuse_status routing_metadata(moefuse_context *ctx, const char *op,
     a.length = mf_present(&meta->order) ? meta->order.shape[0] : 0;
     a.position = mf_present(&meta->position) ? meta->position : mf_absent();
     a.masked_row = mf_present(&meta->masked_row) ? meta->masked_row : mf_absent();
-    mf_operand operands[8];
+    mf_operand operands[MF_ROUTING_OPERANDS + 5];
     mf_moe_routing_operands(routing, operands);
-    operands[1].t = NULL; /* no router weights are read */
-    operands[3] = (mf_operand){"meta.counts", &meta->counts, true};
-    operands[4] = (mf_operand){"meta.offsets", &meta->offsets, true};
-    operands[5] = (mf_operand){"meta.order", &meta->order, true};
-    operands[6] = (mf_operand){"meta.position", &meta->position, true};
-    operands[7] = (mf_operand){"meta.masked_row", &meta->masked_row, true};
+    operands[1].t = operands[3].t = NULL; /* no router weights are read */
+    mf_operand *outs = operands + MF_ROUTING_OPERANDS;
+    outs[0] = (mf_operand){"meta.counts", &meta->counts, true};
+    outs[1] = (mf_operand){"meta.offsets", &meta->offsets, true};
+    outs[2] = (mf_operand){"meta.order", &meta->order, true};
+    outs[3] = (mf_operand){"meta.position", &meta->position, true};
+    outs[4] = (mf_operand){"meta.masked_row", &meta->masked_row, true};
     bool idle;
     MF_TRY(mf_check_outputs(ctx, op, operands, sizeof operands / sizeof operands[0], &idle));
     if (idle)

@@ -6,6 +6,7 @@
 #include "core/moe_checks.h"
 #include "core/options.h"
 
+#include <math.h>
 #include <string.h>
 
 moefuse_status mf_moe_check_options(moefuse_context *ctx, const char *op,
@@ -52,7 +53,8 @@ static moefuse_status check_weight(moefuse_context *ctx, const char *op, const c
 
 /* topk_ids [M, k], topk_weights [M, k] (when needed), expert_map [E_global]. */
 moefuse_status mf_moe_check_routing(moefuse_context *ctx, const char *op,
-                                    const moefuse_routing *r, bool need_weights, mf_moe_args *a)
+                                    const moefuse_routing *r, bool need_weights, mf_moe_args *a,
+                                    mf_shared *sh)
 {
     if (!r)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: routing is NULL", op);
@@ -72,15 +74,51 @@ moefuse_status mf_moe_check_routing(moefuse_context *ctx, const char *op,
     MF_TRY(mf_check_optional(ctx, op, "expert_map", &r->expert_map, 1, MF_DT(MOEFUSE_I32)));
     a->expert_map = mf_present(&r->expert_map) ? r->expert_map : mf_absent();
     a->global_experts = mf_present(&r->expert_map) ? r->expert_map.shape[0] : a->experts;
+    if (!sh) {
+        if (r->n_shared != 0)
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "%s: routing.n_shared is %d; shared experts have no part in this "
+                            "call (0)",
+                            op, (int)r->n_shared);
+        return MOEFUSE_OK;
+    }
+    *sh = (mf_shared){0};
+    if (r->n_shared < 0 || r->n_shared > a->experts)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: routing.n_shared is %d; it must be in 0..E = %lld (the last "
+                        "n_shared experts of the weights are the shared ones)",
+                        op, (int)r->n_shared, (long long)a->experts);
+    if (r->n_shared == 0)
+        return MOEFUSE_OK;
+    if (!isfinite(r->shared_scale))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: routing.shared_scale is %g; it must be finite (0 means 1)", op,
+                        (double)r->shared_scale);
+    sh->n = r->n_shared;
+    sh->routed = a->topk;
+    sh->scale = r->shared_scale == 0.0f ? 1.0f : r->shared_scale;
+    sh->weights = mf_absent();
+    if (need_weights) {
+        MF_TRY(mf_check_optional(ctx, op, "shared_weights", &r->shared_weights, 1,
+                                 MF_DT(MOEFUSE_F32)));
+        const int64_t want[1] = {a->tokens};
+        if (mf_present(&r->shared_weights)) {
+            MF_TRY(mf_expect_shape(ctx, op, "shared_weights", &r->shared_weights, want,
+                                   "one per token, [M]"));
+            sh->weights = r->shared_weights;
+        }
+    }
+    a->topk += sh->n;
     return MOEFUSE_OK;
 }
 
-/* The routing tensors as inputs of the overlap check, at ops[0..2]. */
+/* The routing tensors as inputs of the overlap check, at ops[0..3]. */
 void mf_moe_routing_operands(const moefuse_routing *r, mf_operand *ops)
 {
     ops[0] = (mf_operand){"topk_ids", &r->topk_ids, false};
     ops[1] = (mf_operand){"topk_weights", &r->topk_weights, false};
     ops[2] = (mf_operand){"expert_map", &r->expert_map, false};
+    ops[3] = (mf_operand){"shared_weights", &r->shared_weights, false};
 }
 
 /* x [M, K], w1 [E, 2I, K], b1 [E, 2I]: sets tokens, model_dim, experts, inter_dim. */
@@ -151,6 +189,20 @@ moefuse_status mf_moe_run_step(moefuse_context *ctx, const char *op, mf_moe_fn f
     return run ? fn(ctx, ctx->state, a) : MOEFUSE_OK;
 }
 
+static moefuse_status gate_step(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                size_t *measure)
+{
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_gate, ctx->backend->moe_gate_workspace, a,
+                           measure);
+}
+
+static moefuse_status final_step(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                 size_t *measure)
+{
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_final, ctx->backend->moe_final_workspace,
+                           a, measure);
+}
+
 static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                const moefuse_tensor *w1, const moefuse_tensor *b1,
                                const moefuse_routing *routing, const moefuse_tensor *h,
@@ -159,21 +211,23 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
     mf_moe_args a = {0};
     MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a, &sh));
     MF_TRY(mf_check_tensor(ctx, op, "h", h, 3, MF_FLOATS));
     int64_t want[3] = {a.tokens, a.topk, a.inter_dim};
-    MF_TRY(mf_expect_shape(ctx, op, "h", h, want, "[M, k, I] from x, topk_ids and w1"));
+    MF_TRY(mf_expect_shape(ctx, op, "h", h, want,
+                           "[M, k, I] from x, topk_ids (plus routing.n_shared) and w1"));
     a.h = *h;
     a.w2 = a.b2 = a.out = mf_absent();
-    mf_operand operands[7] = {{"x", x, false}, {"w1", w1, false}, {"b1", b1, false},
-                              {"h", h, true}};
+    mf_operand operands[4 + MF_ROUTING_OPERANDS] = {
+        {"x", x, false}, {"w1", w1, false}, {"b1", b1, false}, {"h", h, true}};
     mf_moe_routing_operands(routing, operands + 4);
-    operands[5].t = NULL; /* the gate reads no router weights */
+    operands[5].t = operands[7].t = NULL; /* the gate reads no router weights */
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 4 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return mf_moe_run_step(ctx, op, ctx->backend->moe_gate, ctx->backend->moe_gate_workspace, &a, measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, gate_step, measure);
 }
 
 static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
@@ -195,10 +249,13 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     }
     MF_TRY(check_final_weights(ctx, op, w2, b2, h->dtype, "h", &a));
     bool reduce = out && out->rank == 2;
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a, &sh));
     if (h->shape[1] != a.topk)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: h has k = %lld slots but topk_ids has k = %lld",
-                        op, (long long)h->shape[1], (long long)a.topk);
+        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                        "%s: h has k = %lld slots but topk_ids has k = %lld (and routing %lld "
+                        "shared experts)",
+                        op, (long long)h->shape[1], (long long)(a.topk - sh.n), (long long)sh.n);
     MF_TRY(mf_check_tensor(ctx, op, "out", out, reduce ? 2 : 3, MF_FLOATS));
     int64_t want_reduced[2] = {a.tokens, a.model_dim};
     int64_t want_slots[3] = {a.tokens, a.topk, a.model_dim};
@@ -208,17 +265,16 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
     a.h = *h;
     a.out = *out;
     a.x = a.w1 = a.b1 = mf_absent();
-    mf_operand operands[7] = {{"h", h, false}, {"w2", w2, false}, {"b2", b2, false},
-                              {"out", out, true}};
+    mf_operand operands[4 + MF_ROUTING_OPERANDS] = {
+        {"h", h, false}, {"w2", w2, false}, {"b2", b2, false}, {"out", out, true}};
     mf_moe_routing_operands(routing, operands + 4);
     if (!reduce)
-        operands[5].t = NULL; /* the un-reduced output reads no router weights */
+        operands[5].t = operands[7].t = NULL; /* the un-reduced output reads no router weights */
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 7, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 4 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return mf_moe_run_step(ctx, op, ctx->backend->moe_final, ctx->backend->moe_final_workspace, &a,
-                    measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, final_step, measure);
 }
 
 moefuse_status mf_moe_in_forward(moefuse_context *ctx, const char *op, moefuse_status status)
@@ -268,6 +324,23 @@ static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_m
     return mf_moe_in_forward(ctx, op, ctx->backend->moe_final(ctx, ctx->state, a));
 }
 
+/* The whole layer on valid arguments: the backend's layer kernel, or gate then final. */
+static moefuse_status forward_layer(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                    size_t *measure)
+{
+    if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
+        a->h = mf_absent();
+        size_t need;
+        MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_forward_workspace, a, measure, &need));
+        bool run;
+        MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
+        return run ? ctx->backend->moe_forward(ctx, ctx->state, a) : MOEFUSE_OK;
+    }
+    if (!ctx->backend->moe_gate || !ctx->backend->moe_final)
+        return mf_unimplemented(ctx, op);
+    return gate_then_final(ctx, op, a, measure);
+}
+
 static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                   const moefuse_tensor *w1, const moefuse_tensor *w2,
                                   const moefuse_tensor *b1, const moefuse_tensor *b2,
@@ -278,30 +351,22 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
     MF_TRY(check_gate_operands(ctx, op, x, w1, b1, &a));
     MF_TRY(check_final_weights(ctx, op, w2, b2, x->dtype, "x", &a));
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a, &sh));
     MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
     int64_t want[2] = {a.tokens, a.model_dim};
     MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
     a.reduce = true;
     a.out = *out;
-    mf_operand operands[9] = {{"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
-                              {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
+    mf_operand operands[6 + MF_ROUTING_OPERANDS] = {
+        {"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
+        {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
     mf_moe_routing_operands(routing, operands + 6);
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 9, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 6 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
-        a.h = mf_absent();
-        size_t need;
-        MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_forward_workspace, &a, measure, &need));
-        bool run;
-        MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
-        return run ? ctx->backend->moe_forward(ctx, ctx->state, &a) : MOEFUSE_OK;
-    }
-    if (!ctx->backend->moe_gate || !ctx->backend->moe_final)
-        return mf_unimplemented(ctx, op);
-    return gate_then_final(ctx, op, &a, measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, forward_layer, measure);
 }
 
 /* ------------------------------------------------------------ entry points */

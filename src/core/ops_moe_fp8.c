@@ -158,6 +158,20 @@ static moefuse_status check_fp8_h(moefuse_context *ctx, const char *op, const mo
     return MOEFUSE_OK;
 }
 
+static moefuse_status gate_fp8_step(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                    size_t *measure)
+{
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_gate_fp8,
+                           ctx->backend->moe_gate_fp8_workspace, a, measure);
+}
+
+static moefuse_status final_fp8_step(moefuse_context *ctx, const char *op, mf_moe_args *a,
+                                     size_t *measure)
+{
+    return mf_moe_run_step(ctx, op, ctx->backend->moe_final_fp8,
+                           ctx->backend->moe_final_fp8_workspace, a, measure);
+}
+
 static moefuse_status gate_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                const moefuse_tensor *x_scales, const moefuse_tensor *w1,
                                const moefuse_tensor *w1_scales, const moefuse_tensor *b1,
@@ -168,21 +182,22 @@ static moefuse_status gate_fp8(moefuse_context *ctx, const char *op, const moefu
     mf_moe_args a = {0};
     MF_TRY(check_fp8_options(ctx, op, opt, &a));
     MF_TRY(check_fp8_gate_operands(ctx, op, x, x_scales, w1, w1_scales, b1, &a));
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a));
-    MF_TRY(check_fp8_h(ctx, op, h, h_scales, "[M, k, I] from x, topk_ids and w1", &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, false, &a, &sh));
+    MF_TRY(check_fp8_h(ctx, op, h, h_scales,
+                       "[M, k, I] from x, topk_ids (plus routing.n_shared) and w1", &a));
     a.w2 = a.b2 = a.out = a.w2_scales = a.counts = mf_absent();
-    mf_operand operands[10] = {{"x", x, false},         {"x_scales", x_scales, false},
-                               {"w1", w1, false},       {"w1_scales", w1_scales, false},
-                               {"b1", b1, false},       {"h", h, true},
-                               {"h_scales", h_scales, true}};
+    mf_operand operands[7 + MF_ROUTING_OPERANDS] = {
+        {"x", x, false},   {"x_scales", x_scales, false}, {"w1", w1, false},
+        {"w1_scales", w1_scales, false}, {"b1", b1, false}, {"h", h, true},
+        {"h_scales", h_scales, true}};
     mf_moe_routing_operands(routing, operands + 7);
-    operands[8].t = NULL; /* the gate reads no router weights */
+    operands[8].t = operands[10].t = NULL; /* the gate reads no router weights */
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 10, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 7 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return mf_moe_run_step(ctx, op, ctx->backend->moe_gate_fp8,
-                           ctx->backend->moe_gate_fp8_workspace, &a, measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, gate_fp8_step, measure);
 }
 
 static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
@@ -203,8 +218,10 @@ static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moef
     }
     MF_TRY(check_fp8_final_weights(ctx, op, w2, w2_scales, b2, &a));
     const bool reduce = out && out->rank == 2;
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a));
-    MF_TRY(check_fp8_h(ctx, op, h, h_scales, "[M, k, I] from topk_ids and w2", &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a, &sh));
+    MF_TRY(check_fp8_h(ctx, op, h, h_scales,
+                       "[M, k, I] from topk_ids (plus routing.n_shared) and w2", &a));
     MF_TRY(mf_check_tensor(ctx, op, "out", out, reduce ? 2 : 3, MF_FLOATS));
     const int64_t want_reduced[2] = {a.tokens, a.model_dim};
     const int64_t want_slots[3] = {a.tokens, a.topk, a.model_dim};
@@ -213,18 +230,17 @@ static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moef
     a.reduce = reduce;
     a.out = *out;
     a.x = a.w1 = a.b1 = a.x_scales = a.w1_scales = a.counts = mf_absent();
-    mf_operand operands[9] = {{"h", h, false},   {"h_scales", h_scales, false},
-                              {"w2", w2, false}, {"w2_scales", w2_scales, false},
-                              {"b2", b2, false}, {"out", out, true}};
+    mf_operand operands[6 + MF_ROUTING_OPERANDS] = {
+        {"h", h, false},   {"h_scales", h_scales, false}, {"w2", w2, false},
+        {"w2_scales", w2_scales, false}, {"b2", b2, false}, {"out", out, true}};
     mf_moe_routing_operands(routing, operands + 6);
     if (!reduce)
-        operands[7].t = NULL; /* the un-reduced output reads no router weights */
+        operands[7].t = operands[9].t = NULL; /* the un-reduced output reads no router weights */
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 9, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 6 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return mf_moe_run_step(ctx, op, ctx->backend->moe_final_fp8,
-                           ctx->backend->moe_final_fp8_workspace, &a, measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, final_fp8_step, measure);
 }
 
 /* A dense tensor of the act layout for the group scales of `rows` rows of `width` channels
@@ -332,24 +348,24 @@ static moefuse_status forward_fp8(moefuse_context *ctx, const char *op, const mo
     MF_TRY(check_fp8_options(ctx, op, opt, &a));
     MF_TRY(check_fp8_gate_operands(ctx, op, x, x_scales, w1, w1_scales, b1, &a));
     MF_TRY(check_fp8_final_weights(ctx, op, w2, w2_scales, b2, &a));
-    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a));
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a, &sh));
     MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
     const int64_t want[2] = {a.tokens, a.model_dim};
     MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
     a.reduce = true;
     a.out = *out;
     a.counts = mf_absent();
-    mf_operand operands[12] = {{"x", x, false},   {"x_scales", x_scales, false},
-                               {"w1", w1, false}, {"w1_scales", w1_scales, false},
-                               {"w2", w2, false}, {"w2_scales", w2_scales, false},
-                               {"b1", b1, false}, {"b2", b2, false},
-                               {"out", out, true}};
+    mf_operand operands[9 + MF_ROUTING_OPERANDS] = {
+        {"x", x, false},   {"x_scales", x_scales, false}, {"w1", w1, false},
+        {"w1_scales", w1_scales, false}, {"w2", w2, false}, {"w2_scales", w2_scales, false},
+        {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
     mf_moe_routing_operands(routing, operands + 9);
     bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 12, &idle));
+    MF_TRY(mf_check_outputs(ctx, op, operands, 9 + MF_ROUTING_OPERANDS, &idle));
     if (idle)
         return mf_nothing_to_do(measure);
-    return run_layer_fp8(ctx, op, &a, measure);
+    return mf_moe_run_shared(ctx, op, &a, &sh, run_layer_fp8, measure);
 }
 
 static moefuse_status masked_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *x,

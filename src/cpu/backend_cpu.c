@@ -1,5 +1,6 @@
 /* The CPU backend's vtable, state and host memory. */
 #include "cpu/cpu_internal.h"
+#include "cpu/moe_slots.h"
 #include "core/fault.h"
 #include "cpu/rows_isa.h"
 
@@ -149,6 +150,7 @@ const moefuse_backend_i mf_backend_cpu = {
     .moe_gate = mf_cpu_moe_gate,
     .moe_final = mf_cpu_moe_final,
     .moe_forward = NULL,
+    .moe_shared_routing = mf_cpu_moe_shared_routing,
     .rows_workspace = mf_cpu_rows_workspace,
     .topk_workspace = mf_cpu_topk_workspace,
     .moe_gate_workspace = mf_cpu_moe_gate_workspace,

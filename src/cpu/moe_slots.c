@@ -100,3 +100,31 @@ MF_OMP(simd)
     }
     mf_store_row(mf_at2(&a->out, m, 0), acc, a->out.dtype, K);
 }
+
+moefuse_status mf_cpu_moe_shared_routing(moefuse_context *ctx, void *state,
+                                         const mf_shared_args *a)
+{
+    (void)ctx;
+    (void)state;
+    const mf_moe_args *r = &a->route;
+    const int64_t k = r->topk, n = a->n_shared, E = r->experts, slots = k + n;
+    int32_t *ids = (int32_t *)mf_at1(&a->ids, 0);
+    float *w = a->weights.data ? (float *)mf_at1(&a->weights, 0) : NULL;
+    for (int64_t m = 0; m < r->tokens; m++) {
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t e = mf_slot_expert(r, m, j);
+            ids[m * slots + j] = e >= 0 && e < E - n ? (int32_t)e : -1;
+            if (w)
+                w[m * slots + j] = *(const float *)mf_at2(&r->topk_weights, m, j);
+        }
+        const float f = a->shared_weights.data
+                            ? a->scale * *(const float *)mf_at1(&a->shared_weights, m)
+                            : a->scale;
+        for (int64_t s = 0; s < n; s++) {
+            ids[m * slots + k + s] = (int32_t)(E - n + s);
+            if (w)
+                w[m * slots + k + s] = f;
+        }
+    }
+    return MOEFUSE_OK;
+}

@@ -21,6 +21,10 @@ typedef struct mf_slot_plan {
     int64_t col_blocks; /* column blocks per slot tile */
 } mf_slot_plan;
 
+/* Shared experts as slots (backend.h, mf_shared_args): the ids and weights of k + n slots. */
+moefuse_status mf_cpu_moe_shared_routing(moefuse_context *ctx, void *state,
+                                         const mf_shared_args *a);
+
 /* Local expert of routed slot (m, j), or -1 when the slot is invalid (NUMERICS.md "MoE"). */
 int64_t mf_slot_expert(const mf_moe_args *a, int64_t m, int64_t j);
 

@@ -392,6 +392,7 @@ MF_CUDA_OP(dequant, mf_dequant_args)
 MF_CUDA_OP(topk_softmax, mf_topk_args)
 MF_CUDA_OP(topk_route, mf_topk_args)
 MF_CUDA_OP(routing_metadata, mf_meta_args)
+MF_CUDA_OP(moe_shared_routing, mf_shared_args)
 MF_CUDA_OP(moe_gate, mf_moe_args)
 MF_CUDA_OP(moe_final, mf_moe_args)
 MF_CUDA_OP(moe_forward, mf_moe_args)
@@ -422,6 +423,7 @@ const moefuse_backend_i mf_backend_cuda = {
     .topk_softmax = cuda_topk_softmax,
     .topk_route = cuda_topk_route,
     .routing_metadata = cuda_routing_metadata,
+    .moe_shared_routing = cuda_moe_shared_routing,
     .moe_gate = cuda_moe_gate,
     .moe_final = cuda_moe_final,
     .moe_forward = cuda_moe_forward,

@@ -148,6 +148,8 @@ moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequa
 moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
+moefuse_status mf_cuda_moe_shared_routing(moefuse_context *ctx, void *state,
+                                          const mf_shared_args *a);
 moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,
                                       size_t *bytes);
 moefuse_status mf_cuda_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);

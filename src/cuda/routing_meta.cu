@@ -1,6 +1,7 @@
 /*
  * routing_metadata of the CUDA backend: integers only, so the CPU's bytes by construction
- * (docs/NUMERICS.md, "Routing metadata"). Two paths:
+ * (docs/NUMERICS.md, "Routing metadata"); and the shared experts' slots the core asks for
+ * (mf_k_moe_shared_routing). The metadata's two paths:
  *  - for E up to about 3000, two launches over spans of 2048 slots or more: the first counts
  *    each span per expert into scratch; the second (a programmatic dependent launch, which
  *    counts its span warp by warp while the first ends) sums the spans before its own and all
@@ -97,6 +98,7 @@ __global__ void mf_k_meta_invalid(const MetaParams p)
 #define RM_FULL 0xFFFFFFFFu
 #define RM_SPAN 2048      /* slots a block takes, at least */
 #define RM_MAX_BLOCKS 256 /* past that the spans grow (the place kernel reads blocks x E sums) */
+#define RM_BATCH 4        /* loads a thread issues together */
 
 /* Rows of a block's [rows, E] histogram (one per warp) that fit beside its other arrays
    (offsets, counts, the scan's warp sums); 0: too many experts, the reference's case. */
@@ -156,10 +158,20 @@ static __device__ void meta_count_span(const MetaParams &p, int32_t *hist, int r
     for (int64_t q = threadIdx.x; q < rows * E; q += RM_THREADS)
         hist[q] = 0;
     __syncthreads();
-    for (int64_t s = lo + threadIdx.x; s < hi; s += RM_THREADS) {
-        const int e = meta_expert32(p, s);
-        if (e >= 0) /* 32-bit: a 64-bit division is a long loop */
-            atomicAdd(&hist[(uint32_t)(s - lo) / (uint32_t)part * E + e], 1);
+    /* RM_BATCH ids a thread loaded together, their latencies overlapped, then counted */
+    for (int64_t s0 = lo + threadIdx.x; s0 < hi; s0 += (int64_t)RM_THREADS * RM_BATCH) {
+        int e[RM_BATCH];
+#pragma unroll
+        for (int r = 0; r < RM_BATCH; r++) {
+            const int64_t s = s0 + (int64_t)r * RM_THREADS;
+            e[r] = s < hi ? meta_expert32(p, s) : -1;
+        }
+#pragma unroll
+        for (int r = 0; r < RM_BATCH; r++) {
+            const int64_t s = s0 + (int64_t)r * RM_THREADS;
+            if (e[r] >= 0) /* 32-bit: a 64-bit division is a long loop */
+                atomicAdd(&hist[(uint32_t)(s - lo) / (uint32_t)part * E + e[r]], 1);
+        }
     }
     __syncthreads();
 }
@@ -216,10 +228,17 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
     int32_t mine = 0;
     for (int64_t e = e0; e < e1; e++) {
         int32_t before = 0, n = 0;
-        for (int64_t b = 0; b < (int64_t)gridDim.x; b++) {
-            const int32_t c = sums[b * E + e];
-            before += b < (int64_t)blockIdx.x ? c : 0;
-            n += c;
+        /* 16 span sums loaded together: one L2 latency for 16, not 16 in a row */
+        for (int64_t b0 = 0; b0 < (int64_t)gridDim.x; b0 += 16) {
+            int32_t c[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                c[u] = b0 + u < (int64_t)gridDim.x ? __ldcg(sums + (b0 + u) * E + e) : 0;
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                before += b0 + u < (int64_t)blockIdx.x ? c[u] : 0;
+                n += c[u];
+            }
         }
         if (blockIdx.x == 0)
             p.counts[e] = n;
@@ -318,6 +337,71 @@ moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const m
     (void)state;
     *bytes = meta_scratch_bytes(a);
     return MOEFUSE_OK;
+}
+
+/* ------------------------------------------------ shared experts as ordinary slots */
+
+typedef struct SharedParams {
+    MoeRoute rt;        /* the routed slots: topk = k */
+    const float *w;     /* topk_weights [M, k] or NULL (a gate) */
+    int64_t ws0;
+    int64_t n;          /* shared experts, the last n of E */
+    float scale;
+    const float *sw;    /* shared_weights [M] or NULL */
+    int64_t sws0;
+    int32_t *ids;       /* [M, k + n] */
+    float *ow;          /* [M, k + n] or NULL */
+} SharedParams;
+
+/* Thread m writes token m's k + n slots (backend.h, mf_shared_args; the CPU's moe_slots.c). */
+__global__ void mf_k_moe_shared_routing(const SharedParams p, int64_t M)
+{
+    const int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M)
+        return;
+    const int64_t k = p.rt.topk, slots = k + p.n, shared0 = p.rt.E - p.n;
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t e = moe_slot_expert(p.rt, m, j);
+        p.ids[m * slots + j] = e >= 0 && e < shared0 ? (int32_t)e : -1;
+        if (p.ow)
+            p.ow[m * slots + j] = p.w[m * p.ws0 + j];
+    }
+    const float f = p.sw ? mf_mul(p.scale, p.sw[m * p.sws0]) : p.scale; /* x86 NaN bits */
+    for (int64_t s = 0; s < p.n; s++) {
+        p.ids[m * slots + k + s] = (int32_t)(shared0 + s);
+        if (p.ow)
+            p.ow[m * slots + k + s] = f;
+    }
+}
+
+moefuse_status mf_cuda_moe_shared_routing(moefuse_context *ctx, void *state,
+                                          const mf_shared_args *a)
+{
+    cuda_state *s = (cuda_state *)state;
+    const mf_moe_args *r = &a->route;
+    if (r->tokens == 0)
+        return MOEFUSE_OK;
+    SharedParams p;
+    memset(&p, 0, sizeof p);
+    p.rt.ids = (const int32_t *)mf_cuda_base(&r->topk_ids);
+    p.rt.ids_s0 = r->topk_ids.stride[0];
+    p.rt.map = r->expert_map.data ? (const int32_t *)mf_cuda_base(&r->expert_map) : NULL;
+    p.rt.map_s0 = r->expert_map.data ? r->expert_map.stride[0] : 0;
+    p.rt.topk = r->topk;
+    p.rt.S = r->tokens * r->topk;
+    p.rt.E = r->experts;
+    p.rt.Eg = r->global_experts;
+    p.w = r->topk_weights.data ? (const float *)mf_cuda_base(&r->topk_weights) : NULL;
+    p.ws0 = r->topk_weights.data ? r->topk_weights.stride[0] : 0;
+    p.n = a->n_shared;
+    p.scale = a->scale;
+    p.sw = a->shared_weights.data ? (const float *)mf_cuda_base(&a->shared_weights) : NULL;
+    p.sws0 = a->shared_weights.data ? a->shared_weights.stride[0] : 0;
+    p.ids = (int32_t *)mf_cuda_base(&a->ids);
+    p.ow = a->weights.data ? (float *)mf_cuda_base(&a->weights) : NULL;
+    const unsigned grid = (unsigned)((r->tokens + 127) / 128);
+    mf_k_moe_shared_routing<<<grid, 128, 0, s->stream>>>(p, r->tokens);
+    return mf_cuda_launched(ctx, "moe_shared_routing", "mf_k_moe_shared_routing");
 }
 
 moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a)

@@ -413,6 +413,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .topk_softmax = mf_ocl_topk_softmax,
     .topk_route = mf_ocl_topk_route,
     .routing_metadata = mf_ocl_routing_metadata,
+    .moe_shared_routing = mf_ocl_moe_shared_routing,
     .moe_gate = mf_ocl_moe_gate,
     .moe_final = mf_ocl_moe_final,
     .rows_workspace = mf_ocl_rows_workspace,

@@ -1,4 +1,7 @@
-/* Host side of routing_metadata: count per expert, place per expert, mark the invalid slots. */
+/*
+ * Host side of the routing kernels of kernels/routing_meta.cl: routing_metadata (count per
+ * expert, place per expert, mark the invalid slots) and the shared experts' slots.
+ */
 #include "opencl/ocl_internal.h"
 
 /* The routing operands every kernel of kernels/routing_meta.cl starts with. */
@@ -53,4 +56,23 @@ moefuse_status mf_ocl_routing_metadata(moefuse_context *ctx, void *state, const 
     slot_out(&k, &a->masked_row);
     global = mf_round_up((size_t)(r->tokens * r->topk), local);
     return mf_ocl_launch(ctx, s, &k, "routing_metadata", 1, &global, &local);
+}
+
+moefuse_status mf_ocl_moe_shared_routing(moefuse_context *ctx, void *state,
+                                         const mf_shared_args *a)
+{
+    ocl_state *s = state;
+    const mf_moe_args *r = &a->route;
+    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_SHARED_ROUTING]);
+    route_args(&k, r);
+    mf_karg_operand(&k, &r->topk_weights, 1, false);
+    mf_karg_int(&k, a->weights.data != NULL);
+    mf_karg_long(&k, a->n_shared);
+    mf_karg_float(&k, a->scale);
+    mf_karg_operand(&k, &a->shared_weights, 1, false);
+    mf_karg_int(&k, a->shared_weights.data != NULL);
+    mf_karg_operand(&k, &a->ids, 0, false);
+    mf_karg_operand(&k, a->weights.data ? &a->weights : &a->ids, 0, false);
+    const size_t local = 64, global = mf_round_up((size_t)r->tokens, local);
+    return mf_ocl_launch(ctx, s, &k, "moe_shared_routing", 1, &global, &local);
 }

@@ -79,3 +79,32 @@ __kernel void mf_routing_meta_invalid(MF_META_ROUTE, __global int *position, lon
     if (has_mrow)
         mrow[wo + (s / topk) * ws0 + s % topk] = -1;
 }
+
+/*
+ * Shared experts as slots (the core's moe_shared_routing; src/cpu/moe_slots.c is the
+ * reference): work-item m writes the k + n slots of token m, routed ids as local ids (-1 when
+ * invalid or on a shared expert), then experts - n + s; their weights when has_w.
+ */
+__kernel void mf_moe_shared_routing(MF_META_ROUTE, __global const float *w, long wo, long ws0,
+                                    int has_w, long n, float scale,
+                                    __global const float *sw, long swo, long sws0, int has_sw,
+                                    __global int *oids, long oio, __global float *ow, long owo)
+{
+    const long m = (long)get_global_id(0);
+    if (m >= tokens)
+        return;
+    const long slots = topk + n, shared0 = experts - n;
+    for (long j = 0; j < topk; j++) {
+        const long e = mf_slot_expert(ids, io, is0, m, j, map, mo, ms0, has_map, experts,
+                                      global_experts);
+        oids[oio + m * slots + j] = e >= 0 && e < shared0 ? (int)e : -1;
+        if (has_w)
+            ow[owo + m * slots + j] = w[wo + m * ws0 + j];
+    }
+    const float f = has_sw ? mf_mul(scale, sw[swo + m * sws0]) : scale; /* x86 NaN bits */
+    for (long s = 0; s < n; s++) {
+        oids[oio + m * slots + topk + s] = (int)(shared0 + s);
+        if (has_w)
+            ow[owo + m * slots + topk + s] = f;
+    }
+}
