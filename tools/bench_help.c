@@ -31,7 +31,7 @@ void help_bench(void)
         "  moe_gate, moe_final  M, E, k, K, I\n"
         "  moe_forward        M, E, k, K, I, router\n"
         "  moe_forward_fp8    M, E, k, K, I, xq (1: x given in FP8 with its scales), ue8m0,\n"
-        "                     router\n"
+        "                     router, shared (S shared experts after the E routed)\n"
         "  moe_masked_fp8     E, Tmax, K, I, valid (rows of each expert)\n"
         "router=1: each call is moefuse_topk_softmax (logits [M, E] in --dtype, renormalized)\n"
         "then the layer on its ids and weights, as an engine's step runs them; the logits\n"

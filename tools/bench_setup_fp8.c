@@ -14,7 +14,7 @@ int bench_setup_fp8(bench *b, shape_spec *s, double *work)
     const char *name = b->op->name;
     b->fp8 = 1;
     b->masked = strcmp(name, "moe_masked_fp8") == 0;
-    int64_t xq = 0, ue8m0 = 0, T = 0;
+    int64_t xq = 0, ue8m0 = 0, T = 0, shared = 0;
     if (shape_int(s, name, "E", -1, 1 << 20, &b->E) != 0 ||
         shape_int(s, name, "K", -1, MAX_DIM, &b->K) != 0 ||
         shape_int(s, name, "I", -1, MAX_DIM, &b->I) != 0)
@@ -31,14 +31,24 @@ int bench_setup_fp8(bench *b, shape_spec *s, double *work)
                shape_int(s, name, "ue8m0", 0, 1, &ue8m0) != 0) {
         return -1;
     }
+    /* shared=S: S shared experts after the E routed ones (shape_int's values start at 1) */
+    const char *sv = shape_get(s, "shared");
+    if (sv && (sscanf(sv, "%lld", (long long *)&shared) != 1 || shared < 0 || shared > 64)) {
+        fprintf(stderr, "moefuse bench: shared must be 0..64, not '%s'\n", sv);
+        return -1;
+    }
     if (b->K % 128 || b->I % 128 || (!b->masked && b->k > b->E)) {
         fprintf(stderr, "moefuse bench: FP8 MoE needs K and I multiples of 128 and k <= E\n");
         return -1;
     }
-    const int64_t M = b->M, k = b->k, K = b->K, I = b->I, E = b->E;
+    const int64_t M = b->M, k = b->k, K = b->K, I = b->I, E = b->E + shared;
     b->fo.act.ue8m0 = (int32_t)ue8m0;
     printf("weights: %.2f GB in f8_e4m3 with f32 128x128 block scales\n",
            (double)(E * 3 * I * K) / 1e9);
+    if (shared)
+        printf("shared experts: %lld after the %lld routed (routing.n_shared), every token's "
+               "slots %lld + %lld\n",
+               (long long)shared, (long long)b->E, (long long)k, (long long)shared);
     void *dw1 = bench_fp8_codes(b, E * 2 * I * K, 32), *dw2 = bench_fp8_codes(b, E * K * I, 33);
     if (!dw1 || !dw2)
         return -1;
@@ -72,7 +82,7 @@ int bench_setup_fp8(bench *b, shape_spec *s, double *work)
         int32_t *ids;
         float *wts;
         int64_t distinct;
-        if (draw_routing(M, k, E, &ids, &wts, &distinct) != 0)
+        if (draw_routing(M, k, b->E, &ids, &wts, &distinct) != 0)
             return -1;
         if (bench_router(b, s, ids) != 0) {
             free(ids), free(wts);
@@ -105,8 +115,9 @@ int bench_setup_fp8(bench *b, shape_spec *s, double *work)
                 return -1;
             b->xs = moefuse_tensor_dense(dsc, MOEFUSE_F32, 2, ss);
         }
-        slots = M * k;
-        b->weight_bytes = (double)distinct * (double)(3 * I * K);
+        b->route.n_shared = (int32_t)shared;
+        slots = M * (k + shared);
+        b->weight_bytes = (double)(distinct + (M > 0 ? shared : 0)) * (double)(3 * I * K);
     }
     *work = 2.0 * (double)slots * 3.0 * (double)I * (double)K;
     return 0;

@@ -27,7 +27,7 @@ static const op_info ops[] = {
     {"moe_gate", KIND_MOE, "M, E, k, K, I"},
     {"moe_final", KIND_MOE, "M, E, k, K, I"},
     {"moe_forward", KIND_MOE, "M, E, k, K, I, router"},
-    {"moe_forward_fp8", KIND_MOE, "M, E, k, K, I, xq, ue8m0, router"},
+    {"moe_forward_fp8", KIND_MOE, "M, E, k, K, I, xq, ue8m0, router, shared"},
     {"moe_masked_fp8", KIND_MOE, "E, Tmax, K, I, valid"},
 };
 
