@@ -247,17 +247,24 @@ MOEFUSE_API moefuse_status moefuse_set_workspace(moefuse_context *ctx,
 /* ------------------------------------------------------------------ options */
 
 typedef enum moefuse_activation {
-    MOEFUSE_ACT_SILU = 0,  /* g / (1 + exp(-g)) */
-    MOEFUSE_ACT_GELU,      /* 0.5 g (1 + erf(g / sqrt 2)) */
-    MOEFUSE_ACT_GELU_TANH, /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+    MOEFUSE_ACT_SILU = 0,       /* g / (1 + exp(-g)) */
+    MOEFUSE_ACT_GELU = 1,       /* 0.5 g (1 + erf(g / sqrt 2)) */
+    MOEFUSE_ACT_GELU_TANH = 2,  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
+    MOEFUSE_ACT_SILU_ALPHA = 3, /* g / (1 + exp(-(alpha g))), the options' alpha (gpt-oss: 1.702) */
     MOEFUSE_ACT_COUNT_
 } moefuse_activation;
 
+/* Where the gate and up values of a gated row (x of the row ops, w1 / b1 of the MoE calls)
+ * lie, for H values of each. */
 typedef enum moefuse_gate_order {
-    MOEFUSE_GATE_FIRST = 0, /* [gate | up] */
-    MOEFUSE_UP_FIRST,       /* [up | gate] */
+    MOEFUSE_GATE_FIRST = 0,       /* [gate | up]: gate i at i, up i at H + i */
+    MOEFUSE_UP_FIRST = 1,         /* [up | gate]: up i at i, gate i at H + i */
+    MOEFUSE_GATE_INTERLEAVED = 2, /* gate i at 2i, up i at 2i + 1 (gpt-oss) */
     MOEFUSE_GATE_ORDER_COUNT_
 } moefuse_gate_order;
+
+/* alpha of MOEFUSE_ACT_SILU_ALPHA when the options leave it 0 (gpt-oss's value). */
+#define MOEFUSE_SILU_ALPHA_DEFAULT 1.702f
 
 typedef enum moefuse_rounding {
     MOEFUSE_ROUND_NONE = 0, /* one f32 value per element */
@@ -298,13 +305,18 @@ typedef struct moefuse_quant_options {
     uint32_t reserved[4];              /* must be 0 */
 } moefuse_quant_options;
 
-/* The gated activation h = act(g) * u. */
+/* The gated activation h = act(g) * (u + up_offset), docs/NUMERICS.md "Gated activation".
+ * gpt-oss: activation SILU_ALPHA, alpha 1.702 (or 0), up_offset 1, limit 7, order
+ * GATE_INTERLEAVED. */
 typedef struct moefuse_act_options {
     moefuse_activation activation; /* default SILU */
     moefuse_gate_order order;      /* default GATE_FIRST */
     float limit;                   /* > 0: g = min(g, limit), u = clamp(u, -limit, limit); 0 = off */
     moefuse_rounding intermediate; /* default NONE */
-    uint32_t reserved[4];          /* must be 0 */
+    float alpha;                   /* SILU_ALPHA's alpha: finite and > 0, 0 = 1.702; must be 0
+                                      with the other activations */
+    float up_offset;               /* finite; added to u after the clamp; 0 = nothing added */
+    uint32_t reserved[2];          /* must be 0 */
 } moefuse_act_options;
 
 typedef struct moefuse_act_quant_options {
@@ -388,7 +400,9 @@ typedef struct moefuse_moe_options {
     moefuse_activation activation; /* default SILU */
     moefuse_gate_order order;      /* order of gate/up rows in w1 and b1; default GATE_FIRST */
     float limit;                   /* clamp as in moefuse_act_options; 0 = off */
-    uint32_t reserved[4];          /* must be 0 */
+    float alpha;                   /* as in moefuse_act_options: SILU_ALPHA's, 0 = 1.702 */
+    float up_offset;               /* as in moefuse_act_options: added to u; 0 = nothing added */
+    uint32_t reserved[2];          /* must be 0 */
 } moefuse_moe_options;
 
 /*
@@ -418,7 +432,7 @@ typedef struct moefuse_routing {
 
 /*
  * Gate: for each valid (m, j), a = x[m] @ w1[e]^T + b1[e] in f32, then
- * h[m, j, :] = act(a_gate) * a_up, rounded once to h's dtype.
+ * h[m, j, :] = act(a_gate) * (a_up + up_offset), rounded once to h's dtype.
  *  x [M, K] f32/f16/bf16, w1 [E, 2I, K] same dtype as x, b1 optional [E, 2I]
  *  (f32/f16/bf16), h [M, k, I] f32/f16/bf16. With shared experts, k here and below counts
  *  the routed slots and the shared ones: k = topk_ids' k + routing->n_shared.

@@ -452,6 +452,14 @@ static float pick_eps(rng *r)
     return rng_percent(r, 50) ? 0.0f : PICK(r, valid);
 }
 
+/* silu_alpha's alpha (0: the default) and an up offset, both valid. */
+static void pick_gated_extras(rng *r, moefuse_activation act, float *alpha, float *up_offset)
+{
+    static const float alphas[] = {0.0f, 1.702f, 0.3f, 1e30f}, offsets[] = {1.0f, -1.0f, 1e30f};
+    *alpha = act == MOEFUSE_ACT_SILU_ALPHA ? PICK(r, alphas) : 0.0f;
+    *up_offset = rng_percent(r, 60) ? 0.0f : PICK(r, offsets);
+}
+
 static void pick_act_options(rng *r, moefuse_act_options *a)
 {
     static const float limits[] = {0.25f, 1.0f, 7.0f, 1e30f};
@@ -459,6 +467,7 @@ static void pick_act_options(rng *r, moefuse_act_options *a)
     a->order = (moefuse_gate_order)rng_int(r, 0, MOEFUSE_GATE_ORDER_COUNT_ - 1);
     a->limit = rng_percent(r, 60) ? 0.0f : PICK(r, limits);
     a->intermediate = (moefuse_rounding)rng_int(r, 0, MOEFUSE_ROUNDING_COUNT_ - 1);
+    pick_gated_extras(r, a->activation, &a->alpha, &a->up_offset);
 }
 
 typedef struct quant_config {
@@ -650,6 +659,7 @@ static void pick_moe(rng *r, fuzz_call *c, moe_sizes *s)
     c->moe.activation = (moefuse_activation)rng_int(r, 0, MOEFUSE_ACT_COUNT_ - 1);
     c->moe.order = (moefuse_gate_order)rng_int(r, 0, MOEFUSE_GATE_ORDER_COUNT_ - 1);
     c->moe.limit = rng_percent(r, 70) ? 0.0f : PICK(r, limits);
+    pick_gated_extras(r, c->moe.activation, &c->moe.alpha, &c->moe.up_offset);
 }
 
 /* topk_ids, topk_weights, expert_map, in that order. */
@@ -1128,14 +1138,17 @@ static int32_t garbage_enum(rng *r, int32_t count)
 
 static void perturb_act_option(rng *r, fuzz_call *c, moefuse_act_options *a)
 {
-    switch (rng_int(r, 0, 3)) {
+    switch (rng_int(r, 0, 5)) {
     case 0: a->activation = (moefuse_activation)garbage_enum(r, MOEFUSE_ACT_COUNT_); break;
     case 1: a->order = (moefuse_gate_order)garbage_enum(r, MOEFUSE_GATE_ORDER_COUNT_); break;
     case 2: a->intermediate = (moefuse_rounding)garbage_enum(r, MOEFUSE_ROUNDING_COUNT_); break;
+    case 3: a->alpha = rng_percent(r, 30) ? 1.702f : garbage_float(r); break; /* any activation */
+    case 4: a->up_offset = garbage_float(r); break;
     default: a->limit = garbage_float(r); break;
     }
-    note(c, "act options {%d, %d, %g, %d}", (int)a->activation, (int)a->order, (double)a->limit,
-         (int)a->intermediate);
+    note(c, "act options {%d, %d, %g, %d, alpha %g, up_offset %g}", (int)a->activation,
+         (int)a->order, (double)a->limit, (int)a->intermediate, (double)a->alpha,
+         (double)a->up_offset);
 }
 
 static void perturb_quant_option(rng *r, fuzz_call *c, moefuse_quant_options *q)
@@ -1201,12 +1214,15 @@ static bool perturb_option(const fuzzer *f, rng *r, fuzz_call *c)
         return true;
     }
     if (is_moe(c->op)) {
-        moefuse_act_options a = {
-            .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
+        moefuse_act_options a = {.activation = c->moe.activation, .order = c->moe.order,
+                                 .limit = c->moe.limit, .alpha = c->moe.alpha,
+                                 .up_offset = c->moe.up_offset};
         perturb_act_option(r, c, &a);
         c->moe.activation = a.activation;
         c->moe.order = a.order;
         c->moe.limit = a.limit;
+        c->moe.alpha = a.alpha;
+        c->moe.up_offset = a.up_offset;
         return true;
     }
     bool act = takes_act_options(c->op), quant = takes_quant_options(c->op);
@@ -1454,6 +1470,13 @@ static void judge_act_options(const moefuse_act_options *a, verdict *v)
         must_refuse(v, "limit %g", (double)a->limit);
     else if (isinf(a->limit) || (a->limit == 0.0f && signbit(a->limit)))
         may_refuse(v);
+    if (a->alpha != 0.0f && a->activation != MOEFUSE_ACT_SILU_ALPHA)
+        must_refuse(v, "alpha %g with activation %d", (double)a->alpha, (int)a->activation);
+    if (a->activation == MOEFUSE_ACT_SILU_ALPHA && a->alpha != 0.0f &&
+        !(a->alpha > 0.0f && isfinite(a->alpha)))
+        must_refuse(v, "alpha %g", (double)a->alpha);
+    if (!isfinite(a->up_offset))
+        must_refuse(v, "up_offset %g", (double)a->up_offset);
 }
 
 static void judge_quant_options(const fuzz_call *c, const moefuse_quant_options *q, verdict *v)
@@ -1485,8 +1508,9 @@ static void judge_options(const fuzz_call *c, verdict *v)
     if (takes_quant_options(c->op))
         judge_quant_options(c, &c->aq.quant, v);
     if (is_moe(c->op)) {
-        moefuse_act_options a = {
-            .activation = c->moe.activation, .order = c->moe.order, .limit = c->moe.limit};
+        moefuse_act_options a = {.activation = c->moe.activation, .order = c->moe.order,
+                                 .limit = c->moe.limit, .alpha = c->moe.alpha,
+                                 .up_offset = c->moe.up_offset};
         judge_act_options(&a, v);
     }
     if (c->op == OP_TOPK_ROUTE) {
@@ -1834,15 +1858,19 @@ static void describe_options(const fuzz_call *c)
         return;
     }
     if (takes_act_options(c->op))
-        printf("    act {activation %d, order %d, limit %g, intermediate %d}\n", (int)a->activation,
-               (int)a->order, (double)a->limit, (int)a->intermediate);
+        printf("    act {activation %d, order %d, limit %g, intermediate %d, alpha %g, "
+               "up_offset %g}\n",
+               (int)a->activation, (int)a->order, (double)a->limit, (int)a->intermediate,
+               (double)a->alpha, (double)a->up_offset);
     if (takes_quant_options(c->op))
         printf("    quant {group_size %lld, layout %d, ue8m0 %d, eps %g}%s\n",
                (long long)q->group_size, (int)q->scale_layout, (int)q->ue8m0, (double)q->eps,
                c->op == OP_ACT_QUANT_MASKED ? (c->aq.zero_tail ? " zero_tail" : "") : "");
     if (is_moe(c->op))
-        printf("    moe {activation %d, order %d, limit %g}%s\n", (int)c->moe.activation,
-               (int)c->moe.order, (double)c->moe.limit, c->null_routing ? " routing NULL" : "");
+        printf("    moe {activation %d, order %d, limit %g, alpha %g, up_offset %g}%s\n",
+               (int)c->moe.activation, (int)c->moe.order, (double)c->moe.limit,
+               (double)c->moe.alpha, (double)c->moe.up_offset,
+               c->null_routing ? " routing NULL" : "");
     if (c->op == OP_TOPK_SOFTMAX)
         printf("    renormalize %d\n", (int)c->renormalize);
     if (c->op == OP_TOPK_ROUTE)

@@ -573,7 +573,7 @@ void h_ref_act(tbuf *x, int64_t e, int64_t Tn, int64_t H, tbuf *rs, double es, c
         double r = 1.0;
         if (rs) r = rs->t.rank == 2 ? tb_get(rs, e, t, 0) : tb_get(rs, t, 0, 0);
         for (int64_t c = 0; c < H; c++) {
-            int64_t gc = o->order ? H + c : c, uc = o->order ? c : H + c;
+            int64_t gc = or_gate_pos(o->order, H, c), uc = or_up_pos(o->order, H, c);
             double g = three ? tb_get(x, e, t, gc) : tb_get(x, t, gc, 0);
             double u = three ? tb_get(x, e, t, uc) : tb_get(x, t, uc, 0);
             or_act_elem(g, u, r, es, o, &hp[t * H + c], &hlo[t * H + c], &hhi[t * H + c]);

@@ -194,23 +194,44 @@ static iv ivadd(iv a, iv b) { iv r = {a.lo + b.lo, a.hi + b.hi}; return widen(r)
 static iv ivmono(double (*f)(double), iv a) { iv r = {f(a.lo), f(a.hi)}; return widen_by(r, REL_FN); }
 static double negexp(double x) { return exp(-x); }
 
+int64_t or_gate_pos(int order, int64_t n, int64_t i)
+{
+    return order == 2 ? 2 * i : order == 1 ? n + i : i;
+}
+
+int64_t or_up_pos(int order, int64_t n, int64_t i)
+{
+    return order == 2 ? 2 * i + 1 : order == 1 ? i : n + i;
+}
+
+static double alpha_of(const or_act_opt *o) { return o->alpha != 0 ? o->alpha : (double)1.702f; }
+
 static const double C_GELU = (double)0.70710678118654752f;
 static const double C_T1 = (double)0.7978845608028654f;
 static const double C_T2 = (double)0.044715f;
 
-static double act_point(int act, double g)
+static double act_point(int act, double alpha, double g)
 {
     switch (act) {
     case 1: return (0.5 * g) * (1.0 + erf(g * C_GELU));
     case 2: return (0.5 * g) * (1.0 + tanh(C_T1 * (g + C_T2 * ((g * g) * g))));
+    case 3: return g / (1.0 + exp(-(alpha * g)));
     default: return g / (1.0 + exp(-g));
     }
 }
 
-static iv act_iv(int act, double g)
+static iv act_iv(int act, double alpha, double g)
 {
     iv G = pt(g);
     switch (act) {
+    case 3: {
+        /* a = alpha g rounded; exp(-a) is decreasing in a */
+        iv A = ivmul(pt(alpha), G);
+        iv e = {negexp(A.hi), negexp(A.lo)};
+        e = widen_by(e, REL_FN);
+        iv den = ivadd(pt(1.0), e);
+        return ivdiv(G, den);
+    }
     case 1: {
         iv z = ivmul(G, pt(C_GELU));
         iv e = ivmono(erf, z);
@@ -247,7 +268,14 @@ void or_act_elem(double g, double u, double rs, double es, const or_act_opt *o, 
         g = (g > L) ? L : g;
         u = (u > L) ? L : (u < -L ? -L : u);
     }
-    double a = act_point(o->act, g);
+    /* the up offset: one f32 addition, none at all when it is 0 */
+    iv U = pt(u);
+    if (o->up_offset != 0) {
+        U = ivadd(pt(u), pt(o->up_offset));
+        u = u + o->up_offset;
+    }
+    const double alpha = alpha_of(o);
+    double a = act_point(o->act, alpha, g);
     if (o->round_bf16) a = rbf(a);
     double h = ((a * u) * rs) * es;
     if (o->round_bf16) h = rbf(h);
@@ -256,12 +284,12 @@ void or_act_elem(double g, double u, double rs, double es, const or_act_opt *o, 
         *lo = *hi = h;
         return;
     }
-    iv A = act_iv(o->act, g);
+    iv A = act_iv(o->act, alpha, g);
     if (o->round_bf16) {
         A.lo = rbf(A.lo);
         A.hi = rbf(A.hi);
     }
-    iv H = ivmul(ivmul(ivmul(A, pt(u)), pt(rs)), pt(es));
+    iv H = ivmul(ivmul(ivmul(A, U), pt(rs)), pt(es));
     if (o->round_bf16) {
         H.lo = rbf(H.lo);
         H.hi = rbf(H.hi);
@@ -332,8 +360,8 @@ void or_moe_gate(int64_t M, int64_t K, int64_t I, int64_t E, int64_t k, const do
                 a[r] = s;
             }
             for (int64_t i = 0; i < I; i++) {
-                double g = o->order ? a[I + i] : a[i];
-                double u = o->order ? a[i] : a[I + i];
+                double g = a[or_gate_pos(o->order, I, i)];
+                double u = a[or_up_pos(o->order, I, i)];
                 double p, lo, hi;
                 or_act_elem(g, u, 1.0, 1.0, &oo, &p, &lo, &hi);
                 hr[i] = p;

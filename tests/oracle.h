@@ -63,11 +63,18 @@ int or_ue8m0(float s); /* UE8M0 exponent (clamped 1..254) of an f32 scale */
 
 /* activation options */
 typedef struct {
-    int act;   /* 0 silu, 1 gelu, 2 gelu_tanh */
-    int order; /* 0 gate first */
+    int act;   /* 0 silu, 1 gelu, 2 gelu_tanh, 3 silu_alpha */
+    int order; /* 0 gate first, 1 up first, 2 interleaved (gate i at 2i, up i at 2i + 1) */
     double limit;
     int round_bf16;
+    double alpha;     /* silu_alpha's; 0: the documented default, f32(1.702) */
+    double up_offset; /* added to u after the clamp; 0: nothing added */
 } or_act_opt;
+
+/* Position of gate value i and up value i in a gated row of 2n values (x's channels, w1's
+ * rows), by the order option (docs/NUMERICS.md "Gated activation"). */
+int64_t or_gate_pos(int order, int64_t n, int64_t i);
+int64_t or_up_pos(int order, int64_t n, int64_t i);
 
 /* point value (double) and justified interval of h for one element */
 void or_act_elem(double g, double u, double rs, double es, const or_act_opt *o, double *point,

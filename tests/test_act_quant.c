@@ -17,6 +17,7 @@ typedef struct {
     int act, order, rnd;
     float limit;
     int use_rs, rp, special;
+    float alpha, up_offset;
 } cfg;
 
 static void run(cfg c)
@@ -25,18 +26,29 @@ static void run(cfg c)
     tbuf *x = tb_new2("x", c.xdt, Tn, 2 * H, c.rp, 1);
     tb_fill_unif(x, -5, 5);
     if (c.special && Tn > 0) {
-        /* NaN / Inf in gate and up, overflow, all-zero group */
-        int64_t go = c.order ? H : 0, uo = c.order ? 0 : H;
-        tb_set(x, 0, go + 0, 0, NAN);
-        tb_set(x, 0, go + 1, 0, INFINITY);
-        tb_set(x, 0, go + 2, 0, -INFINITY);
-        tb_set(x, 0, uo + 3, 0, INFINITY);
-        tb_set(x, 0, go + 3, 0, -1.25); /* act(g) clearly nonzero */
-        tb_set(x, 0, uo + 4, 0, NAN);
-        tb_set(x, 0, go + 5, 0, INFINITY);
-        tb_set(x, 0, uo + 5, 0, 0.0);
+        /* NaN / Inf in gate and up, overflow, all-zero group, +-0.0 up values (with and
+         * without an offset), values at the clamp */
+#define GC(i) or_gate_pos(c.order, H, i)
+#define UC(i) or_up_pos(c.order, H, i)
+        tb_set(x, 0, GC(0), 0, NAN);
+        tb_set(x, 0, GC(1), 0, INFINITY);
+        tb_set(x, 0, GC(2), 0, -INFINITY);
+        tb_set(x, 0, UC(3), 0, INFINITY);
+        tb_set(x, 0, GC(3), 0, -1.25); /* act(g) clearly nonzero */
+        tb_set(x, 0, UC(4), 0, NAN);
+        tb_set(x, 0, GC(5), 0, INFINITY);
+        tb_set(x, 0, UC(5), 0, 0.0);
+        tb_set(x, 0, UC(6), 0, -0.0);
+        tb_set(x, 0, UC(7), 0, -1.0);
+        const double L = c.limit > 0 ? c.limit : 7.0;
+        tb_set(x, 0, GC(8), 0, L);
+        tb_set(x, 0, UC(8), 0, -L);
+        tb_set(x, 0, GC(9), 0, 2 * L);
+        tb_set(x, 0, UC(9), 0, 2 * L);
         if (Gn > 1)
-            for (int64_t i = 0; i < c.G; i++) tb_set(x, 0, uo + c.G + i, 0, 0.0);
+            for (int64_t i = 0; i < c.G; i++) tb_set(x, 0, UC(c.G + i), 0, 0.0);
+#undef GC
+#undef UC
     }
     tb_upload(x);
     tbuf *rs = NULL;
@@ -53,6 +65,8 @@ static void run(cfg c)
     o.act.order = c.order;
     o.act.limit = c.limit;
     o.act.intermediate = c.rnd;
+    o.act.alpha = c.alpha;
+    o.act.up_offset = c.up_offset;
     o.quant.group_size = c.G;
     o.quant.scale_layout = c.L.layout;
     o.quant.ue8m0 = c.L.ue8m0;
@@ -62,12 +76,12 @@ static void run(cfg c)
            moefuse_status_name(st), moefuse_last_error(g_ctx));
     size_t n = (size_t)(Tn * H + 1);
     double *hp = malloc(n * 8), *lo = malloc(n * 8), *hi = malloc(n * 8);
-    or_act_opt ao = {c.act, c.order, c.limit, c.rnd};
+    or_act_opt ao = {c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset};
     h_ref_act(x, -1, Tn, H, rs, 1.0, &ao, hp, lo, hi);
-    char what[160];
-    snprintf(what, sizeof what, "act_quant[xdt=%d q=%d T=%lld H=%lld G=%lld lay=%d ue=%d act=%d ord=%d rnd=%d lim=%g rs=%d]",
+    char what[200];
+    snprintf(what, sizeof what, "act_quant[xdt=%d q=%d T=%lld H=%lld G=%lld lay=%d ue=%d act=%d alpha=%g beta=%g ord=%d rnd=%d lim=%g rs=%d]",
              c.xdt, c.qdt, (long long)Tn, (long long)H, (long long)c.G, c.L.layout, c.L.ue8m0, c.act,
-             c.order, c.rnd, c.limit, c.use_rs);
+             c.alpha, c.up_offset, c.order, c.rnd, c.limit, c.use_rs);
     h_check_quant(q, sc, 0, Tn, Tn, H, c.G, c.L.layout, c.L.ue8m0, 1e-10f, hp, lo, hi, what);
     free(hp);
     free(lo);
@@ -77,7 +91,7 @@ static void run(cfg c)
 
 static cfg base(void)
 {
-    cfg c = {MOEFUSE_F32, MOEFUSE_F8_E4M3, 3, 256, 128, {0, 0}, 0, 0, 0, 0.0f, 0, 0, 0};
+    cfg c = {MOEFUSE_F32, MOEFUSE_F8_E4M3, 3, 256, 128, {0, 0}, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f, 0.0f};
     return c;
 }
 
@@ -117,8 +131,8 @@ END_TEST
 
 START_TEST(t_activations)
 {
-    for (int a = 0; a < 3; a++)
-        for (int ord = 0; ord < 2; ord++)
+    for (int a = 0; a < 4; a++)
+        for (int ord = 0; ord < 3; ord++)
             for (int li = 0; li < 2; li++) {
                 cfg c = base();
                 c.Tn = 9;
@@ -167,7 +181,7 @@ END_TEST
 
 START_TEST(t_nonfinite)
 {
-    for (int ord = 0; ord < 2; ord++)
+    for (int ord = 0; ord < 3; ord++)
         for (int qk = 0; qk < 2; qk++) {
             cfg c = base();
             c.Tn = 4;
@@ -179,7 +193,40 @@ START_TEST(t_nonfinite)
             run(c);
             c.limit = 3.0f;
             run(c);
+            c.up_offset = 1.0f; /* NaN up values through the offset */
+            c.act = MOEFUSE_ACT_SILU_ALPHA;
+            run(c);
         }
+}
+END_TEST
+
+/* gpt-oss's activation (silu_alpha 1.702, up offset 1, limit 7, interleaved) into FP8 and
+ * i8 codes, every layout, with fresh data across the clamp and the edge values; also the
+ * other orders, another alpha and offset, and the intermediate bf16 rounding. */
+START_TEST(t_gpt_oss)
+{
+    moefuse_dtype dts[3] = {MOEFUSE_BF16, MOEFUSE_F32, MOEFUSE_F16};
+    for (int d = 0; d < 3; d++)
+        for (int l = 0; l < 5; l++)
+            for (int v = 0; v < 3; v++) {
+                cfg c = base();
+                c.xdt = dts[d];
+                c.Tn = 7;
+                c.H = 256;
+                c.G = l == 3 ? 256 : 64;
+                c.L = LAYS[l];
+                c.act = MOEFUSE_ACT_SILU_ALPHA;
+                c.alpha = v == 0 ? 0.0f : v == 1 ? 1.702f : 0.75f;
+                c.up_offset = v == 2 ? -0.5f : 1.0f;
+                c.limit = 7.0f;
+                c.order = v == 2 ? (int)(l % 2) : MOEFUSE_GATE_INTERLEAVED;
+                c.rnd = d == 0 && v == 1 ? MOEFUSE_ROUND_BF16 : 0;
+                c.use_rs = l & 1;
+                c.special = 1;
+                c.rp = v & 1;
+                c.qdt = !c.L.ue8m0 && v == 1 ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
+                run(c);
+            }
 }
 END_TEST
 
@@ -189,7 +236,7 @@ END_TEST
 START_TEST(t_round_bf16_equals_unfused)
 {
     for (int mode = 0; mode < 2; mode++)
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 4; a++)
         for (int l = 0; l < 5; l++) {
             moefuse_dtype xdt = mode ? MOEFUSE_F32 : MOEFUSE_BF16;
             int64_t Tn = 13, H = 256, G = l == 3 ? 256 : 64, Gn = H / G;
@@ -209,6 +256,8 @@ START_TEST(t_round_bf16_equals_unfused)
             moefuse_act_quant_options o = {0};
             o.act.activation = a;
             o.act.limit = l == 1 ? 2.0f : 0.0f;
+            o.act.order = (moefuse_gate_order)(l % 3);
+            o.act.up_offset = a == MOEFUSE_ACT_SILU_ALPHA || l == 4 ? 1.0f : 0.0f;
             o.act.intermediate = mode ? MOEFUSE_ROUND_NONE : MOEFUSE_ROUND_BF16;
             o.quant.group_size = G;
             o.quant.scale_layout = L.layout;
@@ -252,8 +301,11 @@ START_TEST(t_randomized)
         c.G = G ? G : c.H;
         c.L = LAYS_ALL[h_randint(0, 4)];
         c.qdt = (!c.L.ue8m0 && h_randint(0, 1)) ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
-        c.act = (int)h_randint(0, 2);
-        c.order = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 3);
+        if (c.act == MOEFUSE_ACT_SILU_ALPHA)
+            c.alpha = h_randint(0, 1) ? 0.0f : (float)h_unif(0.2, 3);
+        c.up_offset = h_randint(0, 1) ? 0.0f : (float)h_unif(-2, 2);
+        c.order = (int)h_randint(0, 2);
         c.rnd = (int)h_randint(0, 1);
         c.limit = h_randint(0, 1) ? (float)h_unif(0.5, 6) : 0.0f;
         c.use_rs = (int)h_randint(0, 1);
@@ -275,6 +327,7 @@ int main(void)
     tcase_add_test(tc, t_round_bf16);
     tcase_add_test(tc, t_input_dtypes_rowscale);
     tcase_add_test(tc, t_nonfinite);
+    tcase_add_test(tc, t_gpt_oss);
     tcase_add_test(tc, t_randomized);
     tcase_add_test(tc, t_round_bf16_equals_unfused);
     suite_add_tcase(s, tc);

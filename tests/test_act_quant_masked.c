@@ -12,6 +12,33 @@ static const lay LAYS[] = {
     {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
 };
 
+/* The gated options besides activation and rounding (t_gpt_oss sets them; zero otherwise),
+ * and whether row 0 of each expert gets edge values. */
+static struct {
+    int order, special;
+    float limit, alpha, up_offset;
+} gated;
+
+/* NaN / Inf gates and up values, +-0.0 up values, values at the clamp, in row 0 of expert e. */
+static void put_specials(tbuf *x, int64_t e, int64_t H)
+{
+#define GC(i) or_gate_pos(gated.order, H, i)
+#define UC(i) or_up_pos(gated.order, H, i)
+    const double L = gated.limit > 0 ? gated.limit : 7.0;
+    tb_set(x, e, 0, GC(0), NAN);
+    tb_set(x, e, 0, UC(1), NAN);
+    tb_set(x, e, 0, GC(2), -INFINITY);
+    tb_set(x, e, 0, UC(3), INFINITY);
+    tb_set(x, e, 0, UC(4), -0.0);
+    tb_set(x, e, 0, UC(5), -1.0);
+    tb_set(x, e, 0, GC(6), L);
+    tb_set(x, e, 0, UC(6), -2 * L);
+    tb_set(x, e, 0, GC(7), 3 * L);
+    tb_set(x, e, 0, UC(7), L);
+#undef GC
+#undef UC
+}
+
 static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, int64_t H, int64_t G,
                 lay L, const int32_t *counts, int zero_tail, int es_kind /*0 none 1 f32 2 bf16*/,
                 int use_rs, int act, int rnd)
@@ -19,7 +46,10 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
     int64_t Gn = H / G;
     int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
     tbuf *x = tb_new3("x", xdt, E, Tmax, 2 * H, 1, 1);
-    tb_fill_unif(x, -4, 4);
+    tb_fill_unif(x, gated.limit > 0 ? -2 * gated.limit : -4, gated.limit > 0 ? 2 * gated.limit : 4);
+    if (gated.special && H >= 8)
+        for (int64_t e = 0; e < E; e++)
+            put_specials(x, e, H);
     tb_upload(x);
     tbuf *cn = tb_new1("counts", MOEFUSE_I32, E, 1);
     for (int64_t e = 0; e < E; e++) tb_set(cn, e, 0, 0, counts[e]);
@@ -40,6 +70,10 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
     moefuse_act_quant_options o = {0};
     o.act.activation = act;
     o.act.intermediate = rnd;
+    o.act.order = gated.order;
+    o.act.limit = gated.limit;
+    o.act.alpha = gated.alpha;
+    o.act.up_offset = gated.up_offset;
     o.quant.group_size = G;
     o.quant.scale_layout = L.layout;
     o.quant.ue8m0 = L.ue8m0;
@@ -52,7 +86,7 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
     memcpy(q3, q->full, q->total);
     memcpy(s3, sc->full, sc->total);
     size_t esq = 1, ess = sc->t.dtype == MOEFUSE_U8 ? 1 : 4;
-    or_act_opt ao = {act, 0, 0, rnd};
+    or_act_opt ao = {act, gated.order, gated.limit, rnd, gated.alpha, gated.up_offset};
     int64_t Ta = (Tmax + 3) / 4 * 4;
     for (int64_t e = 0; e < E; e++) {
         int64_t n = counts[e] < 0 ? 0 : counts[e] > Tmax ? Tmax : counts[e];
@@ -60,10 +94,10 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
         size_t m = (size_t)(Tmax * H + 1);
         double *hp = malloc(m * 8), *lo = malloc(m * 8), *hi = malloc(m * 8);
         h_ref_act(x, e, n, H, rs, esv, &ao, hp, lo, hi);
-        char what[128];
-        snprintf(what, sizeof what, "masked[E=%lld Tmax=%lld H=%lld G=%lld lay=%d ue=%d n=%d zt=%d es=%d]",
+        char what[200];
+        snprintf(what, sizeof what, "masked[E=%lld Tmax=%lld H=%lld G=%lld lay=%d ue=%d n=%d zt=%d es=%d act=%d ord=%d alpha=%g beta=%g lim=%g]",
                  (long long)E, (long long)Tmax, (long long)H, (long long)G, L.layout, L.ue8m0, counts[e],
-                 zero_tail, es_kind);
+                 zero_tail, es_kind, act, gated.order, gated.alpha, gated.up_offset, gated.limit);
         h_check_quant(q, sc, e, n, Tmax, H, G, L.layout, L.ue8m0, 1e-10f, hp, lo, hi, what);
         /* tail rows n..Tmax-1 */
         for (int64_t t = n; t < Tmax; t++) {
@@ -180,6 +214,27 @@ START_TEST(t_expert_scale)
 }
 END_TEST
 
+/* gpt-oss's activation (silu_alpha 1.702, up offset 1, limit 7, interleaved) in the masked
+ * layout, with expert scales and edge values; also another order, alpha and offset. */
+START_TEST(t_gpt_oss)
+{
+    int32_t counts[4] = {5, 0, 9, 2};
+    for (int v = 0; v < 4; v++) {
+        gated.order = v == 3 ? MOEFUSE_UP_FIRST : MOEFUSE_GATE_INTERLEAVED;
+        gated.limit = v == 2 ? 0.0f : 7.0f;
+        gated.alpha = v == 1 ? 1.702f : v == 3 ? 2.5f : 0.0f;
+        gated.up_offset = v == 3 ? -0.75f : 1.0f;
+        gated.special = 1;
+        run(v & 1 ? MOEFUSE_F32 : MOEFUSE_BF16, MOEFUSE_F8_E4M3, 4, 9, 256, 128, LAYS[v + 1],
+            counts, v & 1, v % 3, v != 1, MOEFUSE_ACT_SILU_ALPHA, v == 2 ? MOEFUSE_ROUND_BF16 : 0);
+        run(MOEFUSE_F16, MOEFUSE_I8, 4, 9, 128, 32, LAYS[v % 2], counts, 1, 0, 1,
+            MOEFUSE_ACT_SILU_ALPHA, 0);
+    }
+    gated.order = gated.special = 0;
+    gated.limit = gated.alpha = gated.up_offset = 0.0f;
+}
+END_TEST
+
 START_TEST(t_all_empty)
 {
     int32_t counts[2] = {0, -100};
@@ -197,6 +252,7 @@ int main(void)
     tcase_add_test(tc, t_counts);
     tcase_add_test(tc, t_random_counts);
     tcase_add_test(tc, t_expert_scale);
+    tcase_add_test(tc, t_gpt_oss);
     tcase_add_test(tc, t_all_empty);
     suite_add_tcase(s, tc);
     return h_run(s);

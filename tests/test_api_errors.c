@@ -168,9 +168,11 @@ START_TEST(t_act_quant_options)
 {
     aq_setup();
     struct { const char *arg; int field; double v; } cases[] = {
-        {"activation", 0, 3}, {"activation", 0, -1}, {"order", 1, 2}, {"intermediate", 2, 2},
+        {"activation", 0, 4}, {"activation", 0, -1}, {"order", 1, 3}, {"intermediate", 2, 2},
         {"scale_layout", 3, 3}, {"group_size", 4, 48}, {"group_size", 4, -128}, {"group_size", 4, 256},
         {"limit", 5, -1}, {"limit", 5, NAN}, {"eps", 6, -1}, {"eps", 6, INFINITY}, {"eps", 6, NAN},
+        {"alpha", 7, 1.702}, {"alpha", 8, -1}, {"alpha", 8, NAN}, {"alpha", 8, INFINITY},
+        {"up_offset", 9, NAN}, {"up_offset", 9, -INFINITY},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         moefuse_act_quant_options o = {0};
@@ -182,6 +184,12 @@ START_TEST(t_act_quant_options)
         case 4: o.quant.group_size = (int64_t)cases[i].v; break;
         case 5: o.act.limit = (float)cases[i].v; break;
         case 6: o.quant.eps = (float)cases[i].v; break;
+        case 7: o.act.alpha = (float)cases[i].v; break; /* silu takes no alpha */
+        case 8:
+            o.act.activation = MOEFUSE_ACT_SILU_ALPHA;
+            o.act.alpha = (float)cases[i].v;
+            break;
+        case 9: o.act.up_offset = (float)cases[i].v; break;
         }
         EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant", cases[i].arg,
                h_fmt("option %s = %g", cases[i].arg, cases[i].v));
@@ -212,9 +220,11 @@ START_TEST(t_reserved_words)
         EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
                h_fmt("act_quant options.reserved[%d]", word), "act_quant options reserved");
         o = (moefuse_act_quant_options){0};
-        o.act.reserved[word] = 7;
-        EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
-               h_fmt("act options.reserved[%d]", word), "act options reserved");
+        if (word < 2) { /* the act options have two */
+            o.act.reserved[word] = 7;
+            EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
+                   h_fmt("act options.reserved[%d]", word), "act options reserved");
+        }
         o = (moefuse_act_quant_options){0};
         o.quant.reserved[word] = 0x80000000u;
         EXPECT(aq(T(X), T(RS), T(Q), T(SC), &o), MOEFUSE_ERR_INVALID_ARGUMENT, "act_quant",
@@ -321,6 +331,28 @@ START_TEST(t_act_mul_quant)
     ao.limit = 0;
     ao.activation = MOEFUSE_ACT_COUNT_;
     EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "activation", "activation");
+    /* alpha belongs to SILU_ALPHA, finite and > 0; up_offset finite */
+    const moefuse_activation no_alpha[3] = {MOEFUSE_ACT_SILU, MOEFUSE_ACT_GELU, MOEFUSE_ACT_GELU_TANH};
+    for (int i = 0; i < 3; i++) {
+        ao = (moefuse_act_options){.activation = no_alpha[i], .alpha = 1.702f};
+        EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "alpha",
+               "alpha with an activation that takes none");
+    }
+    const float bad_alpha[4] = {-1.702f, NAN, INFINITY, -0x1p-149f};
+    for (int i = 0; i < 4; i++) {
+        ao = (moefuse_act_options){.activation = MOEFUSE_ACT_SILU_ALPHA, .alpha = bad_alpha[i]};
+        EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "alpha",
+               h_fmt("alpha %g", (double)bad_alpha[i]));
+    }
+    const float bad_offset[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        ao = (moefuse_act_options){.activation = MOEFUSE_ACT_SILU_ALPHA, .up_offset = bad_offset[i]};
+        EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "up_offset",
+               h_fmt("up_offset %g", (double)bad_offset[i]));
+    }
+    ao = (moefuse_act_options){.order = (moefuse_gate_order)3};
+    EXPECT(moefuse_act_mul(g_ctx, T(x), NULL, T(out), &ao), MOEFUSE_ERR_INVALID_ARGUMENT, "act_mul", "order", "order 3");
+    ao = (moefuse_act_options){0};
 
     tbuf *rs16 = tb_new1("row_scale_f16", MOEFUSE_F16, 3, 1);
     tb_upload(rs16);
@@ -457,11 +489,22 @@ START_TEST(t_moe_gate)
     mo.limit = NAN;
     EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "limit", "limit NaN");
     mo.limit = 0;
-    mo.reserved[3] = 1;
-    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "moe options.reserved[3]", "reserved word");
-    mo.reserved[3] = 0;
-    mo.order = (moefuse_gate_order)2;
-    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "order", "order 2");
+    mo.reserved[1] = 1;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "moe options.reserved[1]", "reserved word");
+    mo.reserved[1] = 0;
+    mo.order = (moefuse_gate_order)3;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "order", "order 3");
+    mo.order = MOEFUSE_GATE_INTERLEAVED;
+    mo.alpha = 1.702f; /* with silu */
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "alpha", "alpha with silu");
+    mo.activation = MOEFUSE_ACT_SILU_ALPHA;
+    mo.alpha = -1.702f;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "alpha", "alpha < 0");
+    mo.alpha = INFINITY;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "alpha", "alpha Inf");
+    mo.alpha = 0;
+    mo.up_offset = NAN;
+    EXPECT(G(T(MX), T(MW1), T(MB1), &MR, T(MH), &mo), MOEFUSE_ERR_INVALID_ARGUMENT, op, "up_offset", "up_offset NaN");
 #undef G
 }
 END_TEST

@@ -190,6 +190,8 @@ static float edge_value(void)
         16.6355f, -16.6355f, 17.0f, 1e30f, -1e30f, 3.4e38f, -3.4e38f, 1e-40f, -1e-40f,
         0x1p-149f, -0x1p-149f, 0x1p-126f, 1e-30f, 448.0f, -448.0f, 464.0f, 480.0f, -480.0f,
         0x1p-30f, 65504.0f, 65520.0f, 1.0e-7f,
+        /* silu_alpha's exp edge at alpha = 1.702: |alpha g| crosses 86.5 near 50.82 */
+        50.82f, -50.82f, 50.83f, -50.83f, 61.2f, -61.2f,
     };
     const int64_t k = h_randint(0, (int64_t)(sizeof edges / sizeof edges[0]) + 5);
     if (k < 6)
@@ -298,11 +300,31 @@ static int64_t pick_group(int64_t H)
     return H % G == 0 && h_randint(0, 3) > 0 ? G : H;
 }
 
+/* silu_alpha's alpha: the default (0), gpt-oss's written out, or any other */
+static float random_alpha(void)
+{
+    const int k = (int)h_randint(0, 2);
+    return k == 0 ? 0.0f : k == 1 ? 1.702f : (float)h_unif(0.1, 4);
+}
+
+/* up_offset: none half the time, else gpt-oss's 1, a negative one or any */
+static float random_up_offset(void)
+{
+    const int k = (int)h_randint(0, 5);
+    return k < 3 ? 0.0f : k == 3 ? 1.0f : k == 4 ? -0.5f : (float)h_unif(-20, 20);
+}
+
 static moefuse_act_quant_options random_options(int64_t G, lay L, int fp8)
 {
     moefuse_act_quant_options o = {0};
-    o.act.activation = h_randint(0, 3) == 0 ? (moefuse_activation)h_randint(1, 2) : MOEFUSE_ACT_SILU;
-    o.act.order = (moefuse_gate_order)h_randint(0, 1);
+    const int pick = (int)h_randint(0, 5);
+    o.act.activation = pick == 0   ? (moefuse_activation)h_randint(1, 2)
+                       : pick == 1 ? MOEFUSE_ACT_SILU_ALPHA
+                                   : MOEFUSE_ACT_SILU;
+    if (o.act.activation == MOEFUSE_ACT_SILU_ALPHA)
+        o.act.alpha = random_alpha();
+    o.act.up_offset = random_up_offset();
+    o.act.order = (moefuse_gate_order)h_randint(0, 2);
     o.act.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 8) : 0.0f;
     o.act.intermediate = (moefuse_rounding)h_randint(0, 1);
     o.quant.group_size = G;
@@ -343,9 +365,10 @@ static void case_act_quant(int64_t Tn, int64_t H)
     const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
     c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, h_randint(0, 1));
     c.o = random_options(G, L, fp8);
-    snprintf(c.what, sizeof c.what, "act_quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d act=%d lim=%g rnd=%d rs=%d",
+    snprintf(c.what, sizeof c.what, "act_quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d",
              (long long)Tn, (long long)H, (long long)G, xdt, fp8 ? "f8" : "i8", L.layout, L.ue8m0,
-             c.o.act.activation, c.o.act.limit, c.o.act.intermediate, c.rs != NULL);
+             c.o.act.activation, c.o.act.alpha, c.o.act.up_offset, c.o.act.order, c.o.act.limit,
+             c.o.act.intermediate, c.rs != NULL);
     compare_levels(&c);
     tb_free_all();
 }
@@ -382,10 +405,10 @@ static void case_masked(int64_t E, int64_t Tmax, int64_t H)
     c.scales = h_new_scales("scales", L.layout, u8, E, Tmax, H / G, 0);
     c.o = random_options(G, L, 1);
     c.o.zero_tail = (int32_t)h_randint(0, 1);
-    snprintf(c.what, sizeof c.what, "act_quant_masked E=%lld Tmax=%lld H=%lld G=%lld x=%d layout=%d ue8m0=%d act=%d lim=%g rnd=%d rs=%d es=%d zero_tail=%d",
+    snprintf(c.what, sizeof c.what, "act_quant_masked E=%lld Tmax=%lld H=%lld G=%lld x=%d layout=%d ue8m0=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d es=%d zero_tail=%d",
              (long long)E, (long long)Tmax, (long long)H, (long long)G, xdt, L.layout, L.ue8m0,
-             c.o.act.activation, c.o.act.limit, c.o.act.intermediate, c.rs != NULL, c.es != NULL,
-             c.o.zero_tail);
+             c.o.act.activation, c.o.act.alpha, c.o.act.up_offset, c.o.act.order, c.o.act.limit,
+             c.o.act.intermediate, c.rs != NULL, c.es != NULL, c.o.zero_tail);
     compare_levels(&c);
     tb_free_all();
 }
@@ -427,9 +450,9 @@ static void case_act_mul(int64_t Tn, int64_t H)
     }
     c.out = tb_new2("out", xdt, Tn, H, h_randint(0, 2), 0);
     c.o = random_options(32, LAYS[0], 1);
-    snprintf(c.what, sizeof c.what, "act_mul T=%lld H=%lld x=%d act=%d lim=%g rnd=%d rs=%d",
-             (long long)Tn, (long long)H, xdt, c.o.act.activation, c.o.act.limit,
-             c.o.act.intermediate, c.rs != NULL);
+    snprintf(c.what, sizeof c.what, "act_mul T=%lld H=%lld x=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d",
+             (long long)Tn, (long long)H, xdt, c.o.act.activation, c.o.act.alpha,
+             c.o.act.up_offset, c.o.act.order, c.o.act.limit, c.o.act.intermediate, c.rs != NULL);
     compare_levels(&c);
     tb_free_all();
 }
@@ -551,8 +574,13 @@ START_TEST(t_sixteen_lanes)
         p.groups = p.hidden / p.group;
         p.in_dtype = XDTS[h_randint(0, 2)];
         p.activate = mode != 1;
-        p.gate_first = h_randint(0, 1);
-        p.activation = h_randint(0, 3) == 0 ? (int)h_randint(1, 2) : MOEFUSE_ACT_SILU;
+        p.order = (int)h_randint(0, 2);
+        const int pick = (int)h_randint(0, 5);
+        p.activation = pick == 0 ? (int)h_randint(1, 2)
+                       : pick == 1 ? MOEFUSE_ACT_SILU_ALPHA : MOEFUSE_ACT_SILU;
+        if (p.activation == MOEFUSE_ACT_SILU_ALPHA) /* as the core fills it in */
+            p.alpha = h_randint(0, 1) ? 1.702f : (float)h_unif(0.1, 4);
+        p.up_offset = random_up_offset();
         p.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 8) : 0.0f;
         p.has_row_scale = h_randint(0, 1);
         p.has_expert_scale = h_randint(0, 1);
@@ -578,7 +606,8 @@ START_TEST(t_sixteen_lanes)
         const float es = h_randint(0, 9) ? (float)h_unif(0.05, 3) : edge_value();
         const size_t ob = (size_t)H * 4 + 64, sb = (size_t)p.groups * 4;
         unsigned char *oa = malloc(ob), *ok = malloc(ob), *ua = malloc(p.groups), *uk = malloc(p.groups);
-        float *sa = malloc(sb), *sk = malloc(sb), *scratch = malloc((size_t)H * 12);
+        float *sa = malloc(sb), *sk = malloc(sb);
+        float *scratch = malloc((size_t)mf_row_scratch_floats(&p) * sizeof(float));
         memset(oa, 0x5A, ob);
         memset(ok, 0x5A, ob);
         const void *xr = x->full + x->pad;
@@ -591,9 +620,10 @@ START_TEST(t_sixteen_lanes)
         }
         HCHECK(memcmp(oa, ok, ob) == 0 &&
                    (mode == 2 || (memcmp(sa, sk, sb) == 0 && memcmp(ua, uk, (size_t)p.groups) == 0)),
-               "16 lanes differ from scalar: mode %d H=%lld G=%lld x=%d out=%d act=%d lim=%g rs=%d(%g) es=%d(%g) rnd=%d ue8m0=%d",
-               mode, (long long)H, (long long)p.group, p.in_dtype, p.out_dtype, p.activation, p.limit,
-               p.has_row_scale, rs, p.has_expert_scale, es, p.round_bf16, p.ue8m0);
+               "16 lanes differ from scalar: mode %d H=%lld G=%lld x=%d out=%d act=%d alpha=%g beta=%g ord=%d lim=%g rs=%d(%g) es=%d(%g) rnd=%d ue8m0=%d",
+               mode, (long long)H, (long long)p.group, p.in_dtype, p.out_dtype, p.activation,
+               p.alpha, p.up_offset, p.order, p.limit, p.has_row_scale, rs, p.has_expert_scale, es,
+               p.round_bf16, p.ue8m0);
         /* dequant of the same bytes, as codes, with a random scale */
         const float s = h_randint(0, 9) ? (float)h_unif(1e-3, 10) : edge_value();
         const moefuse_dtype odt = XDTS[h_randint(0, 2)];
@@ -639,17 +669,19 @@ START_TEST(t_every_bf16_gate)
                   *uk = malloc((size_t)(H / G));
     float *sa = malloc(sb), *sk = malloc(sb), *scratch = malloc((size_t)H * 12);
     int compared = 0;
-    for (int act = 0; act < 3; act++)
-        for (int opt = 0; opt < 2; opt++) {
+    for (int act = 0; act < 4; act++)
+        for (int opt = 0; opt < 3; opt++) {
             mf_row_plan p = {0};
             p.hidden = H, p.group = G, p.groups = H / G;
             p.in_dtype = MOEFUSE_BF16;
             p.activate = true;
-            p.gate_first = true;
+            p.order = MOEFUSE_GATE_FIRST;
             p.activation = act;
-            p.round_bf16 = opt, p.has_row_scale = opt;
+            p.alpha = act == MOEFUSE_ACT_SILU_ALPHA ? 1.702f : 0.0f;
+            p.round_bf16 = opt == 1, p.has_row_scale = opt == 1;
+            p.up_offset = opt == 2 ? 1.0f : 0.0f; /* the table path with gpt-oss's offset */
             p.eps = 1e-10f;
-            p.act_table = mf_cpu_act_table(act);
+            p.act_table = mf_cpu_act_table(act); /* none for silu_alpha: computed */
             const float rs = 0.75f;
             for (int l = 0; l < 3; l++) {
                 const mf_cpu_row_kernels *k = levels[l];
@@ -669,6 +701,8 @@ START_TEST(t_every_bf16_gate)
                 compared++;
             }
         }
+    HCHECK(mf_cpu_act_table(MOEFUSE_ACT_SILU_ALPHA) == NULL,
+           "silu_alpha has a table, which could not know the call's alpha");
     fprintf(stderr, "every bf16 gate: %d (level, activation, options) triples equal to scalar\n", compared);
     free(x), free(oa), free(ok), free(ua), free(uk), free(sa), free(sk), free(scratch);
 }

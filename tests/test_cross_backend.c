@@ -148,7 +148,7 @@ static int exact_division(void)
 /* g and u of output channel c (x is [T, 2H], or [E, T, 2H] with e >= 0) */
 static void gate_up(tbuf *x, int64_t e, int64_t t, int64_t c, int64_t H, int order, double *g, double *u)
 {
-    int64_t gc = order ? H + c : c, uc = order ? c : H + c;
+    int64_t gc = or_gate_pos(order, H, c), uc = or_up_pos(order, H, c);
     int three = x->t.rank == 3;
     *g = three ? tb_get(x, e, t, gc) : tb_get(x, t, gc, 0);
     *u = three ? tb_get(x, e, t, uc) : tb_get(x, t, uc, 0);
@@ -163,6 +163,7 @@ static int nan_from_two_nans(double g, double u, const or_act_opt *o)
 {
     or_act_opt plain = *o;
     plain.round_bf16 = 0;
+    plain.up_offset = 0; /* act(g) alone: the offset keeps a NaN u NaN, and adds no other */
     double p, lo, hi;
     or_act_elem(g, 1.0, 1.0, 1.0, &plain, &p, &lo, &hi); /* act(g), after the clamp */
     return isnan(p) && isnan(u);
@@ -177,7 +178,10 @@ static double act_input(int special)
         if (r == 1) return -NAN;
         if (r == 2) return INFINITY;
         if (r == 3) return -INFINITY;
+        if (r == 4) return -0.0; /* its sign survives no up offset, and none survives one */
         if (r < 8) return 0.0;
+        if (r == 8) return 7.0; /* gpt-oss's clamp */
+        if (r == 9) return -7.0;
     }
     return h_unif(-6, 6);
 }
@@ -197,7 +201,7 @@ static void fill_every_bf16_gate(tbuf *x, int64_t H, int order)
     for (int64_t a = 0; a < n0; a++)
         for (int64_t b = 0; b < n1; b++)
             for (int64_t c = 0; c < H; c++, k++) {
-                const int64_t gc = order ? H + c : c, uc = order ? c : H + c;
+                const int64_t gc = or_gate_pos(order, H, c), uc = or_up_pos(order, H, c);
                 uint16_t *g = three ? tb_el(x, a, b, gc) : tb_el(x, b, gc, 0);
                 *g = (uint16_t)((uint32_t)k * 0x9E37u); /* odd factor: a permutation mod 2^16 */
                 if (three)
@@ -263,7 +267,7 @@ typedef struct {
     lay L;
     int act, order, rnd, use_rs, es_kind, zero_tail, rp, special, quant_only;
     int boundary; /* h of boundary values (boundary_h) instead of random ones */
-    float limit, eps;
+    float limit, eps, alpha, up_offset;
     int32_t counts[8];
     const int32_t *many_counts; /* the counts when E > 8 */
 } qcfg;
@@ -272,14 +276,15 @@ static int32_t count_of(const qcfg *c, int64_t e) { return c->many_counts ? c->m
 
 static const char *qdesc(const qcfg *c)
 {
-    return h_fmt("%s[x=%s q=%s E=%lld T=%lld H=%lld G=%lld layout=%d ue8m0=%d act=%d order=%d round=%d "
-                 "limit=%g rs=%d es=%d zero_tail=%d eps=%g special=%d]",
+    return h_fmt("%s[x=%s q=%s E=%lld T=%lld H=%lld G=%lld layout=%d ue8m0=%d act=%d alpha=%g "
+                 "up_offset=%g order=%d round=%d limit=%g rs=%d es=%d zero_tail=%d eps=%g special=%d]",
                  c->quant_only ? "quant"
                  : c->E        ? "act_quant_masked"
                                : "act_quant",
                  moefuse_dtype_name(c->xdt), moefuse_dtype_name(c->qdt), (long long)c->E, (long long)c->T,
-                 (long long)c->H, (long long)c->G, c->L.layout, c->L.ue8m0, c->act, c->order, c->rnd,
-                 (double)c->limit, c->use_rs, c->es_kind, c->zero_tail, (double)c->eps, c->special);
+                 (long long)c->H, (long long)c->G, c->L.layout, c->L.ue8m0, c->act, (double)c->alpha,
+                 (double)c->up_offset, c->order, c->rnd, (double)c->limit, c->use_rs, c->es_kind,
+                 c->zero_tail, (double)c->eps, c->special);
 }
 
 /* where an element is, for failure messages only (h_fmt has four buffers) */
@@ -317,7 +322,7 @@ static void cmp_rows(const qcfg *c, pair x, pair q, pair sc, unsigned char *jq, 
 {
     const int three = q.d->t.rank == 3, f32_scales = sc.d->t.dtype == MOEFUSE_F32;
     const int64_t H = c->H, G = c->G;
-    or_act_opt ao = {c->act, c->order, c->limit, c->rnd};
+    or_act_opt ao = {c->act, c->order, c->limit, c->rnd, c->alpha, c->up_offset};
     for (int64_t t = 0; t < n; t++) {
         for (int64_t g = 0; g < H / G; g++) {
             if (f32_scales) {
@@ -414,7 +419,7 @@ static void run_quant_case(qcfg c)
             for (int64_t t = 0; t < Tn; t++)
                 for (int64_t i = 0; i < H; i++) {
                     const double h = boundary_h(t * Gn + i / c.G, i % c.G, c.G, is_f8);
-                    const int64_t gc = c.order ? H + i : i, uc = c.order ? i : H + i;
+                    const int64_t gc = or_gate_pos(c.order, H, i), uc = or_up_pos(c.order, H, i);
                     if (c.quant_only) {
                         if (E) tb_set(x.d, e, t, i, h); else tb_set(x.d, t, i, 0, h);
                     } else if (E) {
@@ -436,7 +441,7 @@ static void run_quant_case(qcfg c)
     }
     if (c.special && Tn > 0 && Gn > 1) /* an all-zero group: x, or u, = 0 over group 1 of row 0 */
         for (int64_t i = c.G; i < 2 * c.G; i++) {
-            int64_t col = c.quant_only ? i : c.order ? i : H + i;
+            int64_t col = c.quant_only ? i : or_up_pos(c.order, H, i);
             if (E)
                 tb_set(x.d, 0, 0, col, 0.0);
             else
@@ -466,6 +471,8 @@ static void run_quant_case(qcfg c)
     o.act.order = c.order;
     o.act.limit = c.limit;
     o.act.intermediate = c.rnd;
+    o.act.alpha = c.alpha;
+    o.act.up_offset = c.up_offset;
     o.quant.group_size = c.G;
     o.quant.scale_layout = c.L.layout;
     o.quant.ue8m0 = c.L.ue8m0;
@@ -521,7 +528,7 @@ typedef struct {
     moefuse_dtype dt;
     int64_t T, H;
     int act, order, rnd, use_rs, rp, special;
-    float limit;
+    float limit, alpha, up_offset;
 } mcfg;
 
 static void run_act_mul_case(mcfg c)
@@ -540,13 +547,15 @@ static void run_act_mul_case(mcfg c)
     }
     pair out = pair2("out", c.dt, c.T, c.H, c.rp ? 3 : 0, 0);
     moefuse_act_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
-                             .intermediate = c.rnd};
-    const char *what = h_fmt("act_mul[dt=%s T=%lld H=%lld act=%d order=%d round=%d limit=%g rs=%d special=%d]",
-                             moefuse_dtype_name(c.dt), (long long)c.T, (long long)c.H, c.act, c.order, c.rnd,
-                             (double)c.limit, c.use_rs, c.special);
+                             .intermediate = c.rnd, .alpha = c.alpha, .up_offset = c.up_offset};
+    const char *what = h_fmt("act_mul[dt=%s T=%lld H=%lld act=%d alpha=%g up_offset=%g order=%d round=%d "
+                             "limit=%g rs=%d special=%d]",
+                             moefuse_dtype_name(c.dt), (long long)c.T, (long long)c.H, c.act,
+                             (double)c.alpha, (double)c.up_offset, c.order, c.rnd, (double)c.limit,
+                             c.use_rs, c.special);
     BOTH(moefuse_act_mul(g_ctx, T(x.d), T(rs.d), T(out.d), &o),
          moefuse_act_mul(g_ref, T(x.c), T(rs.c), T(out.c), &o), what);
-    or_act_opt ao = {c.act, c.order, c.limit, c.rnd};
+    or_act_opt ao = {c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset};
     unsigned char *j = judged_new(out);
     for (int64_t t = 0; t < c.T; t++)
         for (int64_t i = 0; i < c.H; i++) {
@@ -613,16 +622,17 @@ typedef struct {
     moefuse_dtype dt, odt, b1dt;
     int64_t M, K, I, E, k, Eg; /* Eg: expert_map length (0: no map) */
     int bias, act, order, invalid;
-    float limit;
+    float limit, alpha, up_offset;
 } ecfg;
 
 static const char *edesc(const ecfg *c)
 {
     return h_fmt("moe[dt=%s out=%s b1=%s M=%lld K=%lld I=%lld E=%lld k=%lld Eg=%lld bias=%d act=%d order=%d "
-                 "limit=%g invalid=%d]",
+                 "limit=%g alpha=%g up_offset=%g invalid=%d]",
                  moefuse_dtype_name(c->dt), moefuse_dtype_name(c->odt), moefuse_dtype_name(c->b1dt),
                  (long long)c->M, (long long)c->K, (long long)c->I, (long long)c->E, (long long)c->k,
-                 (long long)c->Eg, c->bias, c->act, c->order, c->invalid, (double)c->limit);
+                 (long long)c->Eg, c->bias, c->act, c->order, (double)c->limit, (double)c->alpha,
+                 (double)c->up_offset, c->invalid);
 }
 
 /* decoded values of a 3-D (or lower, unused dims 1) tensor */
@@ -733,7 +743,8 @@ static void run_moe_case(ecfg c)
                           .expert_map = map.d ? map.d->t : (moefuse_tensor){0}};
     moefuse_routing rc = {.topk_ids = ids.c->t, .topk_weights = wts.c->t,
                           .expert_map = map.c ? map.c->t : (moefuse_tensor){0}};
-    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit};
+    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
+                             .alpha = c.alpha, .up_offset = c.up_offset};
 
     /* the oracle's h, from the inputs */
     double *xv = values(x.d, M, K, 1), *w1v = values(w1.d, E, 2 * I, K), *w2v = values(w2.d, E, K, I);
@@ -746,7 +757,7 @@ static void run_moe_case(ecfg c)
         mapv = malloc(sizeof(int32_t) * (size_t)Eg);
         for (int64_t g = 0; g < Eg; g++) mapv[g] = (int32_t)tb_get(map.d, g, 0, 0);
     }
-    or_act_opt ao = {c.act, c.order, c.limit, 0};
+    or_act_opt ao = {c.act, c.order, c.limit, 0, c.alpha, c.up_offset};
     or_moe_gate(M, K, I, E, k, xv, w1v, b1v, idv, mapv, Eg, &ao, href, valid);
 
     pair h = pair3("h", c.dt, M, k, I, 1, 0);
@@ -860,8 +871,10 @@ START_TEST(t_act_quant_random)
         c.xdt = FLOATS[h_randint(0, 2)];
         c.L = LAYS[h_randint(0, 4)];
         c.qdt = !c.L.ue8m0 && h_randint(0, 3) == 0 ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
-        c.act = (int)h_randint(0, 2);
-        c.order = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 3);
+        c.alpha = c.act == MOEFUSE_ACT_SILU_ALPHA && h_randint(0, 1) ? (float)h_unif(0.2, 3) : 0.0f;
+        c.up_offset = h_randint(0, 2) == 0 ? (float)h_unif(-2, 2) : 0.0f;
+        c.order = (int)h_randint(0, 2);
         c.rnd = (int)h_randint(0, 1);
         c.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 6) : 0.0f;
         c.use_rs = (int)h_randint(0, 1);
@@ -899,8 +912,9 @@ START_TEST(t_masked)
         c.L = LAYS[h_randint(0, 4)];
         c.qdt = !c.L.ue8m0 && h_randint(0, 2) == 0 ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
         c.xdt = FLOATS[h_randint(0, 2)];
-        c.act = (int)h_randint(0, 2);
-        c.order = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 3);
+        c.up_offset = h_randint(0, 2) == 0 ? 1.0f : 0.0f;
+        c.order = (int)h_randint(0, 2);
         c.rnd = (int)h_randint(0, 1);
         c.limit = h_randint(0, 2) == 0 ? 3.5f : 0.0f;
         c.use_rs = (int)h_randint(0, 1);
@@ -1039,13 +1053,13 @@ START_TEST(t_act_mul)
     for (int d = 0; d < 3; d++)
         for (int a = 0; a < 3; a++)
             for (int v = 0; v < 3; v++) {
-                mcfg c = {FLOATS[d], 7, v == 2 ? 33 : 70, a, v & 1, v == 1, v != 0, (a + v) & 1, v == 2, 0.0f};
+                mcfg c = {FLOATS[d], 7, v == 2 ? 33 : 70, a, v & 1, v == 1, v != 0, (a + v) & 1, v == 2, 0.0f, 0.0f, 0.0f};
                 c.limit = v == 1 ? 2.5f : 0.0f;
                 run_act_mul_case(c);
             }
     const int64_t Ts[3] = {0, 1, 129}, Hs[3] = {5, 1, 96};
     for (int i = 0; i < 3; i++) {
-        mcfg c = {FLOATS[i], Ts[i], Hs[i], i, 0, 0, 0, 1, 1, 0.0f};
+        mcfg c = {FLOATS[i], Ts[i], Hs[i], i, 0, 0, 0, 1, 1, 0.0f, 0.0f, 0.0f};
         run_act_mul_case(c);
     }
     for (int r = 0; r < 6; r++) {
@@ -1058,8 +1072,13 @@ START_TEST(t_act_mul)
                   (int)h_randint(0, 1),
                   (int)h_randint(0, 1),
                   1,
+                  0.0f,
+                  0.0f,
                   0.0f};
         c.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 6) : 0.0f;
+        c.act = (int)h_randint(0, 3);
+        c.order = (int)h_randint(0, 2);
+        c.up_offset = h_randint(0, 2) == 0 ? (float)h_unif(-2, 2) : 0.0f;
         run_act_mul_case(c);
     }
     finish("act_mul");
@@ -1075,7 +1094,7 @@ START_TEST(t_every_bf16_gate)
 {
     for (int a = 0; a < 3; a++)
         for (int order = 0; order < 2; order++) {
-            mcfg m = {MOEFUSE_BF16, 64, 1024, a, order, MOEFUSE_ROUND_NONE, 0, 0, 2, 0.0f};
+            mcfg m = {MOEFUSE_BF16, 64, 1024, a, order, MOEFUSE_ROUND_NONE, 0, 0, 2, 0.0f, 0.0f, 0.0f};
             run_act_mul_case(m);
             qcfg c = qbase(0, 64, 1024, (int64_t[]){128, 64, 32}[a]);
             c.xdt = MOEFUSE_BF16;
@@ -1085,7 +1104,7 @@ START_TEST(t_every_bf16_gate)
             c.L = LAYS[(a + 3 * order) % 5];
             run_quant_case(c);
         }
-    mcfg m = {MOEFUSE_BF16, 64, 1024, MOEFUSE_ACT_SILU, 0, MOEFUSE_ROUND_BF16, 1, 0, 2, 3.0f};
+    mcfg m = {MOEFUSE_BF16, 64, 1024, MOEFUSE_ACT_SILU, 0, MOEFUSE_ROUND_BF16, 1, 0, 2, 3.0f, 0.0f, 0.0f};
     run_act_mul_case(m);
     qcfg c = qbase(4, 16, 1024, 128);
     for (int e = 0; e < 4; e++) c.counts[e] = 16;
@@ -1189,8 +1208,9 @@ START_TEST(t_moe_random)
         c.I = h_randint(1, 160);
         c.bias = (int)h_randint(0, 1);
         c.b1dt = FLOATS[h_randint(0, 2)];
-        c.act = (int)h_randint(0, 2);
-        c.order = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 3);
+        c.order = (int)h_randint(0, 2);
+        c.up_offset = h_randint(0, 1) ? (float)h_unif(-1, 1) : 0.0f;
         c.invalid = (int)h_randint(0, 1);
         c.Eg = h_randint(0, 1) ? c.E + 3 : 0;
         c.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.5, 4) : 0.0f;
@@ -1198,6 +1218,43 @@ START_TEST(t_moe_random)
         run_moe_case(c);
     }
     finish("moe random");
+}
+END_TEST
+
+/*
+ * gpt-oss's activation (silu_alpha, alpha 1.702, up offset 1, limit 7, interleaved): act_mul,
+ * act_quant (2-D and masked) on random, edge and every-bf16-gate inputs, and a MoE layer with
+ * biases; then other alphas, offsets and orders.
+ */
+START_TEST(t_gpt_oss)
+{
+    for (int v = 0; v < 6; v++) {
+        const int order = v < 3 ? MOEFUSE_GATE_INTERLEAVED : v - 3;
+        const float alpha = v == 1 ? 1.702f : v == 4 ? 0.6f : 0.0f;
+        const float offset = v == 5 ? -0.25f : v == 2 ? 0.0f : 1.0f;
+        mcfg m = {FLOATS[v % 3], 9, v == 2 ? 61 : 96, MOEFUSE_ACT_SILU_ALPHA, order,
+                  v == 3 ? MOEFUSE_ROUND_BF16 : 0, v & 1, v & 1, 1, 7.0f, alpha, offset};
+        run_act_mul_case(m);
+        qcfg c = qbase(v & 1 ? 3 : 0, 7, 256, (int64_t[]){32, 64, 128}[v % 3]);
+        c.counts[0] = 7, c.counts[1] = 0, c.counts[2] = 4;
+        c.xdt = FLOATS[(v + 1) % 3];
+        c.L = LAYS[v % 5];
+        c.qdt = !c.L.ue8m0 && v == 2 ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
+        c.act = MOEFUSE_ACT_SILU_ALPHA, c.alpha = alpha, c.up_offset = offset;
+        c.order = order, c.limit = 7.0f, c.special = 1;
+        c.use_rs = v & 1, c.es_kind = v % 3, c.zero_tail = v & 1;
+        run_quant_case(c);
+        /* every bf16 gate: the computed path (silu_alpha has no table) over all of them */
+        mcfg every = {MOEFUSE_BF16, 64, 1024, MOEFUSE_ACT_SILU_ALPHA, order, 0, 0, 0, 2,
+                      v & 1 ? 7.0f : 0.0f, alpha, offset};
+        run_act_mul_case(every);
+        ecfg e = ebase(FLOATS[v % 3]);
+        e.M = 7, e.K = 64, e.I = 40, e.E = 5, e.k = 2, e.bias = 1, e.invalid = v & 1;
+        e.act = MOEFUSE_ACT_SILU_ALPHA, e.alpha = alpha, e.up_offset = offset;
+        e.order = order, e.limit = 7.0f;
+        run_moe_case(e);
+    }
+    finish("gpt-oss activation");
 }
 END_TEST
 
@@ -1226,6 +1283,7 @@ int main(void)
     tcase_add_test(tc, t_topk);
     tcase_add_test(tc, t_moe_edges);
     tcase_add_test(tc, t_moe_random);
+    tcase_add_test(tc, t_gpt_oss);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

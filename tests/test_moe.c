@@ -12,6 +12,7 @@ typedef struct {
     float limit;
     int invalid; /* inject -1 and >= Eg ids */
     int dense;   /* no row padding: rows stay 16-byte aligned when K and I are multiples of 8 */
+    float alpha, up_offset;
 } cfg;
 
 static double *get_all(tbuf *tb, int64_t n0, int64_t n1, int64_t n2)
@@ -43,9 +44,9 @@ static void cmp_norm2(const char *what, const cfg *c, tbuf *out, const double *r
             }
     const double rel = h_rel_err_floor(got, ref, (size_t)(n0 * n1 * n2), floor);
     free(got);
-    HCHECK(rel <= bnd, "%s [M=%lld K=%lld I=%lld E=%lld k=%lld xdt=%d map=%d bias=%d act=%d ord=%d lim=%g]: rel err %.3g > %.3g",
+    HCHECK(rel <= bnd, "%s [M=%lld K=%lld I=%lld E=%lld k=%lld xdt=%d map=%d bias=%d act=%d alpha=%g beta=%g ord=%d lim=%g]: rel err %.3g > %.3g",
            what, (long long)c->M, (long long)c->K, (long long)c->I, (long long)c->E, (long long)c->k, c->xdt,
-           c->use_map, c->bias, c->act, c->order, c->limit, rel, bnd);
+           c->use_map, c->bias, c->act, c->alpha, c->up_offset, c->order, c->limit, rel, bnd);
 }
 static void cmp_norm(const char *what, const cfg *c, tbuf *out, const double *ref, int64_t n0, int64_t n1,
                      int64_t n2, const int64_t *valid, int rows_are_slots)
@@ -109,7 +110,8 @@ static void run(cfg c)
     R.topk_ids = ids->t;
     R.topk_weights = wts->t;
     if (map) R.expert_map = map->t;
-    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit};
+    moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
+                             .alpha = c.alpha, .up_offset = c.up_offset};
 
     /* oracle */
     double *xd = get_all(x, M, K, 1), *w1d = get_all(w1, E, 2 * I, K), *w2d = get_all(w2, E, K, I);
@@ -119,7 +121,7 @@ static void run(cfg c)
     for (int64_t i = 0; i < M * k; i++) idv[i] = (int32_t)tb_get(ids, i / k, i % k, 0);
     double *href = malloc(sizeof(double) * (size_t)(M * k * I + 1));
     int64_t *valid = malloc(sizeof(int64_t) * (size_t)(M * k + 1));
-    or_act_opt ao = {c.act, c.order, c.limit, 0};
+    or_act_opt ao = {c.act, c.order, c.limit, 0, c.alpha, c.up_offset};
     or_moe_gate(M, K, I, E, k, xd, w1d, b1d, idv, mapv, Eg, &ao, href, valid);
 
     /* gate */
@@ -174,7 +176,7 @@ static void run(cfg c)
 
 static cfg base(moefuse_dtype dt)
 {
-    cfg c = {dt, dt, dt, 5, 37, 45, 4, 2, 6, 0, 0, 1, 0, 0, 0.0f, 0, 0};
+    cfg c = {dt, dt, dt, 5, 37, 45, 4, 2, 6, 0, 0, 1, 0, 0, 0.0f, 0, 0, 0.0f, 0.0f};
     return c;
 }
 
@@ -187,8 +189,9 @@ START_TEST(t_small_odd)
             c.M = v == 0 ? 1 : 5;
             c.bias = v & 1;
             c.reduce = v != 3;
-            c.act = v % 3;
-            c.order = v >> 1;
+            c.act = v;
+            c.order = v % 3;
+            c.up_offset = v == 3 ? 1.0f : 0.0f;
             run(c);
         }
 }
@@ -216,12 +219,16 @@ END_TEST
 
 START_TEST(t_clamp_acts)
 {
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < 4; a++) {
         cfg c = base(MOEFUSE_F32);
         c.act = a;
         c.limit = 0.3f;
         c.bias = 1;
         c.order = 1;
+        run(c);
+        c.order = MOEFUSE_GATE_INTERLEAVED;
+        c.up_offset = a == 2 ? -0.125f : 1.0f;
+        c.alpha = a == 3 ? 2.5f : 0.0f;
         run(c);
     }
 }
@@ -256,8 +263,11 @@ START_TEST(t_medium_random)
         c.K = h_randint(1, 256);
         c.I = h_randint(1, 256);
         c.bias = (int)h_randint(0, 1);
-        c.act = (int)h_randint(0, 2);
-        c.order = (int)h_randint(0, 1);
+        c.act = (int)h_randint(0, 3);
+        c.alpha = c.act == MOEFUSE_ACT_SILU_ALPHA && h_randint(0, 1) ? (float)h_unif(0.2, 3) : 0.0f;
+        c.up_offset = h_randint(0, 1) ? (float)h_unif(-1.5, 1.5) : 0.0f;
+        c.limit = h_randint(0, 2) == 0 ? (float)h_unif(0.2, 2) : 0.0f;
+        c.order = (int)h_randint(0, 2);
         c.invalid = (int)h_randint(0, 1);
         c.use_map = (int)h_randint(0, 1);
         c.Eg = c.E + 3;
@@ -296,6 +306,10 @@ START_TEST(t_deep_ragged)
             c.reduce = (d + s) % 2 == 0;
             c.act = s % 3;
             c.order = d;
+            if (s == 2) { /* gpt-oss's activation (the CUDA tiles index interleaved rows) */
+                c.act = MOEFUSE_ACT_SILU_ALPHA, c.order = MOEFUSE_GATE_INTERLEAVED;
+                c.limit = 0.5f, c.up_offset = 1.0f;
+            }
             run(c);
         }
 }
@@ -320,7 +334,9 @@ START_TEST(t_many_tiles)
         c.bias = 1;
         c.invalid = 1;
         c.reduce = r == 0;
-        c.act = r;
+        c.act = r ? MOEFUSE_ACT_SILU_ALPHA : 0;
+        c.order = r ? MOEFUSE_GATE_INTERLEAVED : 0;
+        c.up_offset = r ? 1.0f : 0.0f;
         run(c);
     }
 }
@@ -354,6 +370,9 @@ START_TEST(t_decode_deep)
             c.reduce = s != 1 || d == 1;
             c.act = s % 3;
             c.order = d;
+            if (s == 1) /* gpt-oss's activation */
+                c.act = MOEFUSE_ACT_SILU_ALPHA, c.order = MOEFUSE_GATE_INTERLEAVED,
+                c.limit = 0.5f, c.up_offset = 1.0f, c.bias = 1;
             run(c);
         }
 }
@@ -379,10 +398,180 @@ START_TEST(t_decode_shapes)
         c.use_map = i % 4 == 1;
         c.bias = i % 2;
         c.reduce = i % 3 != 2;
-        c.act = i % 3;
-        c.order = (i / 2) % 2;
+        c.act = i % 4;
+        c.order = (i / 2) % 3;
+        c.up_offset = i % 4 == 3 ? 1.0f : 0.0f;
         run(c);
     }
+}
+END_TEST
+
+/* ------------------------------------------------------ gpt-oss-shaped layer */
+
+/* bf16 of v, nearest even (v finite), and back */
+static uint16_t bf16_bits(double v)
+{
+    const float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static double bf16_value(uint16_t b)
+{
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/*
+ * A bf16 weight tensor [E, rows, cols] in a buffer of the context: uniform in [-a, a] for the
+ * experts a slot routes to (map[e] >= 0), whose values also go to the oracle's copy as
+ * doubles at compact index map[e]; NaN (0xFFFF) in every other expert. Fast: a xorshift
+ * seeded from the test's seed, since a few hundred million values go through it.
+ */
+static moefuse_tensor gpt_oss_weights(void **buf, int64_t E, int64_t rows, int64_t cols,
+                                      const int32_t *map, double a, double *oracle)
+{
+    const size_t per = (size_t)(rows * cols), bytes = per * 2;
+    HCHECK(moefuse_buffer_alloc(g_ctx, bytes * (size_t)E, buf) == MOEFUSE_OK, "buffer_alloc: %s",
+           moefuse_last_error(g_ctx));
+    uint16_t *w = malloc(bytes), *nan = malloc(bytes);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_ptr_nonnull(nan);
+    memset(nan, 0xFF, bytes);
+    uint64_t s = h_rand() | 1u;
+    for (int64_t e = 0; e < E; e++) {
+        if (map[e] >= 0) {
+            double *o = oracle + (size_t)map[e] * per;
+            for (size_t i = 0; i < per; i++) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                w[i] = bf16_bits(a * ((double)(s >> 11) * 0x1p-52 - 1.0));
+                o[i] = bf16_value(w[i]);
+            }
+        }
+        HCHECK(moefuse_buffer_write(g_ctx, *buf, (size_t)e * bytes, map[e] >= 0 ? w : nan, bytes) ==
+                   MOEFUSE_OK,
+               "buffer_write: %s", moefuse_last_error(g_ctx));
+    }
+    free(w);
+    free(nan);
+    const int64_t shape[3] = {E, rows, cols};
+    return moefuse_tensor_dense(*buf, MOEFUSE_BF16, 3, shape);
+}
+
+/*
+ * A gpt-oss-shaped layer (gpt-oss-20b's experts: E = 32, k = 4, K = I = 2880) in bf16 with
+ * biases and gpt-oss's activation: silu_alpha (alpha 1.702), up offset 1, limit 7, gate and up
+ * rows of w1 and b1 interleaved; gate, final and forward against the oracle. Two tokens
+ * routed to the same four experts in other orders (two slots an expert: the weights are read
+ * once per routed expert, which is what a forced tiled path on PoCL pays for); w1 is scaled
+ * so that a good part of the gates meets the clamp. The weights (1.6 GB) are raw buffers, NaN
+ * in the experts no slot routes to (a read of the wrong expert shows as NaN); the oracle gets
+ * the routed experts only, through an expert map.
+ */
+START_TEST(t_gpt_oss_layer)
+{
+    const int64_t M = 2, K = 2880, I = 2880, E = 32, k = 4;
+    cfg c = base(MOEFUSE_BF16);
+    c.M = M, c.K = K, c.I = I, c.E = E, c.k = k, c.bias = 1;
+    c.act = MOEFUSE_ACT_SILU_ALPHA, c.alpha = 1.702f, c.up_offset = 1.0f, c.limit = 7.0f;
+    c.order = MOEFUSE_GATE_INTERLEAVED;
+    /* routing: token 0 four distinct experts, token 1 the same four rotated */
+    int32_t idv[8];
+    int routed[32] = {0};
+    const int rot = (int)h_randint(1, 3);
+    for (int s = 0; s < 4; s++) {
+        int32_t id;
+        do id = (int32_t)h_randint(0, E - 1); while (routed[id]);
+        idv[s] = id;
+        routed[id] = 1;
+    }
+    for (int s = 4; s < 8; s++) idv[s] = idv[(s + rot) % 4];
+    tbuf *x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
+    tb_fill_unif(x, -1, 1);
+    tb_upload(x);
+    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1), *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+    for (int s = 0; s < 8; s++) {
+        tb_set(ids, s / k, s % k, 0, idv[s]);
+        tb_set(wts, s / k, s % k, 0, h_unif(0.05, 1));
+    }
+    tb_upload(ids);
+    tb_upload(wts);
+    tbuf *b1 = tb_new2("b1", MOEFUSE_BF16, E, 2 * I, 0, 1), *b2 = tb_new2("b2", MOEFUSE_BF16, E, K, 0, 1);
+    tb_fill_unif(b1, -0.5, 0.5);
+    tb_fill_unif(b2, -0.5, 0.5);
+    tb_upload(b1);
+    tb_upload(b2);
+    /* the oracle's copies: the routed experts only, at compact indices through a map */
+    int32_t map[32];
+    int64_t Ec = 0;
+    for (int64_t g = 0; g < E; g++) map[g] = routed[g] ? (int32_t)Ec++ : -1;
+    double *w1c = malloc(sizeof(double) * (size_t)(Ec * 2 * I * K));
+    double *w2c = malloc(sizeof(double) * (size_t)(Ec * K * I));
+    double *b1c = malloc(sizeof(double) * (size_t)(Ec * 2 * I)), *b2c = malloc(sizeof(double) * (size_t)(Ec * K));
+    ck_assert_ptr_nonnull(w1c);
+    ck_assert_ptr_nonnull(w2c);
+    void *w1buf = NULL, *w2buf = NULL;
+    const moefuse_tensor w1 = gpt_oss_weights(&w1buf, E, 2 * I, K, map, 16 / sqrt((double)K), w1c);
+    const moefuse_tensor w2 = gpt_oss_weights(&w2buf, E, K, I, map, 2 / sqrt((double)I), w2c);
+    for (int64_t g = 0; g < E; g++) {
+        if (map[g] < 0) continue;
+        for (int64_t r = 0; r < 2 * I; r++) b1c[map[g] * 2 * I + r] = tb_get(b1, g, r, 0);
+        for (int64_t r = 0; r < K; r++) b2c[map[g] * K + r] = tb_get(b2, g, r, 0);
+    }
+    moefuse_routing R;
+    memset(&R, 0, sizeof R);
+    R.topk_ids = ids->t;
+    R.topk_weights = wts->t;
+    const moefuse_moe_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
+                                   .alpha = c.alpha, .up_offset = c.up_offset};
+
+    double *xd = get_all(x, M, K, 1), *wd = get_all(wts, M, k, 1);
+    double *href = malloc(sizeof(double) * (size_t)(M * k * I));
+    int64_t valid[8];
+    or_act_opt ao = {c.act, c.order, c.limit, 0, c.alpha, c.up_offset};
+    or_moe_gate(M, K, I, Ec, k, xd, w1c, b1c, idv, map, E, &ao, href, valid);
+    int64_t clamped = 0; /* of the first 256 gates of each slot: the test means the clamp to act */
+    for (int s = 0; s < 8; s++) {
+        const int64_t e = valid[s];
+        for (int64_t i = 0; i < 256; i++) {
+            double a = b1c[e * 2 * I + 2 * i];
+            for (int64_t d = 0; d < K; d++) a += xd[(s / k) * K + d] * w1c[(e * 2 * I + 2 * i) * K + d];
+            clamped += a > 7.0;
+        }
+    }
+    HCHECK(clamped > 8 * 256 / 20, "only %lld of %d gates above the limit", (long long)clamped, 8 * 256);
+
+    tbuf *h = tb_new3("h", MOEFUSE_BF16, M, k, I, 0, 0);
+    moefuse_status st = CALL(moefuse_moe_gate(g_ctx, T(x), &w1, T(b1), &R, T(h), &o));
+    HCHECK(st == MOEFUSE_OK, "moe_gate: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    cmp_norm("gpt-oss moe_gate h", &c, h, href, M, k, I, valid, 1);
+
+    double *hd = get_all(h, M, k, I), *yref = malloc(sizeof(double) * (size_t)(M * k * K));
+    double *oref = malloc(sizeof(double) * (size_t)(M * K));
+    or_moe_final(M, K, I, Ec, k, hd, w2c, b2c, valid, wd, yref, oref);
+    tbuf *out = tb_new2("out", MOEFUSE_BF16, M, K, 0, 0);
+    st = CALL(moefuse_moe_final(g_ctx, T(h), &w2, T(b2), &R, T(out), &o));
+    HCHECK(st == MOEFUSE_OK, "moe_final: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    cmp_norm("gpt-oss moe_final out", &c, out, oref, M, K, 1, valid, 0);
+
+    or_moe_final(M, K, I, Ec, k, href, w2c, b2c, valid, wd, yref, oref);
+    tbuf *fo = tb_new2("fwd_out", MOEFUSE_BF16, M, K, 0, 0);
+    st = CALL(moefuse_moe_forward(g_ctx, T(x), &w1, &w2, T(b1), T(b2), &R, T(fo), &o));
+    HCHECK(st == MOEFUSE_OK, "moe_forward: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
+    cmp_norm("gpt-oss moe_forward vs oracle", &c, fo, oref, M, K, 1, valid, 0);
+    for (int64_t m = 0; m < M; m++) /* forward == gate then final, bitwise */
+        for (int64_t r = 0; r < K; r++)
+            HCHECK(memcmp(tb_el(fo, m, r, 0), tb_el(out, m, r, 0), 2) == 0,
+                   "gpt-oss moe_forward out[%lld,%lld]=%a differs from gate+final %a", (long long)m,
+                   (long long)r, tb_get(fo, m, r, 0), tb_get(out, m, r, 0));
+    moefuse_buffer_free(g_ctx, w1buf);
+    moefuse_buffer_free(g_ctx, w2buf);
+    free(w1c), free(w2c), free(b1c), free(b2c), free(xd), free(wd), free(href), free(hd);
+    free(yref), free(oref);
+    tb_free_all();
 }
 END_TEST
 
@@ -401,6 +590,7 @@ int main(void)
     tcase_add_test(tc, t_many_tiles);
     tcase_add_test(tc, t_decode_deep);
     tcase_add_test(tc, t_decode_shapes);
+    tcase_add_test(tc, t_gpt_oss_layer);
     suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -30,7 +30,7 @@ typedef struct {
     int use_map, invalid, empty_expert;
     int bias; /* 0 none, 1 f32, 2 bf16 */
     int act, order;
-    float limit, eps;
+    float limit, eps, alpha, up_offset;
     moefuse_dtype xdt; /* f32, f16, bf16, or f8_e4m3 with x_scales */
     int layout, ue8m0; /* activation scales */
     moefuse_dtype wsdt; /* weight scales f32 or u8 */
@@ -51,10 +51,10 @@ static int is_nan_code(uint8_t c) { return (c & 0x7F) == 0x7F; }
 static const char *desc(const cfg *c)
 {
     return h_fmt("[M=%lld K=%lld I=%lld E=%lld k=%lld xdt=%d layout=%d ue8m0=%d wsdt=%d odt=%d "
-                 "act=%d ord=%d lim=%g bias=%d map=%d inv=%d nanw=%d nanx=%d infx=%d]",
+                 "act=%d alpha=%g beta=%g ord=%d lim=%g bias=%d map=%d inv=%d nanw=%d nanx=%d infx=%d]",
                  (long long)c->M, (long long)c->K, (long long)c->I, (long long)c->E, (long long)c->k,
-                 c->xdt, c->layout, c->ue8m0, c->wsdt, c->odt, c->act, c->order, c->limit, c->bias,
-                 c->use_map, c->invalid, c->nan_w, c->nan_x, c->inf_x);
+                 c->xdt, c->layout, c->ue8m0, c->wsdt, c->odt, c->act, c->alpha, c->up_offset,
+                 c->order, c->limit, c->bias, c->use_map, c->invalid, c->nan_w, c->nan_x, c->inf_x);
 }
 
 /* ------------------------------------------------------------- operands */
@@ -189,13 +189,13 @@ static void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf 
                         int64_t e, uint8_t *hq, double *hs)
 {
     const int64_t I = c->I, K = c->K;
-    or_act_opt ao = {c->act, c->order, c->limit, 0};
+    or_act_opt ao = {c->act, c->order, c->limit, 0, c->alpha, c->up_offset};
     double h[BLK];
     for (int64_t g = 0; g < I / BLK; g++) {
         for (int64_t i = 0; i < BLK; i++) {
             const int64_t ch = g * BLK + i;
-            const double gv = oracle_dot(qa, sa, w1, w1s, e, c->order ? I + ch : ch, K, b1);
-            const double uv = oracle_dot(qa, sa, w1, w1s, e, c->order ? ch : I + ch, K, b1);
+            const double gv = oracle_dot(qa, sa, w1, w1s, e, or_gate_pos(c->order, I, ch), K, b1);
+            const double uv = oracle_dot(qa, sa, w1, w1s, e, or_up_pos(c->order, I, ch), K, b1);
             double lo, hi;
             or_act_elem(gv, uv, 1.0, 1.0, &ao, &h[i], &lo, &hi);
         }
@@ -431,6 +431,8 @@ static void run_routed(cfg c)
     o.moe.activation = c.act;
     o.moe.order = c.order;
     o.moe.limit = c.limit;
+    o.moe.alpha = c.alpha;
+    o.moe.up_offset = c.up_offset;
     o.act.scale_layout = c.layout;
     o.act.ue8m0 = c.ue8m0;
     o.act.eps = c.eps;
@@ -606,8 +608,10 @@ START_TEST(test_options)
                                      {MOEFUSE_SCALE_PACKED_UE8M0, 0}};
     for (int i = 0; i < 12; i++) {
         cfg c = base_cfg();
-        c.act = i % 3;
-        c.order = (i / 3) % 2;
+        c.act = i % 4;
+        c.alpha = i == 7 ? 0.8f : 0.0f;
+        c.up_offset = i % 5 == 2 ? 1.0f : (i == 9 ? -0.5f : 0.0f);
+        c.order = (i / 4) % 3;
         c.limit = i % 4 == 3 ? 0.75f : 0.0f;
         c.bias = i % 3;
         c.xdt = xdts[i % 4];
@@ -637,6 +641,32 @@ START_TEST(test_specials)
         c.xdt = i == 2 ? MOEFUSE_F8_E4M3 : (i == 4 ? MOEFUSE_F32 : MOEFUSE_BF16);
         c.layout = i == 3 ? MOEFUSE_SCALE_PACKED_UE8M0 : MOEFUSE_SCALE_ROW_MAJOR;
         c.unreduced = 1, c.invalid = 1;
+        run_routed(c);
+    }
+}
+END_TEST
+
+/*
+ * gpt-oss's activation (silu_alpha 1.702, up offset 1, limit 7, interleaved rows: one weight
+ * scale block of 128 rows holds the gate and up rows of 64 h columns) with biases; also a
+ * limit of 0.25, where these gate values (|a| below about 1.5) meet the clamp, the other
+ * orders and another alpha.
+ */
+START_TEST(test_gpt_oss)
+{
+    for (int i = 0; i < 6; i++) {
+        cfg c = base_cfg();
+        c.act = MOEFUSE_ACT_SILU_ALPHA;
+        c.alpha = i == 1 ? 1.702f : i == 4 ? 2.0f : 0.0f;
+        c.up_offset = i == 5 ? 0.0f : 1.0f;
+        c.limit = i % 2 ? 0.25f : 7.0f;
+        c.order = i < 3 ? MOEFUSE_GATE_INTERLEAVED : i - 3;
+        c.bias = 1 + i % 2;
+        c.K = i % 2 ? 384 : 256, c.I = i == 2 ? 384 : 256;
+        c.xdt = i == 3 ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16;
+        c.wsdt = i % 2 ? MOEFUSE_U8 : MOEFUSE_F32;
+        c.odt = i % 3 == 1 ? MOEFUSE_BF16 : MOEFUSE_F32;
+        c.M = 9 + i, c.k = 4, c.E = 6, c.invalid = i % 2, c.unreduced = i % 2 == 0;
         run_routed(c);
     }
 }
@@ -680,6 +710,8 @@ static void run_masked(cfg c, int64_t Tmax, const int32_t *counts)
     o.moe.activation = c.act;
     o.moe.order = c.order;
     o.moe.limit = c.limit;
+    o.moe.alpha = c.alpha;
+    o.moe.up_offset = c.up_offset;
     o.act.scale_layout = c.layout;
     o.act.ue8m0 = c.ue8m0;
     expect_ok(CALL(moefuse_moe_masked_fp8(g_ctx, T(x), T(xs), T(cn), T(w1), T(w1s), T(w2), T(w2s), T(b1), T(b2),
@@ -740,6 +772,9 @@ START_TEST(test_masked)
         c.wsdt = i % 2 ? MOEFUSE_U8 : MOEFUSE_F32;
         c.odt = i % 2 ? MOEFUSE_BF16 : MOEFUSE_F32;
         c.act = i % 3, c.order = i % 2, c.limit = i == 2 ? 1.5f : 0.0f, c.bias = i % 2;
+        if (i == 3) /* gpt-oss's activation in the masked layout */
+            c.act = MOEFUSE_ACT_SILU_ALPHA, c.order = MOEFUSE_GATE_INTERLEAVED, c.limit = 7.0f,
+            c.up_offset = 1.0f;
         c.nan_w = i == 3;
         const int64_t Tmax = 9 + i;
         const int32_t counts[5] = {-4, 0, (int32_t)Tmax + 7, (int32_t)h_randint(1, Tmax - 1), (int32_t)Tmax};
@@ -773,6 +808,9 @@ START_TEST(test_decode)
         c.wsdt = i % 3 == 1 ? MOEFUSE_U8 : MOEFUSE_F32;
         c.odt = i % 2 ? MOEFUSE_BF16 : MOEFUSE_F32;
         c.act = i % 3, c.bias = i % 3, c.limit = i == 4 ? 0.75f : 0.0f;
+        if (i % 4 == 2) /* gpt-oss's activation on the decode shapes */
+            c.act = MOEFUSE_ACT_SILU_ALPHA, c.order = MOEFUSE_GATE_INTERLEAVED, c.limit = 7.0f,
+            c.up_offset = 1.0f, c.bias = 2;
         c.use_map = i % 4 == 1, c.invalid = 1, c.unreduced = i % 2 == 0;
         run_routed(c);
     }
@@ -861,6 +899,7 @@ int main(void)
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_options);
     tcase_add_test(tc, test_specials);
+    tcase_add_test(tc, test_gpt_oss);
     tcase_add_test(tc, test_masked);
     tcase_add_test(tc, test_decode);
     suite_add_tcase(s, tc);

@@ -20,15 +20,24 @@
 
 void help_prove(void)
 {
-    printf("usage: moefuse prove [--backend NAME] [--act silu|gelu|gelu_tanh|all] [--every N]\n"
+    printf("usage: moefuse prove [--backend NAME] [--act silu|gelu|gelu_tanh|silu_alpha|all]\n"
+           "                     [--every N]\n"
            "\n"
            "Runs act_mul over all 2^32 f32 gate values (up = 1, f32 out) on the backend and\n"
            "compares every result, bit for bit, with the library's definition of the activation\n"
-           "(docs/NUMERICS.md). --every N checks one chunk of 2^24 values in N (a quick look).\n"
+           "(docs/NUMERICS.md); silu_alpha with its default alpha, 1.702. --every N checks one\n"
+           "chunk of 2^24 values in N (a quick look).\n"
            "Exit status 0 when no value differs.\n");
 }
 
-static const char *const act_names[] = {"silu", "gelu", "gelu_tanh"};
+static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "silu_alpha"};
+#define PROVE_ACTS 4
+
+/* The activation of the definition, with the alpha the call gets (the default). */
+static float reference(int act, float g)
+{
+    return mf_activate_f32(act, act == MF_ACT_SILU_ALPHA ? MOEFUSE_SILU_ALPHA_DEFAULT : 0.0f, g);
+}
 
 /* Run one chunk (patterns base .. base + 2^24 - 1); return the number of differing values. */
 static int64_t prove_chunk(moefuse_context *ctx, int act, uint64_t base, float *x, float *out,
@@ -62,12 +71,12 @@ static int64_t prove_chunk(moefuse_context *ctx, int act, uint64_t base, float *
 #pragma omp parallel for schedule(static) reduction(+ : bad)
     for (int64_t i = 0; i < (int64_t)PROVE_CHUNK; i++) {
         const float g = mf_bits_f32((mf_u32)(base + (uint64_t)i));
-        bad += mf_f32_bits(out[i]) != mf_f32_bits(mf_activate_f32(act, g));
+        bad += mf_f32_bits(out[i]) != mf_f32_bits(reference(act, g));
     }
     /* the first few differences, found again serially (rare: only on failure) */
     for (int64_t i = 0; bad && i < (int64_t)PROVE_CHUNK && *reported < 5; i++) {
         const float g = mf_bits_f32((mf_u32)(base + (uint64_t)i));
-        const float want = mf_activate_f32(act, g);
+        const float want = reference(act, g);
         if (mf_f32_bits(out[i]) != mf_f32_bits(want)) {
             printf("  %s(%a): backend 0x%08X, definition 0x%08X\n", act_names[act], (double)g,
                    (unsigned)mf_f32_bits(out[i]), (unsigned)mf_f32_bits(want));
@@ -104,14 +113,15 @@ int cmd_prove(int argc, char **argv)
         }
         i++;
     }
-    int first = 0, last = 2;
+    int first = 0, last = PROVE_ACTS - 1;
     if (strcmp(which, "all") != 0) {
         first = -1;
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < PROVE_ACTS; k++)
             if (strcmp(which, act_names[k]) == 0)
                 first = last = k;
         if (first < 0) {
-            fprintf(stderr, "moefuse prove: --act must be silu, gelu, gelu_tanh or all\n");
+            fprintf(stderr, "moefuse prove: --act must be silu, gelu, gelu_tanh, silu_alpha or "
+                            "all\n");
             return 2;
         }
     }

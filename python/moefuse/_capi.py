@@ -29,8 +29,8 @@ DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
 DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f8_e4m3": 1, "i8": 1, "i32": 4, "u8": 1}
 
 # Option enums: the Python spelling of each value, in enum order.
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-GATE_ORDERS = ("gate_first", "up_first")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "silu_alpha")
+GATE_ORDERS = ("gate_first", "up_first", "interleaved")
 ROUNDINGS = (None, "bf16")
 SCALE_LAYOUTS = ("row_major", "column_major", "packed_ue8m0")
 
@@ -67,7 +67,9 @@ class ActOptions(ctypes.Structure):
         ("order", moefuse_enum),
         ("limit", c_float),
         ("intermediate", moefuse_enum),
-        ("reserved", ctypes.c_uint32 * 4),
+        ("alpha", c_float),
+        ("up_offset", c_float),
+        ("reserved", ctypes.c_uint32 * 2),
     ]
 
 
@@ -87,7 +89,9 @@ class MoeOptions(ctypes.Structure):
         ("activation", moefuse_enum),
         ("order", moefuse_enum),
         ("limit", c_float),
-        ("reserved", ctypes.c_uint32 * 4),
+        ("alpha", c_float),
+        ("up_offset", c_float),
+        ("reserved", ctypes.c_uint32 * 2),
     ]
 
 

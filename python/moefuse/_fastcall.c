@@ -299,13 +299,15 @@ static int read_bool(PyObject *v, int32_t *out)
     return 1;
 }
 
-/* act(activation, order, limit, intermediate); intermediate None is "none". */
+/* act(activation, order, limit, intermediate, alpha, up_offset); intermediate None is
+ * "none". */
 static int read_act(PyObject *const *v, moefuse_act_options *opt)
 {
     int activation, order, rounding = 0;
     if (!read_enum(v[0], S.activations, &activation) || !read_enum(v[1], S.orders, &order) ||
         !read_float(v[2], &opt->limit) ||
-        (v[3] != Py_None && !read_enum(v[3], S.roundings, &rounding)))
+        (v[3] != Py_None && !read_enum(v[3], S.roundings, &rounding)) ||
+        !read_float(v[4], &opt->alpha) || !read_float(v[5], &opt->up_offset))
         return 0;
     opt->activation = (moefuse_activation)activation;
     opt->order = (moefuse_gate_order)order;
@@ -324,12 +326,13 @@ static int read_quant(PyObject *const *v, moefuse_quant_options *opt)
     return 1;
 }
 
-/* moe(activation, order, limit). */
+/* moe(activation, order, limit, alpha, up_offset). */
 static int read_moe(PyObject *const *v, moefuse_moe_options *opt)
 {
     int activation, order;
     if (!read_enum(v[0], S.activations, &activation) || !read_enum(v[1], S.orders, &order) ||
-        !read_float(v[2], &opt->limit))
+        !read_float(v[2], &opt->limit) || !read_float(v[3], &opt->alpha) ||
+        !read_float(v[4], &opt->up_offset))
         return 0;
     opt->activation = (moefuse_activation)activation;
     opt->order = (moefuse_gate_order)order;
@@ -678,18 +681,18 @@ static PyObject *not_ready(int state)
 
 /* ------------------------------------------------------------ the operations */
 
-/* act_quant(ctx, x, row_scale, q, scales, activation, order, limit, intermediate,
- *           group_size, scale_layout, ue8m0, eps) */
+/* act_quant(ctx, x, row_scale, q, scales, activation, order, limit, intermediate, alpha,
+ *           up_offset, group_size, scale_layout, ue8m0, eps) */
 static PyObject *fc_act_quant(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    CHECK_ARGS("act_quant", 13);
+    CHECK_ARGS("act_quant", 15);
     int place = PLACE_NONE;
     moefuse_tensor x, rs, q, sc;
     moefuse_act_quant_options opt = {0};
     if (!read_tensor(args[1], &x, &place) || !read_tensor(args[2], &rs, &place) ||
         !read_tensor(args[3], &q, &place) || !read_tensor(args[4], &sc, &place) ||
-        !read_act(args + 5, &opt.act) || !read_quant(args + 9, &opt.quant))
+        !read_act(args + 5, &opt.act) || !read_quant(args + 11, &opt.quant))
         return not_ready(FALL_BACK);
     session s;
     int state = enter(&s, args[0], place);
@@ -699,19 +702,20 @@ static PyObject *fc_act_quant(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* act_quant_masked(ctx, x, counts, row_scale, expert_scale, q, scales, activation, order,
- *                  limit, intermediate, group_size, scale_layout, ue8m0, eps, zero_tail) */
+ *                  limit, intermediate, alpha, up_offset, group_size, scale_layout, ue8m0, eps,
+ *                  zero_tail) */
 static PyObject *fc_act_quant_masked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    CHECK_ARGS("act_quant_masked", 16);
+    CHECK_ARGS("act_quant_masked", 18);
     int place = PLACE_NONE;
     moefuse_tensor x, counts, rs, es, q, sc;
     moefuse_act_quant_options opt = {0};
     if (!read_tensor(args[1], &x, &place) || !read_tensor(args[2], &counts, &place) ||
         !read_tensor(args[3], &rs, &place) || !read_tensor(args[4], &es, &place) ||
         !read_tensor(args[5], &q, &place) || !read_tensor(args[6], &sc, &place) ||
-        !read_act(args + 7, &opt.act) || !read_quant(args + 11, &opt.quant) ||
-        !read_bool(args[15], &opt.zero_tail))
+        !read_act(args + 7, &opt.act) || !read_quant(args + 13, &opt.quant) ||
+        !read_bool(args[17], &opt.zero_tail))
         return not_ready(FALL_BACK);
     session s;
     int state = enter(&s, args[0], place);
@@ -724,11 +728,11 @@ static PyObject *fc_act_quant_masked(PyObject *self, PyObject *const *args, Py_s
                                           &q, &sc, &opt));
 }
 
-/* act_mul(ctx, x, row_scale, out, activation, order, limit, intermediate) */
+/* act_mul(ctx, x, row_scale, out, activation, order, limit, intermediate, alpha, up_offset) */
 static PyObject *fc_act_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    CHECK_ARGS("act_mul", 8);
+    CHECK_ARGS("act_mul", 10);
     int place = PLACE_NONE;
     moefuse_tensor x, rs, out;
     moefuse_act_options opt = {0};
@@ -783,11 +787,12 @@ static PyObject *fc_dequant(PyObject *self, PyObject *const *args, Py_ssize_t na
     RUN(s, S.dequant(s.handle, &q, args[2] != Py_None ? &sc : NULL, &out, &opt));
 }
 
-/* moe_gate(ctx, x, w1, b1, topk_ids, expert_map, h, activation, order, limit) */
+/* moe_gate(ctx, x, w1, b1, topk_ids, expert_map, h, activation, order, limit, alpha,
+ *          up_offset) */
 static PyObject *fc_moe_gate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    CHECK_ARGS("moe_gate", 10);
+    CHECK_ARGS("moe_gate", 12);
     int place = PLACE_NONE;
     moefuse_tensor x, w1, b1, h;
     moefuse_routing route;
@@ -833,11 +838,11 @@ static PyObject *fc_moe_final(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* moe_forward(ctx, x, w1, w2, b1, b2, topk_ids, topk_weights, expert_map, out,
- *             activation, order, limit) */
+ *             activation, order, limit, alpha, up_offset) */
 static PyObject *fc_moe_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    CHECK_ARGS("moe_forward", 13);
+    CHECK_ARGS("moe_forward", 15);
     int place = PLACE_NONE;
     moefuse_tensor x, w1, w2, b1, b2, out;
     moefuse_routing route;

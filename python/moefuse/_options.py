@@ -55,9 +55,11 @@ def layout_code(value):
 
 
 @_shared
-def act(activation, order, limit, intermediate):
+def act(activation, order, limit, intermediate, alpha=0.0, up_offset=0.0):
+    """moefuse_act_options. alpha: silu_alpha's (0: 1.702); up_offset: added to up (0: none)."""
     return _capi.ActOptions(activation=activation_code(activation), order=order_code(order),
-                            limit=float(limit or 0.0), intermediate=rounding_code(intermediate))
+                            limit=float(limit or 0.0), intermediate=rounding_code(intermediate),
+                            alpha=float(alpha or 0.0), up_offset=float(up_offset or 0.0))
 
 
 @_shared
@@ -69,16 +71,17 @@ def quant(group_size, scale_layout, ue8m0, eps):
 
 
 @_shared
-def moe(activation, order, limit):
+def moe(activation, order, limit, alpha=0.0, up_offset=0.0):
     return _capi.MoeOptions(activation=activation_code(activation), order=order_code(order),
-                            limit=float(limit or 0.0))
+                            limit=float(limit or 0.0), alpha=float(alpha or 0.0),
+                            up_offset=float(up_offset or 0.0))
 
 
 @_shared
-def fp8_moe(activation, order, limit, scale_layout, ue8m0, eps):
+def fp8_moe(activation, order, limit, scale_layout, ue8m0, eps, alpha=0.0, up_offset=0.0):
     """moefuse_fp8_moe_options: the MoE options, and the quantization of the activations (x when
     the call quantizes it, h) in groups of 128, the only size the FP8 calls take."""
-    return _capi.Fp8MoeOptions(moe=moe(activation, order, limit),
+    return _capi.Fp8MoeOptions(moe=moe(activation, order, limit, alpha, up_offset),
                                act=quant(DEFAULT_GROUP, scale_layout, ue8m0, eps))
 
 

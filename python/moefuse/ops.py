@@ -101,13 +101,16 @@ def _result(given, name, source, shape, dtype, zero=False):
 
 def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit=0.0,
               intermediate=None, group_size=128, scale_layout="row_major", ue8m0=False, eps=None,
-              dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
-    """q, scales = quantize(act(gate) * up [* row_scale]) for x [T, 2H].
+              dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, alpha=0.0, up_offset=0.0,
+              ctx=None):
+    """q, scales = quantize(act(gate) * (up + up_offset) [* row_scale]) for x [T, 2H].
 
     dtype: the codes, "f8_e4m3" or "i8". scale_layout: "row_major" [T, H/G],
     "column_major" [H/G, round_up(T, 4)] or "packed_ue8m0" [ceil(H/G/4), round_up(T, 4)] i32.
     Scales are f32 unless scale_dtype="u8" (UE8M0 exponents, with ue8m0=True).
     intermediate="bf16" rounds act(gate) and h to bf16 as unfused engines do.
+    activation "silu_alpha" is gate * sigmoid(alpha * gate) (alpha 0: 1.702, gpt-oss's);
+    order "interleaved" reads gate i from channel 2i and up i from 2i + 1.
     """
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
@@ -118,7 +121,8 @@ def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit
             pass
         else:
             if _fast.call.act_quant(ctx, x, row_scale, q, s, activation, order, limit,
-                                    intermediate, group_size, scale_layout, ue8m0, eps):
+                                    intermediate, alpha, up_offset, group_size, scale_layout,
+                                    ue8m0, eps):
                 return q, s
     xo = _tensors.describe(x, "x")
     rs = _tensors.describe(row_scale, "row_scale")
@@ -127,7 +131,8 @@ def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit
     out, qo = _result(out, "q", xo, q_shape, dtype)
     scales, so = _result(scales, "scales", xo, s_shape,
                          _options.scales_dtype(scale_layout, scale_dtype))
-    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
+    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate, alpha,
+                                                 up_offset),
                                 quant=_options.quant(group_size, scale_layout, ue8m0, eps))
     with Call(c, "act_quant") as call:
         tx, tr = call.tensor(xo), call.tensor(rs)
@@ -140,7 +145,8 @@ def act_quant(x, *, row_scale=None, activation="silu", order="gate_first", limit
 def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation="silu",
                      order="gate_first", limit=0.0, intermediate=None, group_size=128,
                      scale_layout="row_major", ue8m0=False, eps=None, zero_tail=False,
-                     dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, ctx=None):
+                     dtype="f8_e4m3", scale_dtype=None, out=None, scales=None, alpha=0.0,
+                     up_offset=0.0, ctx=None):
     """The expert-masked 3-D layout: x [E, Tmax, 2H], counts [E] i32 (clamped to [0, Tmax]).
 
     Rows t >= counts[e] are left as they are (0 in results this function allocates)
@@ -155,8 +161,9 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
             pass
         else:
             if _fast.call.act_quant_masked(ctx, x, counts, row_scale, expert_scale, q, s,
-                                           activation, order, limit, intermediate, group_size,
-                                           scale_layout, ue8m0, eps, zero_tail):
+                                           activation, order, limit, intermediate, alpha,
+                                           up_offset, group_size, scale_layout, ue8m0, eps,
+                                           zero_tail):
                 return q, s
     xo = _tensors.describe(x, "x")
     co = _tensors.describe(counts, "counts")
@@ -167,7 +174,8 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
     out, qo = _result(out, "q", xo, q_shape, dtype, zero=True)
     scales, so = _result(scales, "scales", xo, s_shape,
                          _options.scales_dtype(scale_layout, scale_dtype), zero=True)
-    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate),
+    opt = _capi.ActQuantOptions(act=_options.act(activation, order, limit, intermediate, alpha,
+                                                 up_offset),
                                 quant=_options.quant(group_size, scale_layout, ue8m0, eps),
                                 zero_tail=int(bool(zero_tail)))
     with Call(c, "act_quant_masked") as call:
@@ -179,21 +187,24 @@ def act_quant_masked(x, counts, *, row_scale=None, expert_scale=None, activation
 
 
 def act_mul(x, *, row_scale=None, activation="silu", order="gate_first", limit=0.0,
-            intermediate=None, out=None, ctx=None):
-    """act(gate) * up [* row_scale] for x [T, 2H], in x's dtype: out [T, H] (SwiGLU, GeGLU)."""
+            intermediate=None, out=None, alpha=0.0, up_offset=0.0, ctx=None):
+    """act(gate) * (up + up_offset) [* row_scale] for x [T, 2H], in x's dtype: out [T, H]
+    (SwiGLU, GeGLU; gpt-oss: activation="silu_alpha", order="interleaved", limit=7,
+    up_offset=1)."""
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
             o = _fast_result(out, x, _act_mul_shape(x), x.dtype)
         except Exception:  # the ctypes path raises it, after its own checks
             pass
         else:
-            if _fast.call.act_mul(ctx, x, row_scale, o, activation, order, limit, intermediate):
+            if _fast.call.act_mul(ctx, x, row_scale, o, activation, order, limit, intermediate,
+                                  alpha, up_offset):
                 return o
     xo = _tensors.describe(x, "x")
     rs = _tensors.describe(row_scale, "row_scale")
     c = resolve_context(ctx, [xo, rs])
     out, oo = _result(out, "out", xo, _act_mul_shape(xo), xo.dtype)
-    opt = _options.act(activation, order, limit, intermediate)
+    opt = _options.act(activation, order, limit, intermediate, alpha, up_offset)
     with Call(c, "act_mul") as call:
         tx, tr, to = call.tensor(xo), call.tensor(rs), call.tensor(oo, output=True)
         call.run(lib.moefuse_act_mul, ctypes.byref(tx), _ref(tr), ctypes.byref(to),
@@ -261,10 +272,12 @@ def _routing(call, ids, weights, expert_map):
 
 
 def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
-             order="gate_first", limit=0.0, dtype=None, out=None, ctx=None):
+             order="gate_first", limit=0.0, dtype=None, out=None, alpha=0.0, up_offset=0.0,
+             ctx=None):
     """h [M, k, I] = act(x @ w1[e]^T + b1[e]) gated, per routed slot. x [M, K],
     w1 [E, 2I, K], topk_ids [M, k] i32, expert_map optional [E_global] i32.
-    Invalid slots (bad id, or mapped to -1) give rows of 0. dtype: h's, default x's."""
+    Invalid slots (bad id, or mapped to -1) give rows of 0. dtype: h's, default x's.
+    alpha, up_offset: as in act_mul (order "interleaved": w1 and b1 rows 2i gate, 2i + 1 up)."""
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
         try:
             h = _fast_result(out, x, _moe_gate_shape(x, w1, topk_ids), dtype or x.dtype)
@@ -272,14 +285,14 @@ def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
             pass
         else:
             if _fast.call.moe_gate(ctx, x, w1, b1, topk_ids, expert_map, h, activation, order,
-                                   limit):
+                                   limit, alpha, up_offset):
                 return h
     ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (b1, "b1"),
                                                 (topk_ids, "topk_ids"), (expert_map, "expert_map"))]
     xo, wo, bo, io, mo = ops
     c = resolve_context(ctx, ops)
     out, ho = _result(out, "h", xo, _moe_gate_shape(xo, wo, io), dtype or xo.dtype)
-    opt = _options.moe(activation, order, limit)
+    opt = _options.moe(activation, order, limit, alpha, up_offset)
     with Call(c, "moe_gate") as call:
         tx, tw, tb = call.tensor(xo), call.tensor(wo), call.tensor(bo)
         route = _routing(call, io, None, mo)
@@ -321,7 +334,7 @@ def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, r
 
 def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_map=None,
                 activation="silu", order="gate_first", limit=0.0, dtype=None, out=None,
-                ctx=None):
+                alpha=0.0, up_offset=0.0, ctx=None):
     """The whole MoE layer: out [M, K] = sum over the k routed experts of
     topk_weights * (act(x @ w1^T + b1) gated @ w2^T + b2). dtype: out's, default x's."""
     if type(x) in _fast.TENSORS or _fast.first_torch(x):
@@ -331,7 +344,7 @@ def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_m
             pass
         else:
             if _fast.call.moe_forward(ctx, x, w1, w2, b1, b2, topk_ids, topk_weights, expert_map,
-                                      o, activation, order, limit):
+                                      o, activation, order, limit, alpha, up_offset):
                 return o
     ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (w2, "w2"), (b1, "b1"),
                                                 (b2, "b2"), (topk_ids, "topk_ids"),
@@ -340,7 +353,7 @@ def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_m
     xo, w1o, w2o, b1o, b2o, io, wto, mo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", xo, _dims(xo, 2), dtype or xo.dtype)
-    opt = _options.moe(activation, order, limit)
+    opt = _options.moe(activation, order, limit, alpha, up_offset)
     with Call(c, "moe_forward") as call:
         tx, t1, t2 = call.tensor(xo), call.tensor(w1o), call.tensor(w2o)
         tb1, tb2 = call.tensor(b1o), call.tensor(b2o)

@@ -65,8 +65,10 @@ def _operands(pairs):
 
 def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_map=None,
                  activation="silu", order="gate_first", limit=0.0, scale_layout="row_major",
-                 ue8m0=None, eps=None, scale_dtype=None, h=None, h_scales=None, ctx=None):
-    """h [M, k, I] f8_e4m3 and h_scales = quant(act(x @ w1[e]^T + b1[e])) per routed slot.
+                 ue8m0=None, eps=None, scale_dtype=None, h=None, h_scales=None, alpha=0.0,
+                 up_offset=0.0, ctx=None):
+    """h [M, k, I] f8_e4m3 and h_scales = quant(act(x @ w1[e]^T + b1[e])) per routed slot
+    (activation, order, limit, alpha and up_offset as in moefuse.moe_gate).
 
     x [M, K] float (quantized here), or f8_e4m3 with x_scales; w1 [E, 2I, K] f8_e4m3 with
     w1_scales [E, 2I/128, K/128]. h_scales lie as the scales of a quantized [M * k, I] in
@@ -81,7 +83,7 @@ def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_m
     h_scales, hso = _result(h_scales, "h_scales", xo, s_shape,
                             _h_scales_dtype(scale_layout, scale_dtype, xso))
     opt = _options.fp8_moe(activation, order, limit, scale_layout,
-                           _ue8m0(ue8m0, xso, hso), eps)
+                           _ue8m0(ue8m0, xso, hso), eps, alpha, up_offset)
     with Call(c, "moe_gate_fp8") as call:
         tx, txs, tw, tws, tb = (call.tensor(o) for o in (xo, xso, wo, wso, bo))
         route = _routing(call, io, None, mo)
@@ -119,7 +121,7 @@ def moe_final_fp8(h, h_scales, w2, w2_scales, topk_ids, topk_weights=None, *, b2
 def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, x_scales=None,
                     b1=None, b2=None, expert_map=None, activation="silu", order="gate_first",
                     limit=0.0, scale_layout="row_major", ue8m0=None, eps=None, dtype=None,
-                    out=None, ctx=None):
+                    out=None, alpha=0.0, up_offset=0.0, ctx=None):
     """The whole FP8 layer: moe_gate_fp8 then moe_final_fp8, h kept in FP8 in the call's
     workspace. out [M, K]; dtype: out's, default x's when x is a float, else bf16."""
     ops = _operands(((x, "x"), (x_scales, "x_scales"), (w1, "w1"), (w1_scales, "w1_scales"),
@@ -129,7 +131,8 @@ def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, 
     xo, xso, w1o, w1so, w2o, w2so, b1o, b2o, io, wto, mo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", xo, _dims(xo, 2), _out_dtype(dtype, xo.dtype))
-    opt = _options.fp8_moe(activation, order, limit, scale_layout, _ue8m0(ue8m0, xso), eps)
+    opt = _options.fp8_moe(activation, order, limit, scale_layout, _ue8m0(ue8m0, xso), eps,
+                           alpha, up_offset)
     with Call(c, "moe_forward_fp8") as call:
         tensors = [call.tensor(o) for o in (xo, xso, w1o, w1so, w2o, w2so, b1o, b2o)]
         tx, txs, t1, t1s, t2, t2s, tb1, tb2 = tensors
@@ -144,7 +147,7 @@ def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, 
 def moe_masked_fp8(x, counts, w1, w1_scales, w2, w2_scales, *, x_scales=None, b1=None,
                    b2=None, activation="silu", order="gate_first", limit=0.0,
                    scale_layout="row_major", ue8m0=None, eps=None, dtype=None, out=None,
-                   ctx=None):
+                   alpha=0.0, up_offset=0.0, ctx=None):
     """The whole FP8 layer in the 3-D expert-masked layout of expert parallelism: x [E, Tmax, K]
     (f8_e4m3 with x_scales in act_quant_masked's 3-D layout, or a float), counts [E] i32
     (clamped to [0, Tmax]); out [E, Tmax, K], row t of expert e computed for t < counts[e] only
@@ -155,7 +158,8 @@ def moe_masked_fp8(x, counts, w1, w1_scales, w2, w2_scales, *, x_scales=None, b1
     xo, xso, co, w1o, w1so, w2o, w2so, b1o, b2o = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", xo, _dims(xo, 3), _out_dtype(dtype, xo.dtype), zero=True)
-    opt = _options.fp8_moe(activation, order, limit, scale_layout, _ue8m0(ue8m0, xso), eps)
+    opt = _options.fp8_moe(activation, order, limit, scale_layout, _ue8m0(ue8m0, xso), eps,
+                           alpha, up_offset)
     with Call(c, "moe_masked_fp8") as call:
         tensors = [call.tensor(o) for o in (xo, xso, co, w1o, w1so, w2o, w2so, b1o, b2o)]
         tx, txs, tc, t1, t1s, t2, t2s, tb1, tb2 = tensors

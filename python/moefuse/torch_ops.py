@@ -19,7 +19,8 @@ from . import _fast, _options, ops, ops_fp8
 
 NAMESPACE = "moefuse"
 
-_GATED = 'str activation="silu", str order="gate_first", float limit=0.0'
+_GATED = ('str activation="silu", str order="gate_first", float limit=0.0, float alpha=0.0, '
+          'float up_offset=0.0')
 _ACT = _GATED + ', str? intermediate=None'
 _FP8_ACT = 'str scale_layout="row_major", bool? ue8m0=None'
 _FP8 = f'{_GATED}, {_FP8_ACT}, float? eps=None'

@@ -82,11 +82,17 @@ def _erf32(x):
     return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(F32)
 
 
-def activate(g, act):
+SILU_ALPHA_DEFAULT = F32(1.702)  # silu_alpha's alpha when the option is 0 (gpt-oss's)
+
+
+def activate(g, act, alpha=0.0):
     g = g.astype(F32)
     with np.errstate(over="ignore", invalid="ignore"):
         if act == "silu":
             return g / (F32(1) + np.exp(-g))
+        if act == "silu_alpha":
+            a = (F32(alpha) if alpha else SILU_ALPHA_DEFAULT) * g
+            return g / (F32(1) + np.exp(-a))
         if act == "gelu":
             return (F32(0.5) * g) * (F32(1) + _erf32(g * F32(0.70710678118654752)))
         if act == "gelu_tanh":
@@ -96,16 +102,21 @@ def activate(g, act):
 
 
 def gated(x, act="silu", order="gate_first", limit=0.0, intermediate=None, row_scale=None,
-          expert_scale=None):
+          expert_scale=None, alpha=0.0, up_offset=0.0):
     """h [..., H] in f32 from x [..., 2H] (any float dtype), per NUMERICS 'Gated activation'."""
     x = np.asarray(x).astype(F32)
     H = x.shape[-1] // 2
-    g, u = (x[..., :H], x[..., H:]) if order == "gate_first" else (x[..., H:], x[..., :H])
+    if order == "interleaved":
+        g, u = x[..., 0::2], x[..., 1::2]
+    else:
+        g, u = (x[..., :H], x[..., H:]) if order == "gate_first" else (x[..., H:], x[..., :H])
     if limit > 0:
         lim = F32(limit)
         g = np.where(g > lim, lim, g)
         u = np.where(u > lim, lim, np.where(u < -lim, -lim, u))
-    a = activate(g, act)
+    if up_offset:
+        u = (u + F32(up_offset)).astype(F32)
+    a = activate(g, act, alpha)
     if intermediate == "bf16":
         a = bf16_round(a)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -183,7 +194,8 @@ def local_experts(ids, E, expert_map=None):
     return np.where((local >= 0) & (local < E), local, -1)
 
 
-def moe_gate(x, w1, ids, b1=None, expert_map=None, act="silu", order="gate_first", limit=0.0):
+def moe_gate(x, w1, ids, b1=None, expert_map=None, act="silu", order="gate_first", limit=0.0,
+             alpha=0.0, up_offset=0.0):
     """h [M, k, I] in f64 (the caller rounds to h's dtype)."""
     x64 = np.asarray(x).astype(np.float64)
     w64 = np.asarray(w1).astype(np.float64)
@@ -201,7 +213,7 @@ def moe_gate(x, w1, ids, b1=None, expert_map=None, act="silu", order="gate_first
             if b1 is not None:
                 a = a + np.asarray(b1[e]).astype(np.float64)
             a32 = a.astype(F32)[None, :]
-            h[m, j] = gated(a32, act, order, limit)[0]
+            h[m, j] = gated(a32, act, order, limit, alpha=alpha, up_offset=up_offset)[0]
     return h
 
 

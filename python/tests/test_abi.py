@@ -16,9 +16,11 @@ HEADER_DIR = os.path.join(ROOT, "include")
 STRUCTS = {
     "moefuse_tensor": (_capi.Tensor, ["data", "offset", "dtype", "rank", "shape", "stride"]),
     "moefuse_quant_options": (_capi.QuantOptions, ["group_size", "scale_layout", "ue8m0", "eps"]),
-    "moefuse_act_options": (_capi.ActOptions, ["activation", "order", "limit", "intermediate"]),
+    "moefuse_act_options": (_capi.ActOptions, ["activation", "order", "limit", "intermediate",
+                                                "alpha", "up_offset", "reserved"]),
     "moefuse_act_quant_options": (_capi.ActQuantOptions, ["act", "quant", "zero_tail"]),
-    "moefuse_moe_options": (_capi.MoeOptions, ["activation", "order", "limit"]),
+    "moefuse_moe_options": (_capi.MoeOptions, ["activation", "order", "limit", "alpha",
+                                               "up_offset", "reserved"]),
     "moefuse_fp8_moe_options": (_capi.Fp8MoeOptions, ["moe", "act", "reserved"]),
     "moefuse_routing": (_capi.Routing, ["topk_ids", "topk_weights", "expert_map", "n_shared",
                                         "shared_scale", "shared_weights"]),

@@ -52,6 +52,34 @@ def test_gate_then_final_equals_forward(ctx, rng, act, order, limit):
     np.testing.assert_array_equal(out, fwd)  # bit for bit on one backend, as documented
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("order", ["interleaved", "gate_first"])
+def test_gpt_oss_experts(ctx, rng, dtype, order):
+    """gpt-oss's experts: biases, silu_alpha (1.702), up offset 1, limit 7, w1 and b1 rows
+    interleaved (2i gate, 2i + 1 up)."""
+    x, w1, w2, ids, weights, b1, b2 = _problem(rng, dtype, bias=True)
+    w1 = (np.asarray(w1).astype(np.float32) * 8).astype(NP_DTYPES[dtype])  # gates past 7
+    gpt = dict(activation="silu_alpha", alpha=1.702, up_offset=1.0, limit=7.0, order=order)
+    h = moefuse.moe_gate(x, w1, ids, b1=b1, ctx=ctx, **gpt)
+    want_h = ref.moe_gate(x, w1, ids, b1, act="silu_alpha", order=order, limit=7.0,
+                          alpha=1.702, up_offset=1.0)
+    assert ref.rel_error(h, want_h) <= TOLERANCE[dtype]
+    assert np.all(h[1, 1] == 0) and np.all(h[2, 0] == 0)
+    out = moefuse.moe_final(h, w2, ids, weights, b2=b2, ctx=ctx)
+    fwd = moefuse.moe_forward(x, w1, w2, ids, weights, b1=b1, b2=b2, ctx=ctx, **gpt)
+    np.testing.assert_array_equal(out, fwd)
+    want = ref.moe_final(ref.to_dtype(want_h, dtype), w2, ids, weights, b2)
+    assert ref.rel_error(fwd, want) <= TOLERANCE[dtype]
+
+
+def test_gpt_oss_options_refused(ctx, rng):
+    x, w1, w2, ids, weights, *_ = _problem(rng, "f32")
+    with pytest.raises(moefuse.InvalidArgumentError, match="alpha"):
+        moefuse.moe_gate(x, w1, ids, alpha=1.702, ctx=ctx)  # silu takes no alpha
+    with pytest.raises(moefuse.InvalidArgumentError, match="up_offset"):
+        moefuse.moe_forward(x, w1, w2, ids, weights, up_offset=float("nan"), ctx=ctx)
+
+
 def test_unreduced_final_and_expert_map(ctx, rng):
     """Expert parallelism: 6 global experts, 4 of them here (in another order), 2 elsewhere."""
     E_global = 6

@@ -103,6 +103,65 @@ def test_act_mul(ctx, rng, xdtype, act):
     assert_close_in_dtype(out, ref.gated(x, act, row_scale=row_scale), xdtype, slack)
 
 
+@pytest.mark.parametrize("xdtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("alpha", [0.0, 1.702, 0.5])
+def test_act_mul_gpt_oss(ctx, rng, xdtype, alpha):
+    """gpt-oss's activation: gate * sigmoid(alpha * gate) * (up + 1), clamped at 7, on
+    interleaved rows [g0 u0 g1 u1 ...]; alpha 0 means 1.702."""
+    T, H = 5, 96
+    x = random_input(rng, (T, 2 * H), xdtype, scale=6.0)  # across the clamp
+    out = moefuse.act_mul(x, activation="silu_alpha", alpha=alpha, up_offset=1.0, limit=7.0,
+                          order="interleaved", ctx=ctx)
+    assert out.shape == (T, H) and out.dtype == x.dtype
+    want = ref.gated(x, "silu_alpha", "interleaved", 7.0, alpha=alpha, up_offset=1.0)
+    assert_close_in_dtype(out, want, xdtype)
+    if alpha == 1.702:  # the default is gpt-oss's alpha: the same bits
+        default = moefuse.act_mul(x, activation="silu_alpha", up_offset=1.0, limit=7.0,
+                                  order="interleaved", ctx=ctx)
+        np.testing.assert_array_equal(out.view(np.uint8), default.view(np.uint8))
+
+
+@pytest.mark.parametrize("order", ["gate_first", "up_first", "interleaved"])
+def test_act_quant_gpt_oss(ctx, rng, order):
+    T, H = 7, 256
+    x = random_input(rng, (T, 2 * H), "bf16", scale=6.0)
+    row_scale = rng.uniform(0.1, 2.0, T).astype(np.float32)
+    q, scales = moefuse.act_quant(x, row_scale=row_scale, activation="silu_alpha", alpha=1.702,
+                                  up_offset=1.0, limit=7.0, order=order, group_size=64,
+                                  scale_layout="column_major", ctx=ctx)
+    h = ref.gated(x, "silu_alpha", order, 7.0, row_scale=row_scale, alpha=1.702, up_offset=1.0)
+    codes, s, exps = ref.quantize(h, 64)
+    assert_codes_match(q, codes)
+    assert_scales_match(scales, _expected_scales(s, exps, "column_major", "f32"))
+
+
+def test_up_offset_keeps_negative_zero_only_without_it(ctx):
+    """up_offset 0 adds nothing (u = -0.0 gives act(g) * -0.0); any other offset is added."""
+    x = np.zeros((1, 8), dtype=np.float32)
+    x[0, :4] = [1.0, 2.0, -3.0, 0.5]  # gates
+    x[0, 4:] = -0.0                   # up values
+    plain = moefuse.act_mul(x, ctx=ctx)
+    assert np.all(np.signbit(plain) == [True, True, False, True])
+    shifted = moefuse.act_mul(x, up_offset=1.0, ctx=ctx)
+    np.testing.assert_array_equal(shifted, ref.gated(x, up_offset=1.0))
+    assert np.all(shifted != 0)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"activation": "silu", "alpha": 1.702}, "alpha"),
+    ({"activation": "silu_alpha", "alpha": -1.0}, "alpha"),
+    ({"activation": "silu_alpha", "alpha": float("nan")}, "alpha"),
+    ({"up_offset": float("inf")}, "up_offset"),
+    ({"up_offset": float("nan")}, "up_offset"),
+])
+def test_gated_options_refused(ctx, rng, kwargs, field):
+    x = random_input(rng, (2, 64), "f32")
+    with pytest.raises(moefuse.InvalidArgumentError, match=field):
+        moefuse.act_mul(x, ctx=ctx, **kwargs)
+    with pytest.raises(moefuse.InvalidArgumentError, match=field):
+        moefuse.act_quant(x, group_size=32, ctx=ctx, **kwargs)
+
+
 def test_strided_views_in_and_out(ctx, rng):
     """Padded rows and slices go through without a copy; bytes between rows stay as they were."""
     T, H = 5, 128

@@ -15,16 +15,9 @@ moefuse_status mf_moe_check_options(moefuse_context *ctx, const char *op,
     moefuse_moe_options opt = {0};
     if (in)
         opt = *in;
-    if ((unsigned)opt.activation >= MOEFUSE_ACT_COUNT_)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: activation %d is not a moefuse_activation", op, (int)opt.activation);
-    if ((unsigned)opt.order >= MOEFUSE_GATE_ORDER_COUNT_)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: order %d is not a moefuse_gate_order", op, (int)opt.order);
-    if (!(opt.limit >= 0.0f))
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: limit is %g; it must be > 0 to clamp, or 0 for no clamp", op,
-                        (double)opt.limit);
+    const mf_gated_fields f = {&opt.activation, &opt.order, &opt.limit, &opt.alpha,
+                               &opt.up_offset};
+    MF_TRY(mf_check_gated(ctx, op, f));
     MF_TRY(MF_CHECK_RESERVED(ctx, op, "moe options", opt.reserved));
     *out = opt;
     return MOEFUSE_OK;

@@ -16,26 +16,52 @@ moefuse_status mf_check_reserved(moefuse_context *ctx, const char *op, const cha
     return MOEFUSE_OK;
 }
 
+moefuse_status mf_check_gated(moefuse_context *ctx, const char *op, mf_gated_fields f)
+{
+    if ((unsigned)*f.activation >= MOEFUSE_ACT_COUNT_)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: activation %d is not a moefuse_activation", op, (int)*f.activation);
+    if ((unsigned)*f.order >= MOEFUSE_GATE_ORDER_COUNT_)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: order %d is not a moefuse_gate_order", op, (int)*f.order);
+    if (!(*f.limit >= 0.0f))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: limit is %g; it must be > 0 to clamp, or 0 for no clamp", op,
+                        (double)*f.limit);
+    if (*f.activation != MOEFUSE_ACT_SILU_ALPHA && *f.alpha != 0.0f)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: alpha is %g but activation %d takes none; alpha is for "
+                        "MOEFUSE_ACT_SILU_ALPHA only (leave it 0 otherwise)",
+                        op, (double)*f.alpha, (int)*f.activation);
+    if (*f.activation == MOEFUSE_ACT_SILU_ALPHA) {
+        if (*f.alpha == 0.0f)
+            *f.alpha = MOEFUSE_SILU_ALPHA_DEFAULT;
+        if (!(*f.alpha > 0.0f) || !isfinite(*f.alpha))
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "%s: alpha is %g; MOEFUSE_ACT_SILU_ALPHA takes a finite alpha > 0, "
+                            "or 0 for %g (gpt-oss's)",
+                            op, (double)*f.alpha, (double)MOEFUSE_SILU_ALPHA_DEFAULT);
+    }
+    if (!isfinite(*f.up_offset))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: up_offset is %g; it must be finite (0: nothing is added to up)", op,
+                        (double)*f.up_offset);
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
                                 const moefuse_act_options *in, moefuse_act_options *out)
 {
     moefuse_act_options opt = {0};
     if (in)
         opt = *in;
-    if ((unsigned)opt.activation >= MOEFUSE_ACT_COUNT_)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: activation %d is not a moefuse_activation",
-                        op, (int)opt.activation);
-    if ((unsigned)opt.order >= MOEFUSE_GATE_ORDER_COUNT_)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: order %d is not a moefuse_gate_order",
-                        op, (int)opt.order);
+    const mf_gated_fields f = {&opt.activation, &opt.order, &opt.limit, &opt.alpha,
+                               &opt.up_offset};
+    MF_TRY(mf_check_gated(ctx, op, f));
     if ((unsigned)opt.intermediate >= MOEFUSE_ROUNDING_COUNT_)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: intermediate rounding %d is not a moefuse_rounding", op,
                         (int)opt.intermediate);
-    if (!(opt.limit >= 0.0f))
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: limit is %g; it must be > 0 to clamp, or 0 for no clamp", op,
-                        (double)opt.limit);
     MF_TRY(MF_CHECK_RESERVED(ctx, op, "act options", opt.reserved));
     *out = opt;
     return MOEFUSE_OK;

@@ -10,6 +10,19 @@ moefuse_status mf_check_reserved(moefuse_context *ctx, const char *op, const cha
 #define MF_CHECK_RESERVED(ctx, op, what, array)                                                  \
     mf_check_reserved(ctx, op, what, array, sizeof(array) / sizeof((array)[0]))
 
+/*
+ * The gated activation's fields, which moefuse_act_options and moefuse_moe_options share:
+ * enum ranges, limit >= 0, alpha only with SILU_ALPHA (there 0 becomes
+ * MOEFUSE_SILU_ALPHA_DEFAULT, written back, so backends get the value itself), a finite
+ * up_offset. The one place these are checked; backends do not check them again.
+ */
+typedef struct mf_gated_fields {
+    moefuse_activation *activation;
+    moefuse_gate_order *order;
+    float *limit, *alpha, *up_offset;
+} mf_gated_fields;
+moefuse_status mf_check_gated(moefuse_context *ctx, const char *op, mf_gated_fields f);
+
 /* Copy `in` (NULL = defaults) to `out` after range checks. */
 moefuse_status mf_normalize_act(moefuse_context *ctx, const char *op,
                                 const moefuse_act_options *in, moefuse_act_options *out);

@@ -20,8 +20,8 @@ static void build(void)
 
 const float *mf_cpu_act_table(int activation)
 {
-    if (activation < 0 || activation >= MF_TAB_ACTS)
-        return NULL;
+    if (!mf_act_table_has(activation))
+        return NULL; /* silu_alpha: its values depend on the call's alpha */
     pthread_once(&built, build);
     return tables[activation];
 }

@@ -9,9 +9,9 @@
 #include "moefuse.h"
 #include "numerics/mf_activation.h"
 
-static inline float mf_activate(moefuse_activation act, float g)
+static inline float mf_activate(moefuse_activation act, float alpha, float g)
 {
-    return mf_activate_f32((int)act, g);
+    return mf_activate_f32((int)act, alpha, g);
 }
 
 #endif /* MOEFUSE_CPU_ACTIVATION_H */

@@ -119,11 +119,13 @@ static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int
     const int64_t I = a->inter_dim, half = NB / 2;
     const int64_t i0 = cb * half, nb = I - i0 < half ? I - i0 : half;
     const int64_t nbp = (nb + NR - 1) / NR * NR; /* gate columns [0, nbp), up [nbp, 2 nbp) */
-    const int64_t gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
-    const int64_t up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    /* w1 / b1 rows of h column i: gate_row + i * step and up_row + i * step */
+    const int order = (int)a->opt.order;
+    const int64_t gate_row = mf_gate_at(order, I), up_row = mf_up_at(order, I);
+    const int64_t step = mf_gate_step(order);
     for (int64_t c = 0; c < nbp; c++) {
-        t->cols[c] = c < nb ? gate_row + i0 + c : -1;
-        t->cols[nbp + c] = c < nb ? up_row + i0 + c : -1;
+        t->cols[c] = c < nb ? gate_row + (i0 + c) * step : -1;
+        t->cols[nbp + c] = c < nb ? up_row + (i0 + c) * step : -1;
     }
     mf_gemm_tile(&a->x, 0, a->topk, slots, ms, &a->w1, e, t->cols, 2 * nbp, a->model_dim, t->c,
                  &t->g);
@@ -135,14 +137,15 @@ static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int
         for (int64_t c = 0; c < nb; c++) {
             float g = cg[c], u = cu[c];
             if (bias) {
-                g = g + mf_load_elem(mf_at2(&a->b1, e, gate_row + i0 + c), a->b1.dtype);
-                u = u + mf_load_elem(mf_at2(&a->b1, e, up_row + i0 + c), a->b1.dtype);
+                g = g + mf_load_elem(mf_at2(&a->b1, e, t->cols[c]), a->b1.dtype);
+                u = u + mf_load_elem(mf_at2(&a->b1, e, t->cols[nbp + c]), a->b1.dtype);
             }
             if (limit > 0.0f) {
                 g = mf_clamp_gate(g, limit);
                 u = mf_clamp_up(u, limit);
             }
-            t->row[c] = mf_activate(a->opt.activation, g) * u;
+            u = mf_add_up_offset(u, a->opt.up_offset);
+            t->row[c] = mf_activate(a->opt.activation, a->opt.alpha, g) * u;
         }
         const int64_t s = slots[r];
         mf_store_row(mf_at3(&a->h, s / a->topk, s % a->topk, i0), t->row, a->h.dtype, nb);

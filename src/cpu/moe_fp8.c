@@ -10,6 +10,7 @@
  * a multiple of 2^-18 below 2^18, and 128 of them sum below 2^25, 43 bits in all, so the
  * double additions never round, in any order (the vectorised reduction reorders freely).
  */
+#include "cpu/activation.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/moe_slots.h"
 #include "cpu/numerics.h"
@@ -307,26 +308,37 @@ static void gate_item(const mf_moe_args *a, const work *wk, thread_bufs *t, int6
                       const int64_t *slots, int64_t ms, int64_t g)
 {
     const int64_t I = a->inter_dim, c0 = g * BLK;
-    const int64_t gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
-    const int64_t up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
-    const int64_t rb[2] = {(gate_row + c0) / BLK, (up_row + c0) / BLK};
+    /* w1 / b1 rows of h column i: gate_row + i * step and up_row + i * step. The tile's 256
+     * rows are two blocks of 128: the gate rows then the up rows of the group's columns, or,
+     * interleaved, rows 2 c0 .. 2 c0 + 255, gate and up alternating */
+    const int order = (int)a->opt.order;
+    const int64_t gate_row = mf_gate_at(order, I), up_row = mf_up_at(order, I);
+    const int64_t step = mf_gate_step(order);
+    const bool interleaved = order == MOEFUSE_GATE_INTERLEAVED;
+    const int64_t rb[2] = {interleaved ? 2 * g : (gate_row + c0) / BLK,
+                           interleaved ? 2 * g + 1 : (up_row + c0) / BLK};
+    /* where the tile keeps gate and up of column c: at tile_gate + c * step, tile_up + ... */
+    const int tile_order = interleaved ? MOEFUSE_GATE_INTERLEAVED : MOEFUSE_GATE_FIRST;
+    const int64_t tile_gate = mf_gate_at(tile_order, BLK), tile_up = mf_up_at(tile_order, BLK);
     gate_tile_rows(a, wk, t, slots, ms);
     block_gemm(wk, t, ms, &a->w1, &a->w1_scales, e, rb, 2, a->model_dim);
 
     mf_row_plan act = {0};
     act.activation = (int)a->opt.activation;
+    act.alpha = a->opt.alpha;
     act.limit = a->opt.limit;
+    act.up_offset = a->opt.up_offset;
     const mf_row_plan qp = quant_plan(a, MOEFUSE_F32, BLK);
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     const bool bias = a->b1.data != NULL;
     const int64_t groups = I / BLK;
     for (int64_t i = 0; i < ms; i++) {
-        const float *ag = t->acc + i * 2 * BLK, *au = ag + BLK;
+        const float *tile = t->acc + i * 2 * BLK;
         for (int64_t c = 0; c < BLK; c++) {
-            float gv = ag[c], uv = au[c];
+            float gv = tile[tile_gate + c * step], uv = tile[tile_up + c * step];
             if (bias) {
-                gv = gv + mf_load_elem(mf_at2(&a->b1, e, gate_row + c0 + c), a->b1.dtype);
-                uv = uv + mf_load_elem(mf_at2(&a->b1, e, up_row + c0 + c), a->b1.dtype);
+                gv = gv + mf_load_elem(mf_at2(&a->b1, e, gate_row + (c0 + c) * step), a->b1.dtype);
+                uv = uv + mf_load_elem(mf_at2(&a->b1, e, up_row + (c0 + c) * step), a->b1.dtype);
             }
             /* the row kernels' own clamp and activation (no factors, no rounding) */
             t->row[c] = mf_cpu_h_channel(&act, gv, uv, 1.0f, 1.0f);

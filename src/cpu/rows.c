@@ -35,9 +35,11 @@ static mf_row_plan make_plan(const mf_rows_args *a, enum row_mode mode)
     p.in_dtype = a->x.dtype;
     p.out_dtype = a->out.dtype;
     p.activate = a->activate;
-    p.gate_first = a->act.order != MOEFUSE_UP_FIRST;
+    p.order = (int)a->act.order;
     p.activation = (int)a->act.activation;
+    p.alpha = a->act.alpha;
     p.limit = a->act.limit;
+    p.up_offset = a->act.up_offset;
     p.has_row_scale = a->row_scale.data != NULL;
     p.has_expert_scale = a->expert_scale.data != NULL;
     p.round_bf16 = a->act.intermediate == MOEFUSE_ROUND_BF16;
@@ -101,8 +103,8 @@ static void zero_scales_row(const mf_rows_args *a, int64_t e, int64_t t)
     mf_cpu_zero_scales_row(&a->scales, a->quant.scale_layout, a->groups, e, t);
 }
 
-/* Scratch of a row call: the row offsets of the experts, then per thread 3H floats and the
- * row's scales and exponent bytes. */
+/* Scratch of a row call: the row offsets of the experts, then per thread the row kernels'
+ * floats (mf_row_scratch_floats) and the row's scales and exponent bytes. */
 typedef struct rows_layout {
     size_t offs_bytes, per_thread, bytes;
 } rows_layout;
@@ -112,9 +114,9 @@ static rows_layout rows_scratch(const mf_rows_args *a, enum row_mode mode, int t
     const mf_row_plan plan = make_plan(a, mode);
     rows_layout l;
     l.offs_bytes = (size_t)(a->experts + 1) * sizeof(int64_t);
-    l.per_thread =
-        ((size_t)(3 * a->hidden + plan.groups) * sizeof(float) + (size_t)plan.groups + 63) / 64 *
-        64;
+    l.per_thread = ((size_t)(mf_row_scratch_floats(&plan) + plan.groups) * sizeof(float) +
+                    (size_t)plan.groups + 63) /
+                   64 * 64;
     l.bytes = l.offs_bytes + (size_t)threads * l.per_thread;
     return l;
 }
@@ -152,7 +154,7 @@ static moefuse_status rows_run(moefuse_context *ctx, const mf_rows_args *a, enum
 MF_OMP(parallel num_threads(nt))
     {
         char *mine = (char *)bufs + (size_t)mf_cpu_thread_id() * per_thread;
-        float *scratch = (float *)mine, *s = scratch + 3 * H;
+        float *scratch = (float *)mine, *s = scratch + mf_row_scratch_floats(&plan);
         uint8_t *ue = (uint8_t *)(s + plan.groups);
 MF_OMP(for schedule(dynamic, 16))
         for (int64_t i = 0; i < total; i++) {

@@ -35,16 +35,27 @@ typedef struct mf_row_plan {
     moefuse_dtype in_dtype;        /* x: f32, f16 or bf16 */
     moefuse_dtype out_dtype;       /* codes (f8 / i8) or act_mul's output dtype */
     bool activate;                 /* h = act(g) * u (x rows of 2H), else h = x */
-    bool gate_first;
-    int activation; /* moefuse_activation */
-    float limit;    /* clamp when > 0 */
+    int order;                     /* moefuse_gate_order: where gate and up lie in x's rows */
+    int activation;                /* moefuse_activation */
+    float alpha;                   /* silu_alpha's alpha (the core's default filled in) */
+    float limit;                   /* clamp when > 0 */
+    float up_offset;               /* added to u after the clamp; 0: nothing added */
     bool has_row_scale, has_expert_scale, round_bf16;
     bool ue8m0; /* scales rounded up to powers of two */
     float eps;
-    /* bf16 x with an activation: act(g) of the gates the table covers (mf_act_table.h),
-     * for the vector kernels; NULL otherwise. The scalar reference computes every gate. */
+    /* bf16 x with an activation that has a table: act(g) of the gates the table covers
+     * (mf_act_table.h), for the vector kernels; NULL otherwise (silu_alpha has none). The
+     * scalar reference computes every gate. */
     const float *act_table;
 } mf_row_plan;
+
+/* Floats of a row kernel's scratch: 3H, and 2H more with the interleaved order, where the
+ * vector kernels first copy a row's gate and up values apart. */
+static inline int64_t mf_row_scratch_floats(const mf_row_plan *p)
+{
+    const bool apart = p->activate && p->order == MOEFUSE_GATE_INTERLEAVED;
+    return (apart ? 5 : 3) * p->hidden;
+}
 
 typedef struct mf_cpu_row_kernels {
     mf_cpu_isa isa;
@@ -53,7 +64,7 @@ typedef struct mf_cpu_row_kernels {
      * One row: x holds 2H (activate) or H values of in_dtype; rs and es are the row's and
      * the expert's factors (used when the plan has them). quant_row writes the H codes to q
      * and each group's scale s[g] and, with ue8m0, its exponent byte ue[g]; act_mul_row
-     * writes h rounded to out_dtype. scratch holds 3H floats.
+     * writes h rounded to out_dtype. scratch holds mf_row_scratch_floats(p) floats.
      */
     void (*quant_row)(const mf_row_plan *p, const void *x, float rs, float es, void *q, float *s,
                       uint8_t *ue, float *scratch);
@@ -66,7 +77,8 @@ typedef struct mf_cpu_row_kernels {
     void (*exp_array)(const float *x, float *y, int64_t n);
 } mf_cpu_row_kernels;
 
-/* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c). */
+/* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c); NULL for an
+ * activation without one (mf_act_table_has). */
 const float *mf_cpu_act_table(int activation);
 
 /* The kernels of the level in use (chosen on first use). */

@@ -28,7 +28,8 @@ MF_NOINLINE float mf_cpu_h_channel(const mf_row_plan *p, float g, float u, float
         g = mf_clamp_gate(g, p->limit);
         u = mf_clamp_up(u, p->limit);
     }
-    float a = mf_activate((moefuse_activation)p->activation, g);
+    u = mf_add_up_offset(u, p->up_offset);
+    float a = mf_activate((moefuse_activation)p->activation, p->alpha, g);
     if (p->round_bf16)
         a = mf_round_bf16(a);
     float h = a * u;
@@ -51,10 +52,10 @@ static void h_row(const mf_row_plan *p, const void *x, float rs, float es, float
         return;
     }
     mf_load_row(xbuf, x, p->in_dtype, 2 * H);
-    const float *g = xbuf + (p->gate_first ? 0 : H);
-    const float *u = xbuf + (p->gate_first ? H : 0);
+    const float *g = xbuf + mf_gate_at(p->order, H), *u = xbuf + mf_up_at(p->order, H);
+    const int64_t step = mf_gate_step(p->order);
     for (int64_t c = 0; c < H; c++)
-        h[c] = mf_cpu_h_channel(p, g[c], u[c], rs, es);
+        h[c] = mf_cpu_h_channel(p, g[c * step], u[c * step], rs, es);
 }
 
 static void quant_row_scalar(const mf_row_plan *p, const void *x, float rs, float es, void *q,

@@ -7,12 +7,16 @@
  *  - act(g) of a bf16 gate without clamp: read from the plan's table
  *    (mf_act_table.h: entries are mf_activate_f32 of their gates) by a gather;
  *    gates it does not cover go to the reference, as below.
- *  - silu otherwise: mf_exp_f32's fast path (|g| < 86.5) step for step, then the IEEE
- *    division g / (1 + e); the clamp, factors and bf16 roundings as written.
- *    Lanes the fast path does not cover (NaN, |g| >= 86.5) and the gelu forms
+ *  - silu and silu_alpha otherwise: mf_exp_f32's fast path (|a| < 86.5, a = g or
+ *    alpha * g) step for step, then the IEEE division g / (1 + e); the clamp, up
+ *    offset (vaddps returns a NaN u quieted, as the reference's addition does),
+ *    factors and bf16 roundings as written.
+ *    Lanes the fast path does not cover (NaN, |a| >= 86.5) and the gelu forms
  *    are handed to the reference's own mf_cpu_h_channel, as are whole rows
  *    whose row or expert factor is NaN (a product of two NaNs keeps the
  *    operand the compiler placed first, and only the reference's code knows).
+ *  - the interleaved order: the row's gate and up values are first copied apart
+ *    (row_halves), so every kernel reads two contiguous halves.
  *  - amax over the finite values (max is exact, so lane order does not matter);
  *    the scale by the reference's mf_group_scale.
  *  - codes: h / s by the IEEE division, then the integer e4m3 rounding of
@@ -173,11 +177,17 @@ static float in_value(const void *p, int64_t c, moefuse_dtype dt)
     }
 }
 
-/* The clamp, factors and roundings of a row, fixed for its whole length. */
+/* The clamp, up offset, factors and roundings of a row, fixed for its whole length. */
 typedef struct {
-    bool clamp, round_bf16, has_rs, has_es;
-    float limit, rs, es;
+    bool clamp, round_bf16, has_rs, has_es, has_beta;
+    float limit, rs, es, beta;
 } h_opts;
+
+/* u + beta where the row has an up offset (mf_add_up_offset: a NaN u comes back quieted). */
+SIMD_INLINE vf up_offset(const h_opts *o, vf u)
+{
+    return (o && o->has_beta) ? vf_add(u, vf_set(o->beta)) : u;
+}
 
 /* h from a = act(g) and u: the intermediate rounding and factors of NUMERICS.md, in order. */
 SIMD_INLINE vf product(const h_opts *o, vf a, vf u, float rs, float es)
@@ -217,7 +227,8 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
             miss = vi_or(miss, d);
             const vi off = vi_or(vi_and(vi_srl(d, 14), vi_set(0x3FFC)),
                                  vi_and(vi_srl(d, 17), vi_set(0x4000)));
-            const vf hv = product(o, vf_gather(p->act_table, off), load_in(up, c0 + c, dt), rs, es);
+            const vf hv = product(o, vf_gather(p->act_table, off),
+                                  up_offset(o, load_in(up, c0 + c, dt)), rs, es);
             top = vi_max(top, vf_bits(vf_abs(hv)));
             vf_storeu(h + c, hv);
         }
@@ -240,9 +251,12 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
         }
         for (; c < n; c++)
             h[c] = in_value(gp, c0 + c, dt);
-    } else if (p->activation == MOEFUSE_ACT_SILU) {
+    } else if (p->activation == MOEFUSE_ACT_SILU || p->activation == MOEFUSE_ACT_SILU_ALPHA) {
         const float rs = o ? o->rs : 1.0f, es = o ? o->es : 1.0f;
-        vi gtop = vi_set(0); /* largest |g| bit pattern: NaN and |g| >= 86.5 are edges */
+        /* exp's argument is -a: a = g (silu) or alpha * g (silu_alpha) */
+        const bool scaled = p->activation == MOEFUSE_ACT_SILU_ALPHA;
+        const vf alpha = vf_set(p->alpha);
+        vi atop = vi_set(0); /* largest |a| bit pattern: NaN and |a| >= 86.5 are edges */
         const vf lim = vf_set(o ? o->limit : 0.0f), nlim = vf_set(o ? -o->limit : 0.0f);
         /*
          * Two passes, so that each loop's chain of dependent operations is short enough for
@@ -253,8 +267,9 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
             vf g = load_in(gp, c0 + c, dt);
             if (o && o->clamp)
                 g = vf_blend(vm_gt(g, lim), lim, g);
-            gtop = vi_max(gtop, vf_bits(vf_abs(g)));
-            vf_storeu(h + c, vf_add(vf_set(1.0f), exp_neg_fast(g, t)));
+            const vf a = scaled ? vf_mul(alpha, g) : g;
+            atop = vi_max(atop, vf_bits(vf_abs(a)));
+            vf_storeu(h + c, vf_add(vf_set(1.0f), exp_neg_fast(a, t)));
         }
         for (int64_t l = 0; l < c; l += SIMD_W) {
             vf g = load_in(gp, c0 + l, dt), u = load_in(up, c0 + l, dt);
@@ -262,17 +277,18 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
                 g = vf_blend(vm_gt(g, lim), lim, g);
                 u = vf_blend(vm_gt(u, lim), lim, vf_blend(vm_lt(u, nlim), nlim, u));
             }
-            const vf hv = product(o, vf_div(g, vf_loadu(h + l)), u, rs, es);
+            const vf hv = product(o, vf_div(g, vf_loadu(h + l)), up_offset(o, u), rs, es);
             top = vi_max(top, vf_bits(vf_abs(hv)));
             vf_storeu(h + l, hv);
         }
-        if ((uint32_t)vi_hmax(gtop) >= mf_f32_bits(MF_EXP_FAST_LIMIT)) {
+        if ((uint32_t)vi_hmax(atop) >= mf_f32_bits(MF_EXP_FAST_LIMIT)) {
             /* rare: redo those lanes by the reference, rescan */
             top = vi_set(0);
             for (int64_t l = 0; l < c; l++) {
                 const float g = in_value(gp, c0 + l, dt);
                 const float gc = o && o->clamp ? mf_clamp_gate(g, o->limit) : g;
-                if (!(fabsf(gc) < MF_EXP_FAST_LIMIT))
+                const float a = scaled ? p->alpha * gc : gc;
+                if (!(fabsf(a) < MF_EXP_FAST_LIMIT))
                     h[l] = mf_cpu_h_channel(p, g, in_value(up, c0 + l, dt), rs, es);
             }
             for (int64_t l = 0; l + SIMD_W <= c; l += SIMD_W)
@@ -300,7 +316,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
 static uint32_t h_span(const mf_row_plan *p, const h_opts *o, const void *gp, const void *up,
                        int64_t c0, int64_t n, float *h, const simd_exp_table *t)
 {
-    const bool plain = !o->clamp && !o->round_bf16 && !o->has_rs && !o->has_es;
+    const bool plain = !o->clamp && !o->round_bf16 && !o->has_rs && !o->has_es && !o->has_beta;
     switch (p->in_dtype) {
     case MOEFUSE_BF16:
         return plain ? h_span_dt(p, NULL, gp, up, c0, n, h, t, MOEFUSE_BF16)
@@ -316,21 +332,44 @@ static uint32_t h_span(const mf_row_plan *p, const h_opts *o, const void *gp, co
 
 static h_opts make_opts(const mf_row_plan *p, float rs, float es)
 {
-    h_opts o = {p->limit > 0.0f, p->round_bf16, p->has_row_scale, p->has_expert_scale,
-                p->limit, rs, es};
+    h_opts o = {p->limit > 0.0f, p->round_bf16,  p->has_row_scale, p->has_expert_scale,
+                p->up_offset != 0.0f, p->limit, rs, es, p->up_offset};
     return o;
 }
 
-/* The row's gate and up halves. */
-static void row_halves(const mf_row_plan *p, const void *x, const void **gp, const void **up)
+/* Copy n elements of esz bytes, every second one from src, to dst. */
+static void copy_every_other(void *dst, const void *src, int64_t n, size_t esz)
 {
-    const size_t half = (size_t)p->hidden * mf_cpu_elem_size(p->in_dtype);
+    if (esz == 4)
+        for (int64_t c = 0; c < n; c++)
+            ((uint32_t *)dst)[c] = ((const uint32_t *)src)[2 * c];
+    else
+        for (int64_t c = 0; c < n; c++)
+            ((uint16_t *)dst)[c] = ((const uint16_t *)src)[2 * c];
+}
+
+/* The row's gate and up halves. The interleaved order's are copied apart into `apart` (2H
+ * values of the row's dtype: the scratch past its first 3H floats), as the input dtype,
+ * so the kernels convert them exactly as they convert the other orders' halves. */
+static void row_halves(const mf_row_plan *p, const void *x, float *apart, const void **gp,
+                       const void **up)
+{
+    const size_t esz = mf_cpu_elem_size(p->in_dtype);
+    const size_t half = (size_t)p->hidden * esz;
     *gp = x;
     *up = x;
-    if (p->activate) {
-        *gp = (const char *)x + (p->gate_first ? 0 : half);
-        *up = (const char *)x + (p->gate_first ? half : 0);
+    if (!p->activate)
+        return;
+    if (p->order == MOEFUSE_GATE_INTERLEAVED) {
+        char *g = (char *)apart, *u = g + half;
+        copy_every_other(g, x, p->hidden, esz);
+        copy_every_other(u, (const char *)x + esz, p->hidden, esz);
+        *gp = g;
+        *up = u;
+        return;
     }
+    *gp = (const char *)x + (size_t)mf_gate_at(p->order, p->hidden) * esz;
+    *up = (const char *)x + (size_t)mf_up_at(p->order, p->hidden) * esz;
 }
 
 /*
@@ -471,9 +510,9 @@ static void SIMD_NAME(quant_row)(const mf_row_plan *p, const void *x, float rs, 
     simd_exp_table t;
     simd_exp_table_init(&t);
     const void *gp, *up;
-    row_halves(p, x, &gp, &up);
+    row_halves(p, x, scratch + 3 * p->hidden, &gp, &up);
     const h_opts o = make_opts(p, rs, es);
-    const bool plain = !o.clamp && !o.round_bf16 && !o.has_rs && !o.has_es;
+    const bool plain = !o.clamp && !o.round_bf16 && !o.has_rs && !o.has_es && !o.has_beta;
     switch (p->in_dtype) {
     case MOEFUSE_BF16:
         if (plain)
@@ -509,7 +548,7 @@ static void SIMD_NAME(act_mul_row)(const mf_row_plan *p, const void *x, float rs
     simd_exp_table t;
     simd_exp_table_init(&t);
     const void *gp, *up;
-    row_halves(p, x, &gp, &up);
+    row_halves(p, x, scratch + 3 * p->hidden, &gp, &up);
     const h_opts o = make_opts(p, rs, es);
     const int64_t H = p->hidden;
     for (int64_t c0 = 0; c0 < H; c0 += SIMD_ACT_MUL_SPAN) {

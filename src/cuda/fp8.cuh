@@ -273,13 +273,14 @@ typedef struct Fp8Gemm {
     int64_t depth;             /* K (gate) or I (final): a multiple of 128 */
     int64_t ncols;             /* I (gate: h columns) or K (final) */
     int64_t nblk;              /* column blocks of 128 (h columns for the gate) */
-    int64_t gate_row, up_row;  /* gate: first w1 / b1 row of each half */
+    int64_t gate_row, up_row;  /* gate: w1 / b1 row of gate value 0 and of up value 0 */
+    int64_t row_step;          /* gate: rows between values i and i + 1 (2 interleaved, else 1) */
     const void *bias;          /* b1 / b2 [E, rows] or NULL */
     int64_t bias_s0;
     int bias_dt;
     int epi;                   /* enum fp8_epilogue */
     int act;
-    float limit;
+    float alpha, limit, up_offset; /* the gate's activation (moefuse_moe_options) */
     Fp8HOut h;                 /* FP8_EPI_GATE */
     void *out;                 /* FP8_EPI_Y_F32 / FP8_EPI_OUT */
     int64_t o_s0, o_s1;

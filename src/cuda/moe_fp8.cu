@@ -61,6 +61,10 @@ static int dec_for(const cuda_state *s, const mf_moe_args *a)
     if (s->fp8_gemm == FP8_GEMM_PORTABLE || s->fp8_gemm == FP8_GEMM_WGMMA ||
         !moe_fp8_dec_usable(s))
         return 0;
+    /* its tensor copies take 128 consecutive w1 rows as one half: the interleaved order's
+     * gate and up rows alternate (the other kernels take it, from the options alone) */
+    if (a->opt.order == MOEFUSE_GATE_INTERLEAVED)
+        return 0;
     const int forced = s->fp8_gemm == FP8_GEMM_DECODE;
     if (a->masked)
         return forced || a->tokens <= 128;
@@ -339,7 +343,10 @@ static Fp8Gemm common_params(const mf_moe_args *a, const fp8_plan *pl, const Moe
         g.bias_dt = (int)bias->dtype;
     }
     g.act = (int)a->opt.activation;
+    g.alpha = a->opt.alpha;
     g.limit = a->opt.limit;
+    g.up_offset = a->opt.up_offset;
+    g.row_step = 1; /* the final's rows; the gate's are set by gate_h_out */
     long long lb;
     if (__builtin_mul_overflow((long long)pl->tiles_bound, (long long)g.nblk, &lb))
         lb = LLONG_MAX; /* blocks stop at the first index past the real tiles */
@@ -383,14 +390,15 @@ static moefuse_status take_scratch(moefuse_context *ctx, cuda_state *s, const ch
 }
 
 /*
- * Whether this call's GEMM runs on the Hopper kernel: the device has it and a tensor map
- * describes the weights (16-byte aligned rows); else the portable kernel, which takes any.
+ * Whether this call's GEMM runs on the Hopper kernel: the device has it, a tensor map
+ * describes the weights (16-byte aligned rows) and the gate's rows are not interleaved (its
+ * 128-row boxes take a half's rows consecutively); else the portable kernel, which takes any.
  */
 static bool ws_suits(const cuda_state *s, const fp8_plan *pl, const Fp8Gemm *g)
 {
     /* any A rows and h rows: the kernel loads and stores them byte by byte where they are not
      * aligned, so a layer's forward and its two steps take the same path */
-    return pl->wgmma && moe_fp8_ws_weights_ok(s, g, pl->gate);
+    return pl->wgmma && g->row_step == 1 && moe_fp8_ws_weights_ok(s, g, pl->gate);
 }
 
 /* The GEMM on the Hopper kernel: its tile table, its counter, A's f32 scales, the launch. */
@@ -615,8 +623,9 @@ static void gate_h_out(const mf_moe_args *a, Fp8Gemm *g)
 {
     const int64_t I = a->inter_dim;
     g->a_scale_slot = 0; /* routed: x's scale rows are tokens */
-    g->gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
-    g->up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    g->gate_row = mf_gate_at((int)a->opt.order, I);
+    g->up_row = mf_up_at((int)a->opt.order, I);
+    g->row_step = mf_gate_step((int)a->opt.order);
     g->epi = FP8_EPI_GATE;
     g->h.q = (uint8_t *)mf_cuda_base(&a->h);
     g->h.sc = act_view(&a->h_scales, a);

@@ -4,8 +4,9 @@
  * bit for bit.
  *
  * A block of 256 threads makes a tile of BM activation rows x BN weight rows (gate: 128 gate
- * rows and the 128 up rows of the same h columns, so one h group per tile; final: 128 output
- * columns). The depth goes by in stages of 32 codes: every thread fetches its 16-byte pieces
+ * rows and the 128 up rows of the same h columns, so one h group per tile, at rows gate_row +
+ * c * row_step and up_row + c * row_step of h column c, the interleaved order's included;
+ * final: 128 output columns). The depth goes by in stages of 32 codes: every thread fetches its 16-byte pieces
  * of the next stage into registers while the current one is multiplied, then decodes them
  * into integer counts of 2^-9 in shared memory (so each code is decoded once per tile, not
  * once per product). Each output keeps a 64-bit integer count of 2^-18 per 128-deep block
@@ -35,6 +36,17 @@ template <int BM, int BN> struct Fp8Smem {
     long long wrow[BN];     /* element offset of each weight row */
     long long e, nb, count, first;
 };
+
+/* Weight row of tile column c of column block nb: gate, c < 128 the gate row and c >= 128 the
+ * up row of h column nb * 128 + c % 128; final, output column nb * 128 + c. */
+template <int GATE>
+static __device__ __forceinline__ long long fp8_tile_row(const Fp8Gemm &p, long long nb, int c)
+{
+    if (!GATE)
+        return nb * FP8_BLOCK + c;
+    const long long hc = nb * FP8_BLOCK + (c & (FP8_BLOCK - 1));
+    return (c < FP8_BLOCK ? p.gate_row : p.up_row) + hc * p.row_step;
+}
 
 /* Decode 16 codes into counts at dst; the smallest NaN key among them into *key. */
 static __device__ __forceinline__ void fp8_decode16(uint4 v, int *dst, int k0, int weight,
@@ -126,12 +138,8 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_gemm_portable(const Fp8Gemm p
             sm.ascale[i] = as;
             sm.oscale[i] = os;
         }
-        for (int c = tid; c < BN; c += FP8_THREADS) {
-            const long long r = GATE ? (c < FP8_BLOCK ? p.gate_row : p.up_row - FP8_BLOCK) + c +
-                                           nb * FP8_BLOCK
-                                     : nb * FP8_BLOCK + c;
-            sm.wrow[c] = e * p.w_s0 + r * p.w_s1;
-        }
+        for (int c = tid; c < BN; c += FP8_THREADS)
+            sm.wrow[c] = e * p.w_s0 + fp8_tile_row<GATE>(p, nb, c) * p.w_s1;
         for (int i = tid; i < 2 * (BM + BN); i += FP8_THREADS) {
             if (i < 2 * BM)
                 sm.key_a[i / BM][i % BM] = FP8_NAN_NONE;
@@ -225,13 +233,8 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_gemm_portable(const Fp8Gemm p
                     sa[i] = sm.arow[r] >= 0 ? fp8_act_scale(p.as, ae, sm.ascale[r], b) : 0.0f;
                 }
 #pragma unroll
-                for (int j = 0; j < TN; j++) {
-                    const int c = tx + j * TX;
-                    const long long rb =
-                        GATE ? ((c < FP8_BLOCK ? p.gate_row : p.up_row) / FP8_BLOCK + nb)
-                             : nb;
-                    sw[j] = fp8_w_scale(p.ws, e, rb, b);
-                }
+                for (int j = 0; j < TN; j++) /* the scale block of the column's weight row */
+                    sw[j] = fp8_w_scale(p.ws, e, fp8_tile_row<GATE>(p, nb, tx + j * TX) / FP8_BLOCK, b);
 #pragma unroll
                 for (int i = 0; i < TM; i++)
 #pragma unroll
@@ -272,10 +275,11 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_gemm_portable(const Fp8Gemm p
                     const long long hc = nb * FP8_BLOCK + tx + jj * TX;
                     float g = facc[i][jj], u = facc[i][jj + 4];
                     if (p.bias) {
-                        g = fp8_add(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + hc));
-                        u = fp8_add(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + hc));
+                        const long long b0 = e * p.bias_s0 + hc * p.row_step;
+                        g = fp8_add(g, mfm_load(p.bias, p.bias_dt, b0 + p.gate_row));
+                        u = fp8_add(u, mfm_load(p.bias, p.bias_dt, b0 + p.up_row));
                     }
-                    hv[jj] = mfm_gated(p.act, p.limit, g, u);
+                    hv[jj] = mfm_gated(p.act, p.alpha, p.limit, p.up_offset, g, u);
                     const float a = fabsf(hv[jj]);
                     amax = (mf_is_finite(hv[jj]) && a > amax) ? a : amax;
                 }

@@ -262,7 +262,7 @@ static __device__ __noinline__ void f8_gate_chunk(const Fp8Gemm &p, long long e,
             g = __fadd_rn(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + c));
             u = __fadd_rn(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + c));
         }
-        F8_BUF(j) = mfm_gated(p.act, p.limit, g, u);
+        F8_BUF(j) = mfm_gated(p.act, p.alpha, p.limit, p.up_offset, g, u);
     }
 }
 

@@ -41,7 +41,8 @@ typedef struct MoeGemm {
     int64_t depth;       /* K (gate) or I (final) */
     int64_t ncols;       /* I (gate: h columns) or K (final) */
     int64_t nblk;        /* column blocks */
-    int64_t gate_row, up_row; /* gate: first w1 / b1 row of the gate and up halves */
+    int64_t gate_row, up_row; /* gate: w1 / b1 row of gate value 0 and of up value 0 */
+    int64_t row_step;    /* gate: rows between values i and i + 1 (2 interleaved, else 1); final 1 */
     const void *bias;    /* b1 / b2 [E, rows] or NULL */
     int64_t bias_s0;
     int bias_dt;
@@ -49,7 +50,7 @@ typedef struct MoeGemm {
     int64_t o_s0, o_s1;
     int out_dt;
     int act;
-    float limit;
+    float alpha, limit, up_offset; /* the gate's activation (moefuse_moe_options) */
     int vec_a, vec_b;    /* rows and strides allow 16-byte cp.async */
     int vec_out;         /* out rows start 4-element aligned: the epilogue stores 4 at once */
     int zero_invalid;    /* direct mode: zero the out rows of invalid slots */
@@ -124,8 +125,9 @@ int moe_wgmma_usable(const cuda_state *s);
 moefuse_status moe_launch_wgmma(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
                                 int f16, const MoeGemm *p);
 /* The warp-specialised kernel: also the tensor-map encoder and the shared memory it needs.
- * A launch it cannot take (unaligned A rows, weights TMA cannot describe) goes to
- * moe_launch_wgmma: the same tile and bits. */
+ * A launch it cannot take (unaligned A rows, weights TMA cannot describe, the interleaved
+ * gate order, whose rows its 128-row boxes would mix) goes to moe_launch_wgmma: the same tile
+ * and bits. */
 int moe_ws_usable(const cuda_state *s);
 moefuse_status moe_launch_ws(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
                              int f16, const MoeGemm *p);

@@ -280,10 +280,11 @@ static __device__ void moe_zero_invalid(const MoeGemm &p, const MoeTileSmem &t, 
 struct MoeOut {
     void *out;
     const void *bias;
-    long long bias_g, bias_u; /* element offsets of the tile's bias: gate / up half (final: _g) */
+    long long bias_g, bias_u; /* element offsets of the tile's bias: gate / up value 0 (final: _g) */
+    long long bias_step;      /* elements between the biases of columns c and c + 1 */
     long long ncols;
     int out_dt, bias_dt, act, vec;
-    float limit;
+    float alpha, limit, beta;
 };
 
 static __device__ __forceinline__ MoeOut moe_out_params(const MoeGemm &p, long long e)
@@ -293,12 +294,15 @@ static __device__ __forceinline__ MoeOut moe_out_params(const MoeGemm &p, long l
     o.bias = p.bias;
     o.bias_g = e * p.bias_s0 + p.gate_row; /* the final's gate_row is 0 */
     o.bias_u = e * p.bias_s0 + p.up_row;
+    o.bias_step = p.row_step; /* the final's is 1 */
     o.ncols = p.ncols;
     o.out_dt = p.out_dt;
     o.bias_dt = p.bias_dt;
     o.act = p.act;
     o.vec = p.vec_out;
+    o.alpha = p.alpha;
     o.limit = p.limit;
+    o.beta = p.up_offset;
     return o;
 }
 
@@ -311,7 +315,7 @@ static __device__ __forceinline__ void moe_add_bias_n(const MoeOut &o, long long
 #pragma unroll
         for (int u = 0; u < N; u++)
             if (c + u < o.ncols)
-                v[u] = __fadd_rn(v[u], mfm_load(o.bias, o.bias_dt, b + c + u));
+                v[u] = __fadd_rn(v[u], mfm_load(o.bias, o.bias_dt, b + (c + u) * o.bias_step));
 }
 
 static __device__ __forceinline__ void moe_add_bias4(const MoeOut &o, long long b, long long c,
@@ -367,10 +371,10 @@ static __device__ __forceinline__ void moe_store_gate(const MoeOut &o, long long
                                                       float g, float u)
 {
     if (o.bias) {
-        g = __fadd_rn(g, mfm_load(o.bias, o.bias_dt, o.bias_g + hc));
-        u = __fadd_rn(u, mfm_load(o.bias, o.bias_dt, o.bias_u + hc));
+        g = __fadd_rn(g, mfm_load(o.bias, o.bias_dt, o.bias_g + hc * o.bias_step));
+        u = __fadd_rn(u, mfm_load(o.bias, o.bias_dt, o.bias_u + hc * o.bias_step));
     }
-    mfm_store(o.out, o.out_dt, orow + hc, mfm_gated(o.act, o.limit, g, u));
+    mfm_store(o.out, o.out_dt, orow + hc, mfm_gated(o.act, o.alpha, o.limit, o.beta, g, u));
 }
 
 /* Final epilogue of one (slot, output column): bias, then y in f32 (reduced) or rounded. */

@@ -2,7 +2,8 @@
  * The MoE kernels' element helpers, on top of src/cuda/numerics.cuh (the
  * backend's bit-exact formats and activations of docs/NUMERICS.md): loads of
  * a float element of any dtype, one rounding on store, and the gate's
- * clamp + activation + product with the CPU's NaN bits (mf_activate_f32, mf_mul).
+ * clamp + up offset + activation + product with the CPU's NaN bits
+ * (mf_add_up_offset, mf_activate_f32, mf_mul).
  * Arithmetic the MoE kernels write themselves uses the _rn intrinsics, so no
  * a*b+c is ever contracted, whatever --fmad says.
  */
@@ -31,14 +32,17 @@ static __device__ __forceinline__ void mfm_store(void *p, int dt, int64_t i, flo
         ((uint16_t *)p)[i] = (uint16_t)(dt == MF_DT_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
 }
 
-/* h = act(g) * u with the optional clamp (limit > 0), in f32 (NUMERICS.md steps 1-3). */
-static __device__ __forceinline__ float mfm_gated(int act, float limit, float g, float u)
+/* h = act(g) * (u + beta) with the optional clamp (limit > 0), in f32 (NUMERICS.md
+ * "Gated activation" steps 1-3); alpha is silu_alpha's, beta the up offset (0: none). */
+static __device__ __forceinline__ float mfm_gated(int act, float alpha, float limit, float beta,
+                                                  float g, float u)
 {
     if (limit > 0.0f) {
         g = mf_clamp_gate(g, limit);
         u = mf_clamp_up(u, limit);
     }
-    return mf_mul(mf_activate_f32(act, g), u);
+    u = mf_add_up_offset(u, beta);
+    return mf_mul(mf_activate_f32(act, alpha, g), u);
 }
 
 #endif /* MOEFUSE_CUDA_MOE_MATH_CUH */

@@ -21,6 +21,7 @@
  * f32 y rows go through scratch, so the sum order is fixed (j = 0..k-1).
  */
 #include "cuda/moe_internal.h"
+#include "numerics/mf_activation.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -307,8 +308,9 @@ static MoeGemm gate_params(const mf_moe_args *a, const moe_plan *pl, const MoeRo
     g.depth = a->model_dim;
     g.ncols = I;
     g.nblk = (I + cols - 1) / cols;
-    g.gate_row = a->opt.order == MOEFUSE_UP_FIRST ? I : 0;
-    g.up_row = a->opt.order == MOEFUSE_UP_FIRST ? 0 : I;
+    g.gate_row = mf_gate_at((int)a->opt.order, I);
+    g.up_row = mf_up_at((int)a->opt.order, I);
+    g.row_step = mf_gate_step((int)a->opt.order);
     if (a->b1.data) {
         g.bias = mf_cuda_base(&a->b1);
         g.bias_s0 = a->b1.stride[0];
@@ -320,7 +322,9 @@ static MoeGemm gate_params(const mf_moe_args *a, const moe_plan *pl, const MoeRo
     g.out_dt = (int)h->dtype;
     g.vec_out = vec_out_ok(g.out, h->dtype, g.o_s0, g.o_s1);
     g.act = (int)a->opt.activation;
+    g.alpha = a->opt.alpha;
     g.limit = a->opt.limit;
+    g.up_offset = a->opt.up_offset;
     g.vec_a = vec_ok(g.a, g.a_s0, 0);
     g.vec_b = vec_ok(g.w, g.w_s0, g.w_s1);
     g.zero_invalid = pl->direct && zero_invalid;
@@ -350,6 +354,7 @@ static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeR
     g.depth = a->inter_dim;
     g.ncols = K;
     g.nblk = (K + cols - 1) / cols;
+    g.row_step = 1; /* w2 / b2 rows, consecutive */
     if (a->b2.data) {
         g.bias = mf_cuda_base(&a->b2);
         g.bias_s0 = a->b2.stride[0];

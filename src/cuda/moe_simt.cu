@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(256, 3) moe_simt_kernel(const __grid_constant_
             long long col, wrow;
             if (GATE) {
                 col = nb * (SIMT_BN / 2) + (r & 31);
-                wrow = (r < 32 ? p.gate_row : p.up_row) + col;
+                wrow = (r < 32 ? p.gate_row : p.up_row) + col * p.row_step;
             } else {
                 col = nb * SIMT_BN + r;
                 wrow = col;

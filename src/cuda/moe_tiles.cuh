@@ -95,7 +95,7 @@ template <int BM, int BN, int THREADS, int WTN, bool GATE> struct MoeStageLoader
             if (GATE) {
                 const int q = r % WTN;
                 col = t.nb * (BN / 2) + (r / WTN) * (WTN / 2) + q % (WTN / 2);
-                wrow = (q < WTN / 2 ? p.gate_row : p.up_row) + col;
+                wrow = (q < WTN / 2 ? p.gate_row : p.up_row) + col * p.row_step;
             } else {
                 col = t.nb * BN + r;
                 wrow = col;
@@ -185,7 +185,7 @@ static __device__ __noinline__ void moe_epilogue(const MoeGemm &p, const MoeTile
             moe_add_bias4(o, o.bias_u, c, u);
 #pragma unroll
             for (int q = 0; q < 4; q++)
-                v[q] = mfm_gated(o.act, o.limit, g[q], u[q]);
+                v[q] = mfm_gated(o.act, o.alpha, o.limit, o.beta, g[q], u[q]);
         } else {
             const float4 y4 = *(const float4 *)(cs + r * CST + l);
             v[0] = y4.x, v[1] = y4.y, v[2] = y4.z, v[3] = y4.w;

@@ -237,7 +237,7 @@ static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long 
                 moe_add_bias_n<2>(o, o.bias_u, c, u);
 #pragma unroll 1
                 for (int x = 0; x < 2; x++)
-                    v[x] = mfm_gated(o.act, o.limit, v[x], u[x]);
+                    v[x] = mfm_gated(o.act, o.alpha, o.limit, o.beta, v[x], u[x]);
             } else {
                 moe_add_bias_n<2>(o, o.bias_g, c, v);
             }
@@ -403,7 +403,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
         return MOEFUSE_OK; /* only made ready */
     MoeWsParams P;
     memset(&P, 0, sizeof P);
-    if (p->rt.direct || !p->tile_ctr || !p->vec_a || !p->vec_b ||
+    /* (the interleaved order: a 128-row box would hold gate and up rows alike) */
+    if (p->rt.direct || !p->tile_ctr || !p->vec_a || !p->vec_b || p->row_step != 1 ||
         !encode_weights(s, p, GATE, F16, &P.map_w))
         return moe_launch_wgmma(ctx, s, op, GATE, F16, p); /* same tile, same bits */
     P.g = *p;

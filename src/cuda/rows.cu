@@ -71,7 +71,9 @@
 typedef struct rows_params {
     const char *x;          /* x[e, t, c] at x + (e xs0 + t xs1 + c) * xes */
     int64_t xs0, xs1, xes;
-    int64_t goff, uoff;     /* channel of the gate / up half inside a row */
+    int64_t goff, uoff;     /* channel of gate value 0 / up value 0 inside a row */
+    int64_t cstep;          /* channels between values i and i + 1: 2 interleaved (only the
+                               direct kernels, which load by channel, take it), else 1 */
     const char *rs;         /* row_scale[e, t] f32, or NULL */
     int64_t rss0, rss1;
     const char *es;         /* expert_scale[e] f32/bf16, or NULL */
@@ -86,7 +88,7 @@ typedef struct rows_params {
     int64_t E, T, H, Gn, Gw, chunks;
     int glog;               /* log2 G (G in 32, 64, 128), else 0 */
     int lpg;                /* lanes per group: G / 8 */
-    float limit, eps;
+    float limit, eps, alpha, beta; /* alpha: silu_alpha's; beta: the up offset (0: none) */
     int xdt, qdt, esdt, act, activate, round_bf16, has_rs, has_es;
     int fp8, ue8m0, layout, sc_f32;
     int vec_x, vec_q;       /* 16-byte x loads / 8-byte (quant) or 16-byte (act_mul) stores */
@@ -131,6 +133,11 @@ static __device__ __forceinline__ void act8(const rows_params &p, int act, int p
             u[i] = mf_clamp_up(u[i], p.limit);
         }
     }
+    if (!plain && p.beta != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            u[i] = mf_add_up_offset(u[i], p.beta);
+    }
     if (act == MF_ACT_SILU) {
         /* branch-free for |g| < 64; the others (rare) take the reference path afterwards */
         const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
@@ -154,6 +161,10 @@ static __device__ __forceinline__ void act8(const rows_params &p, int act, int p
 #pragma unroll
         for (int i = 0; i < 8; i++)
             g[i] = mf_gelu_formula(g[i]);
+    } else if (act == MF_ACT_SILU_ALPHA) { /* (a NaN h is redone by h_exact) */
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            g[i] = mf_silu_alpha_formula(g[i], p.alpha);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -188,8 +199,8 @@ static __device__ __forceinline__ void act8(const rows_params &p, int act, int p
  * in local memory (a stack frame) for the out-of-line call. */
 typedef struct act_opts {
     const char *xrow;
-    int64_t goff, uoff;
-    float limit, rs, es;
+    int64_t goff, uoff, cstep;
+    float limit, rs, es, alpha, beta;
     int xdt, act, activate, round_bf16, has_rs, has_es;
 } act_opts;
 
@@ -200,7 +211,10 @@ static __device__ __forceinline__ act_opts make_opts(const rows_params &p, const
     o.xrow = xrow;
     o.goff = p.goff;
     o.uoff = p.uoff;
+    o.cstep = p.cstep;
     o.limit = p.limit;
+    o.alpha = p.alpha;
+    o.beta = p.beta;
     o.rs = rs;
     o.es = es;
     o.xdt = p.xdt;
@@ -217,12 +231,14 @@ static __device__ __noinline__ float h_exact(act_opts o, int64_t c)
 {
     if (!o.activate)
         return load_elem(o.xrow, c, o.xdt);
-    float g = load_elem(o.xrow, o.goff + c, o.xdt), u = load_elem(o.xrow, o.uoff + c, o.xdt);
+    float g = load_elem(o.xrow, o.goff + c * o.cstep, o.xdt);
+    float u = load_elem(o.xrow, o.uoff + c * o.cstep, o.xdt);
     if (o.limit > 0.0f) {
         g = mf_clamp_gate(g, o.limit);
         u = mf_clamp_up(u, o.limit);
     }
-    float a = mf_activate_f32(o.act, g);
+    u = mf_add_up_offset(u, o.beta);
+    float a = mf_activate_f32(o.act, o.alpha, g);
     if (o.round_bf16)
         a = mf_round_bf16(a);
     float h = mf_mul(a, u);
@@ -247,10 +263,28 @@ static __device__ __forceinline__ float h_one(const rows_params &p, const float 
         v[0] = load_elem(xrow, c, p.xdt);
         return v[0];
     }
-    v[0] = load_elem(xrow, p.goff + c, p.xdt);
-    u[0] = load_elem(xrow, p.uoff + c, p.xdt);
+    v[0] = load_elem(xrow, p.goff + c * p.cstep, p.xdt);
+    u[0] = load_elem(xrow, p.uoff + c * p.cstep, p.xdt);
     act8(p, p.act, 0, tab, v, u, rs, es); /* the other 7 lanes of the arrays are dead code */
     return mf_is_nan(v[0]) ? h_exact(make_opts(p, xrow, rs, es), c) : v[0];
+}
+
+/*
+ * Gate (off = goff) or up (off = uoff) values c0 .. c0 + n - 1 of a row, for the direct
+ * kernels: load8's vectors for consecutive values, one element at a time for the interleaved
+ * order's every second channel (a uniform branch).
+ */
+static __device__ __forceinline__ void load8_values(const rows_params &p, const char *xrow,
+                                                    int64_t off, int64_t c0, int xdt, int n,
+                                                    float v[8])
+{
+    if (p.cstep == 1) {
+        load8(xrow + off * p.xes, c0, xdt, p.vec_x, n, v);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        v[i] = i < n ? load_elem(xrow, off + (c0 + i) * p.cstep, xdt) : 0.0f;
 }
 
 /* --------------------------------------------------------- quantization */
@@ -683,9 +717,9 @@ static __device__ __forceinline__ void quant_item(const rows_params &p, int xdt,
     for (int k = 0; k < 2; k++) {
         c0[k] = ch * MF_ITEM + k * 256 + lane * 8;
         n[k] = c0[k] < p.H ? 8 : 0; /* H is a multiple of 32 here: all 8 or none */
-        load8(xrow + p.goff * p.xes, c0[k], xdt, p.vec_x, n[k], h[k]);
+        load8_values(p, xrow, p.goff, c0[k], xdt, n[k], h[k]);
         if (p.activate)
-            load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
+            load8_values(p, xrow, p.uoff, c0[k], xdt, n[k], u[k]);
     }
     float sc[2];
     uint32_t ue[2];
@@ -701,13 +735,14 @@ static __device__ __forceinline__ void quant_item(const rows_params &p, int xdt,
 /*
  * act(g) * u of 8 channels computed for gates the table does not cover (zero, tiny, huge,
  * Inf, NaN: rare), with no options. Out of line, so the hot loop keeps none of its registers;
- * a NaN result is redone with the CPU's bits later, as on the computed path.
+ * a NaN result is redone with the CPU's bits later, as on the computed path. (An activation
+ * with a table takes no alpha.)
  */
 static __device__ __noinline__ vals8 act8_missed(int act, vals8 g, vals8 u)
 {
     vals8 h;
     for (int i = 0; i < 8; i++)
-        h.v[i] = mf_activate_f32(act, g.v[i]) * u.v[i];
+        h.v[i] = mf_activate_f32(act, 0.0f, g.v[i]) * u.v[i];
     return h;
 }
 
@@ -903,8 +938,8 @@ static __device__ __forceinline__ void mul_item(const rows_params &p, int xdt, i
         c0[k] = ch * MF_ITEM + k * 256 + lane * 8;
         const int64_t left = p.H - c0[k]; /* the last vector of an odd row is partial */
         n[k] = left >= 8 ? 8 : (left > 0 ? (int)left : 0);
-        load8(xrow + p.goff * p.xes, c0[k], xdt, p.vec_x, n[k], g[k]);
-        load8(xrow + p.uoff * p.xes, c0[k], xdt, p.vec_x, n[k], u[k]);
+        load8_values(p, xrow, p.goff, c0[k], xdt, n[k], g[k]);
+        load8_values(p, xrow, p.uoff, c0[k], xdt, n[k], u[k]);
     }
 #pragma unroll
     for (int k = 0; k < 2; k++) {
@@ -1521,10 +1556,14 @@ static void fill_common(rows_params *p, const mf_rows_args *a)
     p->xdt = (int)a->x.dtype;
     p->xes = (int64_t)moefuse_dtype_size(a->x.dtype);
     p->activate = a->activate;
-    p->goff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? a->hidden : 0;
-    p->uoff = a->activate && a->act.order == MOEFUSE_UP_FIRST ? 0 : a->hidden;
+    const int order = a->activate ? (int)a->act.order : MOEFUSE_GATE_FIRST;
+    p->goff = mf_gate_at(order, a->hidden);
+    p->uoff = mf_up_at(order, a->hidden);
+    p->cstep = mf_gate_step(order);
     p->act = (int)a->act.activation;
+    p->alpha = a->act.alpha;
     p->limit = a->activate ? a->act.limit : 0.0f;
+    p->beta = a->activate ? a->act.up_offset : 0.0f;
     p->round_bf16 = a->activate && a->act.intermediate == MOEFUSE_ROUND_BF16;
     if (a->row_scale.data) {
         p->has_rs = 1;
@@ -1553,11 +1592,12 @@ static void fill_common(rows_params *p, const mf_rows_args *a)
     p->qes = (int64_t)moefuse_dtype_size(a->out.dtype);
 }
 
-/* An activation without clamp, intermediate rounding or factors (or none at all)? */
+/* An activation without clamp, up offset, intermediate rounding or factors, its gate and up
+ * halves apart (or no activation at all)? */
 static int no_options(const rows_params *p)
 {
-    return !p->activate ||
-           (!(p->limit > 0.0f) && !p->round_bf16 && !p->has_rs && !p->has_es);
+    return !p->activate || (!(p->limit > 0.0f) && p->beta == 0.0f && p->cstep == 1 &&
+                            !p->round_bf16 && !p->has_rs && !p->has_es);
 }
 
 /* Can the plain kernels take the call: silu without options, or no activation at all? */
@@ -1567,12 +1607,14 @@ static int plain_silu(const rows_params *p)
 }
 
 /*
- * Can a table kernel take the call: bf16 x staged (16-byte aligned), no options? It reads
- * the activation's table (built at context creation, act_table.cuh), set here in p->atab.
+ * Can a table kernel take the call: bf16 x staged (16-byte aligned), no options, an
+ * activation that has a table (not silu_alpha, whose values depend on alpha)? It reads the
+ * activation's table (built at context creation, act_table.cuh), set here in p->atab.
  */
 static int table_kernel(const cuda_state *s, rows_params *p)
 {
-    if (p->xdt != MF_DT_BF16 || !p->vec_x || !no_options(p) || !s->act_tables)
+    if (p->xdt != MF_DT_BF16 || !p->vec_x || !no_options(p) || !s->act_tables ||
+        (p->activate && !mf_act_table_has(p->act)))
         return 0;
     p->atab = p->activate ? s->act_tables + (size_t)p->act * MF_TAB_ENTRIES : NULL;
     return 1;
@@ -1690,8 +1732,9 @@ static moefuse_status rows_quant(moefuse_context *ctx, cuda_state *s, const mf_r
     const int64_t E = p.E, T = p.T;
     const int64_t Ta = a->rows_padded;
     if (E > 0 && T > 0) {
-        /* 16-byte x loads need every gate/up vector aligned: rows, and the half at H */
-        p.vec_x = rows_aligned(&a->x, 16, E) && (p.H * p.xes) % 16 == 0;
+        /* 16-byte x loads need every gate/up vector aligned: rows, and the half at H; the
+         * interleaved order loads element by element in the direct kernels (no staging) */
+        p.vec_x = rows_aligned(&a->x, 16, E) && (p.H * p.xes) % 16 == 0 && p.cstep == 1;
         p.vec_q = rows_aligned(&a->out, 8, E);
         size_t smem;
         MF_TRY(masked_offsets(ctx, s, &p, op, offs_scratch, &smem));
@@ -1795,7 +1838,7 @@ moefuse_status mf_cuda_act_mul(moefuse_context *ctx, void *state, const mf_rows_
         return mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: expects the 2-D form", op);
     if (p.T == 0)
         return MOEFUSE_OK;
-    p.vec_x = rows_aligned(&a->x, 16, 1) && (p.H * p.xes) % 16 == 0;
+    p.vec_x = rows_aligned(&a->x, 16, 1) && (p.H * p.xes) % 16 == 0 && p.cstep == 1;
     p.vec_q = rows_aligned(&a->out, 16, 1);
     const int silu = plain_silu(&p);
     size_t bytes = 0;

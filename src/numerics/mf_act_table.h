@@ -12,6 +12,11 @@
  * gate (zero, tiny, huge, Inf, NaN) is a miss, which the kernels compute.
  * Entry j < MF_TAB_SPAN is act(+m) with m = MF_TAB_LO + j; entry
  * MF_TAB_SPAN + j is act(-m). 32 KiB per activation.
+ *
+ * The tables are keyed by activation alone, so they exist for the
+ * activations without a parameter (MF_TAB_ACTS of them); silu_alpha, whose
+ * values depend on the call's alpha, has none and is always computed
+ * (mf_act_table_has).
  */
 #ifndef MOEFUSE_NUMERICS_ACT_TABLE_H
 #define MOEFUSE_NUMERICS_ACT_TABLE_H
@@ -26,11 +31,14 @@
 #define MF_TAB_ACTS 3 /* silu, gelu, gelu_tanh (MF_ACT_*): one table each */
 #define MF_TAB_MISS 0x70000000u
 
-/* Entry j of activation act's table. */
+/* Whether activation act has a table (not silu_alpha: its values depend on alpha). */
+MF_FN int mf_act_table_has(int act) { return act >= 0 && act < MF_TAB_ACTS; }
+
+/* Entry j of activation act's table (act < MF_TAB_ACTS: no alpha). */
 MF_FN float mf_act_table_entry(int act, mf_u32 j)
 {
     const mf_u32 sign = j < MF_TAB_SPAN ? 0u : 0x8000u;
-    return mf_activate_f32(act, mf_bits_f32((sign | (MF_TAB_LO + j % MF_TAB_SPAN)) << 16));
+    return mf_activate_f32(act, 0.0f, mf_bits_f32((sign | (MF_TAB_LO + j % MF_TAB_SPAN)) << 16));
 }
 
 /*

@@ -9,7 +9,7 @@
  *
  * MF_FN        qualifies every function (static inline / __host__ __device__ /
  *              inline).
- * mf_u32/i32   32-bit integers; mf_f32_bits/mf_bits_f32 the bit casts.
+ * mf_u32/i32   32-bit integers (mf_i64 64-bit); mf_f32_bits/mf_bits_f32 the bit casts.
  * Constant tables are declared per language where they are used (mf_exp.h):
  * static const in C, a __device__ and a host copy in CUDA, __constant in OpenCL.
  */
@@ -21,6 +21,7 @@
 #define MF_FN inline
 typedef uint mf_u32;
 typedef int mf_i32;
+typedef long mf_i64;
 MF_FN mf_u32 mf_f32_bits(float f) { return as_uint(f); }
 MF_FN float mf_bits_f32(mf_u32 u) { return as_float(u); }
 #define mf_fmaf(a, b, c) fma((a), (b), (c))
@@ -31,6 +32,7 @@ MF_FN float mf_bits_f32(mf_u32 u) { return as_float(u); }
 #include <string.h>
 typedef uint32_t mf_u32;
 typedef int32_t mf_i32;
+typedef int64_t mf_i64;
 #if defined(__CUDACC__)
 #define MF_FN static __host__ __device__ __forceinline__
 #else

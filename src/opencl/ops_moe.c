@@ -43,6 +43,16 @@ static void gate_operand_args(mf_kargs *k, const mf_moe_args *a)
     mf_karg_int(k, a->b1.data != NULL);
 }
 
+/* The gate's activation options, as every gate kernel takes them (kernels/moe.cl). */
+static void gate_fn_args(mf_kargs *k, const mf_moe_args *a)
+{
+    mf_karg_int(k, (int32_t)a->opt.activation);
+    mf_karg_int(k, (int32_t)a->opt.order);
+    mf_karg_float(k, a->opt.limit);
+    mf_karg_float(k, a->opt.alpha);
+    mf_karg_float(k, a->opt.up_offset);
+}
+
 /* h, w2, b2 as both final kernels take them. */
 static void final_operand_args(mf_kargs *k, const mf_moe_args *a)
 {
@@ -142,9 +152,7 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     mf_karg_long(&k, a->topk);
     mf_karg_long(&k, a->model_dim);
     mf_karg_long(&k, a->inter_dim);
-    mf_karg_int(&k, (int32_t)a->opt.activation);
-    mf_karg_int(&k, (int32_t)a->opt.order);
-    mf_karg_float(&k, a->opt.limit);
+    gate_fn_args(&k, a);
     mf_karg_operand(&k, &a->h, 2, true);
     const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16, tile_bound(a, S) * 16};
     const size_t local[2] = {16, 16};
@@ -291,9 +299,7 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
     mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_GATE_GEMV : MF_K_MOE_GATE]);
     gate_operand_args(&k, a);
     routing_args(&k, a, false);
-    mf_karg_int(&k, (int32_t)a->opt.activation);
-    mf_karg_int(&k, (int32_t)a->opt.order);
-    mf_karg_float(&k, a->opt.limit);
+    gate_fn_args(&k, a);
     mf_karg_operand(&k, &a->h, 2, true);
     const size_t slots = (size_t)(a->tokens * a->topk);
     if (gemv) {

@@ -190,10 +190,11 @@ moefuse_status mf_ocl_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_m
     mf_karg_long(&k, rows);
     mf_karg_long(&k, K);
     mf_karg_long(&k, I);
-    mf_karg_long(&k, a->opt.order == MOEFUSE_UP_FIRST ? I : 0);
-    mf_karg_long(&k, a->opt.order == MOEFUSE_UP_FIRST ? 0 : I);
+    mf_karg_int(&k, (int32_t)a->opt.order);
     mf_karg_int(&k, (int32_t)a->opt.activation);
+    mf_karg_float(&k, a->opt.alpha);
     mf_karg_float(&k, a->opt.limit);
+    mf_karg_float(&k, a->opt.up_offset);
     mf_karg_operand(&k, &a->h, 2, false);
     act_scales_args(&k, &a->h_scales, a->act.scale_layout);
     mf_karg_int(&k, a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0);

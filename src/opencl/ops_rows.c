@@ -45,7 +45,8 @@ static size_t item_groups(const ocl_state *s, int64_t items)
 
 /* The variant of mf_rows_quant a call can take: a specialised one (kernels/rows.cl, MF_SPEC_*)
  * where the call has none of the options it leaves out, else the general one. bf16 x with an
- * activation and no options takes a table kernel where the context has the tables. */
+ * activation that has a table (not silu_alpha) and no options takes a table kernel where the
+ * context has the tables. */
 static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a, size_t lanes,
                                        bool vec)
 {
@@ -54,8 +55,11 @@ static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a
                         a->expert_scale.data == NULL;
     if (simple && !a->activate)
         return MF_K_ROWS_QUANT_H;
-    const bool plain = simple && !(a->act.limit > 0.0f) && a->act.intermediate != MOEFUSE_ROUND_BF16;
-    if (plain && s->act_tables && a->x.dtype == MOEFUSE_BF16)
+    const bool plain = simple && !(a->act.limit > 0.0f) &&
+                       a->act.intermediate != MOEFUSE_ROUND_BF16 && a->act.up_offset == 0.0f &&
+                       a->act.order != MOEFUSE_GATE_INTERLEAVED;
+    if (plain && s->act_tables && a->x.dtype == MOEFUSE_BF16 &&
+        mf_act_table_has((int)a->act.activation))
         return s->table_local ? MF_K_ROWS_QUANT_TAB_LOCAL : MF_K_ROWS_QUANT_TAB_GLOBAL;
     if (plain && a->act.activation == MOEFUSE_ACT_SILU)
         return MF_K_ROWS_QUANT_SILU;
@@ -121,6 +125,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, (int32_t)a->act.activation);
     mf_karg_int(&k, (int32_t)a->act.order);
     mf_karg_float(&k, a->act.limit);
+    mf_karg_float(&k, a->act.alpha);
+    mf_karg_float(&k, a->act.up_offset);
     mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
     mf_karg_operand(&k, &a->out, 2, true);
     mf_karg_operand(&k, &a->scales, 2, true);
@@ -131,7 +137,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_int(&k, vec_x);
     mf_karg_int(&k, vec_q);
     mf_karg_mem(&k, s->act_tables); /* read by the table kernels only */
-    mf_karg_int(&k, s->act_tables ? (int32_t)a->act.activation * (int32_t)MF_TAB_ENTRIES : 0);
+    const int act = (int)a->act.activation;
+    mf_karg_int(&k, s->act_tables && mf_act_table_has(act) ? act * (int32_t)MF_TAB_ENTRIES : 0);
     /* (the table kernel with its local copy too: fewer, longer groups were slower on the H100,
      * masked E=256 Tmax=128 H=7168 36.1% of copy with 8 per compute unit, 38.7% with 32) */
     const size_t global = item_groups(s, items) * s->wg;
@@ -181,6 +188,8 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
     mf_karg_int(&k, (int32_t)a->act.activation);
     mf_karg_int(&k, (int32_t)a->act.order);
     mf_karg_float(&k, a->act.limit);
+    mf_karg_float(&k, a->act.alpha);
+    mf_karg_float(&k, a->act.up_offset);
     mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
     mf_karg_operand(&k, &a->out, 2, true);
     const bool h8 = a->hidden % PER_LANE == 0;

@@ -255,7 +255,7 @@ static void check_act_tables(void)
         for (uint32_t b = 0; b < 0x10000u; b++) {
             const uint32_t m = b & 0x7FFFu;
             const int in = m >= MF_TAB_LO && m < MF_TAB_LO + MF_TAB_SPAN;
-            const float a = mf_activate_f32(act, mf_bf16_to_f32(b));
+            const float a = mf_activate_f32(act, 0.0f, mf_bf16_to_f32(b));
             for (int half = 0; half < 2; half++) {
                 /* the other half of the word holds a gate that is covered (1.0) */
                 const uint32_t w = half ? (b << 16) | 0x3F80u : 0x3F800000u | b;

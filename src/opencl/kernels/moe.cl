@@ -24,23 +24,37 @@ inline long mf_slot_expert(__global const int *ids, long io, long is0, long m, l
     return (e >= 0 && e < experts) ? e : -1;
 }
 
+/* The gate's activation options, as the kernels take them (moefuse_moe_options). */
+typedef struct mf_gate_fn {
+    int act;
+    float alpha, limit, beta;
+} mf_gate_fn;
+
+inline mf_gate_fn mf_gate_fn_of(int act, float alpha, float limit, float beta)
+{
+    mf_gate_fn f = {act, alpha, limit, beta};
+    return f;
+}
+
 /*
  * Column col of h from its two f32 dot products (every gate kernel ends here):
- * plus the bias rows grow + col and urow + col of b1[e] (at bbase), clamped
- * when limit > 0, then act(gate) * up (NUMERICS.md "MoE").
+ * plus the bias rows grow + col * step and urow + col * step of b1[e] (at
+ * bbase), clamped when limit > 0, the up offset, then act(gate) * up
+ * (NUMERICS.md "MoE").
  */
 inline float mf_gate_out(float ag, float au, __global const uchar *b1, int bdt, long bbase,
-                         int has_b, long grow, long urow, long col, int act, float limit)
+                         int has_b, long grow, long urow, long step, long col, mf_gate_fn f)
 {
     if (has_b) {
-        ag = ag + mf_load(b1, bdt, bbase + grow + col);
-        au = au + mf_load(b1, bdt, bbase + urow + col);
+        ag = ag + mf_load(b1, bdt, bbase + grow + col * step);
+        au = au + mf_load(b1, bdt, bbase + urow + col * step);
     }
-    if (limit > 0.0f) {
-        ag = mf_clamp_gate(ag, limit);
-        au = mf_clamp_up(au, limit);
+    if (f.limit > 0.0f) {
+        ag = mf_clamp_gate(ag, f.limit);
+        au = mf_clamp_up(au, f.limit);
     }
-    return mf_mul(mf_activate_f32(act, ag), au);
+    au = mf_add_up_offset(au, f.beta);
+    return mf_mul(mf_activate_f32(f.act, f.alpha, ag), au);
 }
 
 /* Stage elements [k0, k0 + n) of an activation row into local memory as f32. */
@@ -61,7 +75,7 @@ __kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
                           __global const int *ids, long io, long is0,
                           __global const int *map, long mo, long ms0, int has_map,
                           long topk, long kdim, long idim, long experts, long global_experts,
-                          int act, int order, float limit,
+                          int act, int order, float limit, float alpha, float beta,
                           __global uchar *h, long ho, long hs0, long hs1, int hdt,
                           __local float *xs, long chunk)
 {
@@ -77,9 +91,10 @@ __kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
             mf_store(h, hdt, hidx, 0.0f);
         return;
     }
-    const long grow = order == 1 ? idim : 0, urow = order == 1 ? 0 : idim;
-    const long wg_base = wo + e * ws0 + (grow + col) * ws1;
-    const long wu_base = wo + e * ws0 + (urow + col) * ws1;
+    const long grow = mf_gate_at(order, idim), urow = mf_up_at(order, idim);
+    const long step = mf_gate_step(order);
+    const long wg_base = wo + e * ws0 + (grow + col * step) * ws1;
+    const long wu_base = wo + e * ws0 + (urow + col * step) * ws1;
     float ag = 0.0f, au = 0.0f;
     for (long k0 = 0; k0 < kdim; k0 += chunk) {
         const long n = kdim - k0 < chunk ? kdim - k0 : chunk;
@@ -94,7 +109,8 @@ __kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
     }
     if (live)
         mf_store(h, hdt, hidx,
-                 mf_gate_out(ag, au, b1, bdt, bo + e * bs0, has_b, grow, urow, col, act, limit));
+                 mf_gate_out(ag, au, b1, bdt, bo + e * bs0, has_b, grow, urow, step, col,
+                             mf_gate_fn_of(act, alpha, limit, beta)));
 }
 
 /* y[r] of slot (m, j) with expert e: h[m, j] @ w2[e, r]^T (+ b2[e, r]). */

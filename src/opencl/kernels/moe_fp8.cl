@@ -154,7 +154,7 @@ void mf_moe_fp8_gate(__global const uchar *x, long xo, long xs0, long xs1,
                      long mo, long ms0, int has_map, long topk, long experts,
                      long global_experts, __global const int *counts, long co, long cs0,
                      int masked, long tmax, long tpad, long rows, long kdim, long idim,
-                     long gate_row, long up_row, int act, float limit,
+                     int order, int act, float alpha, float limit, float beta,
                      __global uchar *h, long ho, long hs0, long hs1, __global uchar *hsc,
                      long hso, long hss0, long hss1, int hs_layout, int hs_kind, int ue8m0,
                      float eps)
@@ -186,8 +186,12 @@ void mf_moe_fp8_gate(__global const uchar *x, long xo, long xs0, long xs1,
     /* x's codes: routed token m (q unused), masked (e, t); its scales the same rows */
     const long xblk = masked ? p : 0, xt = masked ? q : p;
     __global const uchar *xrow = x + xo + (masked ? p * xs0 + q * xs1 : p * xs0);
-    __global const uchar *wg = w + wo + e * ws0 + (gate_row + col) * ws1;
-    __global const uchar *wu = w + wo + e * ws0 + (up_row + col) * ws1;
+    /* w1 / b1 rows of h column col; the weight scales of row r are block r / 128 */
+    const long gate_row = mf_gate_at(order, idim), up_row = mf_up_at(order, idim);
+    const long step = mf_gate_step(order);
+    const long grow = gate_row + col * step, urow = up_row + col * step;
+    __global const uchar *wg = w + wo + e * ws0 + grow * ws1;
+    __global const uchar *wu = w + wo + e * ws0 + urow * ws1;
     float ag = 0.0f, au = 0.0f;
     for (long kb = 0; kb < kdim / 128; kb++) {
         const int na = mf_fp8_stage(cnt, &nan_a, xrow, kb);
@@ -195,15 +199,13 @@ void mf_moe_fp8_gate(__global const uchar *x, long xo, long xs0, long xs1,
             xsc, xs_kind, mf_fp8_sc_index(xso, xss0, xss1, xs_layout, xblk, xt, kb));
         const float pg = mf_fp8_dot_block(cnt, na, wg + kb * 128);
         const float pu = mf_fp8_dot_block(cnt, na, wu + kb * 128);
-        const float sg = mf_mul(sa, mf_fp8_wsc(wsc, wso, wss0, wss1, wsc_u8, e,
-                                               (gate_row + col) / 128, kb));
-        const float su = mf_mul(sa, mf_fp8_wsc(wsc, wso, wss0, wss1, wsc_u8, e,
-                                               (up_row + col) / 128, kb));
+        const float sg = mf_mul(sa, mf_fp8_wsc(wsc, wso, wss0, wss1, wsc_u8, e, grow / 128, kb));
+        const float su = mf_mul(sa, mf_fp8_wsc(wsc, wso, wss0, wss1, wsc_u8, e, urow / 128, kb));
         ag = mf_fp8_fma(pg, sg, ag);
         au = mf_fp8_fma(pu, su, au);
     }
-    const float hv = mf_gate_out(ag, au, b1, bdt, bo + e * bs0, has_b, gate_row, up_row, col,
-                                 act, limit);
+    const float hv = mf_gate_out(ag, au, b1, bdt, bo + e * bs0, has_b, gate_row, up_row, step,
+                                 col, mf_gate_fn_of(act, alpha, limit, beta));
     red[c] = mf_is_finite(hv) ? fabs(hv) : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int n = 64; n > 0; n >>= 1) { /* max: exact, so any order */

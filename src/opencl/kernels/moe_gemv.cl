@@ -88,7 +88,7 @@ void mf_moe_gate_gemv(__global const uchar *x, long xo, long xs0, int xdt,
                       __global const int *ids, long io, long is0,
                       __global const int *map, long mo, long ms0, int has_map,
                       long topk, long kdim, long idim, long experts, long global_experts,
-                      int act, int order, float limit,
+                      int act, int order, float limit, float alpha, float beta,
                       __global uchar *h, long ho, long hs0, long hs1, int hdt)
 {
     __local float2 part[MF_GV_LANES * MF_GV_TEAMS];
@@ -104,15 +104,17 @@ void mf_moe_gate_gemv(__global const uchar *x, long xo, long xs0, int xdt,
             mf_store(h, hdt, ho + m * hs0 + j * hs1 + col, 0.0f);
         return;
     }
-    const long grow = order == 1 ? idim : 0, urow = order == 1 ? 0 : idim;
+    const long grow = mf_gate_at(order, idim), urow = mf_up_at(order, idim);
+    const long step = mf_gate_step(order);
     float2 mine = (float2)(0.0f, 0.0f);
     if (live)
-        mine = mf_gv_partial(x, xo + m * xs0, w1, wo + e * ws0 + (grow + col) * ws1,
-                             wo + e * ws0 + (urow + col) * ws1, xdt, kdim, lane);
+        mine = mf_gv_partial(x, xo + m * xs0, w1, wo + e * ws0 + (grow + col * step) * ws1,
+                             wo + e * ws0 + (urow + col * step) * ws1, xdt, kdim, lane);
     const float2 a = mf_gv_reduce(part, mine, lid, lane);
     if (live && lane == 0)
         mf_store(h, hdt, ho + m * hs0 + j * hs1 + col,
-                 mf_gate_out(a.x, a.y, b1, bdt, bo + e * bs0, has_b, grow, urow, col, act, limit));
+                 mf_gate_out(a.x, a.y, b1, bdt, bo + e * bs0, has_b, grow, urow, step, col,
+                             mf_gate_fn_of(act, alpha, limit, beta)));
 }
 
 /*

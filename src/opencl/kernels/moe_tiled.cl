@@ -103,7 +103,7 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
                        __global const uchar *w1, long wo, long ws0, long ws1,
                        __global const uchar *b1, long bo, long bs0, int bdt, int has_b,
                        __global const long *route, long experts, long topk, long kdim, long idim,
-                       int act, int order, float limit,
+                       int act, int order, float limit, float alpha, float beta,
                        __global uchar *h, long ho, long hs0, long hs1, int hdt)
 {
     __local float as[MF_TK][MF_TM];
@@ -114,7 +114,8 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
     if (!mf_tile_of(route, experts, (long)get_group_id(1), &e, &first, &n))
         return; /* the whole work-group: tile is uniform */
     const long i0 = (long)get_group_id(0) * MF_TH;
-    const long grow = order == 1 ? idim : 0, urow = order == 1 ? 0 : idim;
+    const long grow = mf_gate_at(order, idim), urow = mf_up_at(order, idim);
+    const long step = mf_gate_step(order);
     __global const long *list = route + 2 * experts + 2;
     if (lid < MF_TM)
         rows[lid] = lid < n ? list[first + lid] : -1;
@@ -132,7 +133,7 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
                                             : 0.0f;
             const int c = idx / MF_TK; /* 0..63: gate columns, then up columns */
             const long col = i0 + (c % MF_TH);
-            const long wrow = (c < MF_TH ? grow : urow) + col;
+            const long wrow = (c < MF_TH ? grow : urow) + col * step;
             bs[kk][c] = (col < idim && kk < kn)
                             ? mf_load(w1, xdt, wo + e * ws0 + wrow * ws1 + k0 + kk)
                             : 0.0f;
@@ -165,7 +166,7 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
                 continue;
             mf_store(h, hdt, ho + m * hs0 + j * hs1 + col,
                      mf_gate_out(ag[i][jj], au[i][jj], b1, bdt, bo + e * bs0, has_b, grow, urow,
-                                 col, act, limit));
+                                 step, col, mf_gate_fn_of(act, alpha, limit, beta)));
         }
     }
 }

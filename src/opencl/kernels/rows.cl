@@ -22,10 +22,11 @@
 typedef struct mf_hrow {
     __global const uchar *x;
     long base;   /* element index of x[e, t, 0] */
-    long goff;   /* channel offset of the gate half */
-    long uoff;   /* channel offset of the up half */
+    long goff;   /* channel of gate value 0 */
+    long uoff;   /* channel of up value 0 */
     int xdt, act, activate, round_bf16, has_rs, has_es, vec;
-    float limit, rs, es;
+    int interleaved; /* gate i at channel 2i, up i at 2i + 1 (goff 0, uoff 1) */
+    float limit, rs, es, alpha, beta;
 } mf_hrow;
 
 /* ------------------------------------------------------------ the exp table */
@@ -50,10 +51,11 @@ inline float mf_exp_local(float x, __local const float *tab)
     return mf_exp_fast_local(x, tab);
 }
 
-/* mf_silu_formula for |g| < MF_EXP_FAST_LIMIT (then d >= 1 and finite: no NaN). */
-inline float mf_silu_local(float g, __local const float *tab)
+/* g / (1 + exp(-s)) for |s| < MF_EXP_FAST_LIMIT (then d >= 1 and finite: no NaN): with
+ * s = g mf_silu_formula, with s = alpha * g mf_silu_alpha_formula. */
+inline float mf_silu_local(float g, float s, __local const float *tab)
 {
-    const float d = 1.0f + mf_exp_fast_local(-g, tab);
+    const float d = 1.0f + mf_exp_fast_local(-s, tab);
     return g / d;
 }
 
@@ -157,25 +159,46 @@ typedef struct mf_vals8 {
 } mf_vals8;
 
 /*
- * a = silu(g) where mf_silu_local does not apply (|g| >= 86.5, NaN): rare,
- * and out of line, so that a GPU compiler neither interleaves its eight
- * copies with the hot path nor counts their registers there.
+ * a = silu(g) or silu_alpha(g) where mf_silu_local does not apply (exp's argument
+ * -s with |s| >= 86.5, or NaN; s = g or alpha g): rare, and out of line, so that a GPU
+ * compiler neither interleaves its eight copies with the hot path nor counts their
+ * registers there.
  */
-__attribute__((noinline)) mf_vals8 mf_silu_slow8(mf_vals8 g, mf_vals8 a)
+__attribute__((noinline)) mf_vals8 mf_silu_slow8(mf_vals8 g, mf_vals8 s, mf_vals8 a, int act,
+                                                 float alpha)
 {
     for (int k = 0; k < MF_PER_LANE; k++)
-        if (!(mf_fabsf(g.v[k]) < MF_EXP_FAST_LIMIT))
-            a.v[k] = mf_activate_f32(MF_ACT_SILU, g.v[k]);
+        if (!(mf_fabsf(s.v[k]) < MF_EXP_FAST_LIMIT))
+            a.v[k] = mf_activate_f32(act, alpha, g.v[k]);
     return a;
+}
+
+/* Gate and up values c .. c + 7 of an interleaved row (channels 2c .. 2c + 15): two chunk
+ * loads when vec (2c is then a multiple of 16), else the first n pairs one by one. */
+inline void mf_load_pairs(__global const uchar *x, int dt, long base, long c, int vec, int n,
+                          float g[8], float u[8])
+{
+    float lo[MF_PER_LANE], hi[MF_PER_LANE];
+    const int whole = vec && n == MF_PER_LANE;
+    mf_load_chunk(x, dt, base + 2 * c, whole, whole ? 8 : min(2 * n, 8), lo);
+    mf_load_chunk(x, dt, base + 2 * c + 8, whole, whole ? 8 : max(2 * n - 8, 0), hi);
+#pragma unroll
+    for (int k = 0; k < MF_PER_LANE / 2; k++) {
+        g[k] = lo[2 * k];
+        u[k] = lo[2 * k + 1];
+        g[4 + k] = hi[2 * k];
+        u[4 + k] = hi[2 * k + 1];
+    }
 }
 
 /*
  * h of channels c .. c + 7 of the row (the first n of them), in NUMERICS.md's
- * order: clamp, act(g), bf16 rounding, * u, * row_scale, * expert_scale, bf16
- * rounding. Each option is one uniform branch around a loop over the 8
- * values. silu takes the local-table exp where |g| < 86.5 (all but NaN and
- * huge g); the rare others, and any NaN in h (whose bits must be the x86
- * reference's: mf_mul), are redone one by one.
+ * order: clamp, up offset, act(g), bf16 rounding, * u, * row_scale,
+ * * expert_scale, bf16 rounding. Each option is one uniform branch around a
+ * loop over the 8 values. silu and silu_alpha take the local-table exp where
+ * |g| (or |alpha g|) < 86.5 (all but NaN and huge g); the rare others, and any
+ * NaN in h (whose bits must be the x86 reference's: mf_mul), are redone one by
+ * one.
  */
 inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, float h[8],
                   __local const float *ltab, __global const float *gtab, const int tabmode,
@@ -189,6 +212,8 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
     if (pre) {
         mf_unpack_raw8(pre[0], r->xdt, g);
         mf_unpack_raw8(pre[1], r->xdt, u);
+    } else if (r->interleaved) {
+        mf_load_pairs(r->x, r->xdt, r->base, c, r->vec, n, g, u);
     } else {
         mf_load_chunk(r->x, r->xdt, r->base + r->goff + c, r->vec, n, g);
         mf_load_chunk(r->x, r->xdt, r->base + r->uoff + c, r->vec, n, u);
@@ -199,6 +224,11 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
             g[k] = mf_clamp_gate(g[k], r->limit);
             u[k] = mf_clamp_up(u[k], r->limit);
         }
+    }
+    if (r->beta != 0.0f) {
+#pragma unroll
+        for (int k = 0; k < MF_PER_LANE; k++)
+            u[k] = mf_add_up_offset(u[k], r->beta);
     }
     if (tabmode) {
         /* bf16 gates (their f32 bits are the 16 bits shifted up): act(g) from the table, one
@@ -213,23 +243,28 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
                 a[k] = tabmode == 1 ? ltab[off[k]] : gtab[off[k]];
         } else {
             for (int k = 0; k < MF_PER_LANE; k++)
-                a[k] = mf_activate_f32(r->act, g[k]);
+                a[k] = mf_activate_f32(r->act, r->alpha, g[k]);
         }
-    } else if (r->act == MF_ACT_SILU) {
+    } else if (r->act == MF_ACT_SILU || r->act == MF_ACT_SILU_ALPHA) {
+        /* exp's argument is -s: s = g, or alpha * g (mf_silu_alpha_formula's a) */
+        const int scaled = r->act == MF_ACT_SILU_ALPHA;
+        float s[MF_PER_LANE];
         int slow = 0;
 #pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++) {
-            slow |= !(mf_fabsf(g[k]) < MF_EXP_FAST_LIMIT);
-            a[k] = mf_silu_local(g[k], tab);
+            s[k] = scaled ? r->alpha * g[k] : g[k];
+            slow |= !(mf_fabsf(s[k]) < MF_EXP_FAST_LIMIT);
+            a[k] = mf_silu_local(g[k], s[k], tab);
         }
         if (slow) {
-            mf_vals8 gv, av;
+            mf_vals8 gv, sv, av;
 #pragma unroll
             for (int k = 0; k < MF_PER_LANE; k++) {
                 gv.v[k] = g[k];
+                sv.v[k] = s[k];
                 av.v[k] = a[k];
             }
-            av = mf_silu_slow8(gv, av);
+            av = mf_silu_slow8(gv, sv, av, r->act, r->alpha);
 #pragma unroll
             for (int k = 0; k < MF_PER_LANE; k++)
                 a[k] = av.v[k];
@@ -237,7 +272,7 @@ inline void mf_h8(const mf_hrow *r, __local const float *tab, long c, int n, flo
     } else {
 #pragma unroll
         for (int k = 0; k < MF_PER_LANE; k++)
-            a[k] = mf_activate_f32(r->act, g[k]);
+            a[k] = mf_activate_f32(r->act, r->alpha, g[k]);
     }
     if (r->round_bf16) {
 #pragma unroll
@@ -371,13 +406,16 @@ inline mf_hrow mf_row_setup(__global const uchar *x, long xo, long xs0, long xs1
                             __global const float *rs, long rso, long rss0, long rss1, int has_rs,
                             __global const uchar *es, long eso, long ess0, int esdt, int has_es,
                             long hidden, int activate, int act, int order, float limit,
-                            int round_bf16, int vec, long e, long t)
+                            float alpha, float beta, int round_bf16, int vec, long e, long t)
 {
     mf_hrow r;
     r.x = x;
     r.base = xo + e * xs0 + t * xs1;
-    r.goff = order == 1 ? hidden : 0;
-    r.uoff = order == 1 ? 0 : hidden;
+    r.goff = mf_gate_at(order, hidden);
+    r.uoff = mf_up_at(order, hidden);
+    r.interleaved = order == MF_ORDER_INTERLEAVED;
+    r.alpha = alpha;
+    r.beta = beta;
     r.xdt = xdt;
     r.act = act;
     r.activate = activate;
@@ -639,7 +677,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                                int has_rs, __global const uchar *es, long eso, long ess0,
                                int esdt, int has_es, __global const long *offs, int has_counts,
                                long experts, long rows, long hidden, long group, long groups,
-                               int activate, int act, int order, float limit, int round_bf16,
+                               int activate, int act, int order, float limit, float alpha,
+                               float beta, int round_bf16,
                                __global uchar *q, long qo, long qs0, long qs1, int qdt,
                                __global uchar *sc, long sco, long scs0, long scs1, int scdt,
                                int layout, int ue8m0, float eps, int lanes, int vec_x, int vec_q,
@@ -651,7 +690,9 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         activate = spec != MF_SPEC_H;
         act = tabmode ? act : MF_ACT_SILU;
         xdt = tabmode ? MF_BF16 : xdt;
-        limit = 0.0f;
+        /* the host never sends these the interleaved order: the compiler drops its loads */
+        order = order == MF_ORDER_UP_FIRST ? order : MF_ORDER_GATE_FIRST;
+        limit = beta = 0.0f;
         round_bf16 = has_rs = has_es = 0;
         vec_x = vec_q = 1;
     }
@@ -680,7 +721,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
      * token. (On the H100 through NVIDIA's driver this took act_quant from 44-46% of copy to
      * 47-50%; quant, with half the words per item, lost 2 points to it and does without.) */
     const int ahead = spec != MF_SPEC_ANY && spec != MF_SPEC_H; /* (these always activate) */
-    const long goff = order == 1 ? hidden : 0, uoff = order == 1 ? 0 : hidden;
+    const long goff = mf_gate_at(order, hidden), uoff = mf_up_at(order, hidden);
     const long lane_c = (long)sl * MF_PER_LANE; /* the lane's channel in its group */
     mf_raw8 pre[2];
     pre[0].a = pre[0].b = pre[1].a = pre[1].b = (uint4)(0u);
@@ -695,7 +736,7 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         const long t = ahead ? pt : mf_row_token(offs, loffs, has_counts, loffs_on, e, i);
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso,
                                        ess0, esdt, has_es, hidden, activate, act, order, limit,
-                                       round_bf16, vec_x, e, t);
+                                       alpha, beta, round_bf16, vec_x, e, t);
         const long qrow = qo + e * qs0 + t * qs1;
         const int active = g < groups;
         float h[MF_PER_LANE];
@@ -757,7 +798,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
                        __global const uchar *es, long eso, long ess0, int esdt, int has_es, \
                        __global const long *offs, int has_counts, long experts, long rows, \
                        long hidden, long group, long groups, int activate, int act, int order, \
-                       float limit, int round_bf16, __global uchar *q, long qo, long qs0, \
+                       float limit, float alpha, float beta, int round_bf16, __global uchar *q, \
+                       long qo, long qs0, \
                        long qs1, int qdt, __global uchar *sc, long sco, long scs0, long scs1, \
                        int scdt, int layout, int ue8m0, float eps, int lanes, int vec_x, \
                        int vec_q, __global const float *atab, int tab_base) \
@@ -768,7 +810,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         __local long loffs[MF_LOCAL_EXPERTS + 1]; \
         mf_rows_quant_body(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, es, eso, ess0, \
                            esdt, has_es, offs, has_counts, experts, rows, hidden, group, groups, \
-                           activate, act, order, limit, round_bf16, q, qo, qs0, qs1, qdt, sc, \
+                           activate, act, order, limit, alpha, beta, round_bf16, q, qo, qs0, \
+                           qs1, qdt, sc, \
                            sco, scs0, scs1, scdt, layout, ue8m0, eps, lanes, vec_x, vec_q, \
                            (__local uint *)red, tab, atab + tab_base, (__local float *)ltab, \
                            loffs, spec); \
@@ -807,7 +850,8 @@ inline void mf_store_chunk(__global uchar *out, int dt, long i, const float v[8]
 __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long xs1, int xdt,
                               __global const float *rs, long rso, long rss0, long rss1, int has_rs,
                               long rows, long hidden, int act, int order, float limit,
-                              int round_bf16, __global uchar *out, long oo, long os0, long os1,
+                              float alpha, float beta, int round_bf16, __global uchar *out,
+                              long oo, long os0, long os1,
                               int odt, int vec_x, int vec_out)
 {
     __local float tab[64];
@@ -822,8 +866,8 @@ __kernel void mf_rows_act_mul(__global const uchar *x, long xo, long xs0, long x
         if (n <= 0)
             continue;
         const mf_hrow r = mf_row_setup(x, xo, xs0, xs1, xdt, rs, rso, rss0, rss1, has_rs, 0, 0, 0,
-                                       MF_F32, 0, hidden, 1, act, order, limit, round_bf16,
-                                       vec_x, 0, t);
+                                       MF_F32, 0, hidden, 1, act, order, limit, alpha, beta,
+                                       round_bf16, vec_x, 0, t);
         float h[MF_PER_LANE];
         mf_h8(&r, tab, c, n, h, 0, 0, 0, 0);
         mf_store_chunk(out, odt, oo + t * os1 + c, h, vec_out, n);
