@@ -63,8 +63,8 @@ def _topk_shape(logits, k):
     return _dims(logits, 2)[0], k
 
 
-def _moe_gate_shape(x, w1, topk_ids):
-    return _dims(x, 2)[0], _dims(topk_ids, 2)[1], _dims(w1, 3)[1] // 2
+def _moe_gate_shape(x, w1, topk_ids, n_shared=0):
+    return _dims(x, 2)[0], _dims(topk_ids, 2)[1] + int(n_shared), _dims(w1, 3)[1] // 2
 
 
 def _moe_final_shape(h, w2, reduce):
@@ -266,19 +266,25 @@ def dequant(q, scales, *, group_size=128, scale_layout="row_major", ue8m0=None, 
     return out
 
 
-def _routing(call, ids, weights, expert_map):
+def _routing(call, ids, weights, expert_map, n_shared=0, shared_scale=0.0,
+             shared_weights=None):
+    """moefuse_routing; shared experts: the last n_shared of the weights (docs/API.md)."""
     return _capi.Routing(topk_ids=call.tensor(ids), topk_weights=call.tensor(weights),
-                         expert_map=call.tensor(expert_map))
+                         expert_map=call.tensor(expert_map), n_shared=int(n_shared),
+                         shared_scale=float(shared_scale),
+                         shared_weights=call.tensor(shared_weights))
 
 
 def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
              order="gate_first", limit=0.0, dtype=None, out=None, alpha=0.0, up_offset=0.0,
-             ctx=None):
+             n_shared=0, ctx=None):
     """h [M, k, I] = act(x @ w1[e]^T + b1[e]) gated, per routed slot. x [M, K],
     w1 [E, 2I, K], topk_ids [M, k] i32, expert_map optional [E_global] i32.
     Invalid slots (bad id, or mapped to -1) give rows of 0. dtype: h's, default x's.
-    alpha, up_offset: as in act_mul (order "interleaved": w1 and b1 rows 2i gate, 2i + 1 up)."""
-    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+    alpha, up_offset: as in act_mul (order "interleaved": w1 and b1 rows 2i gate, 2i + 1 up).
+    n_shared: the last n_shared experts of w1 are shared, slots k.. of every token
+    (h [M, k + n_shared, I]; docs/API.md, "Shared experts")."""
+    if not n_shared and (type(x) in _fast.TENSORS or _fast.first_torch(x)):
         try:
             h = _fast_result(out, x, _moe_gate_shape(x, w1, topk_ids), dtype or x.dtype)
         except Exception:  # the ctypes path raises it, after its own checks
@@ -291,11 +297,11 @@ def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
                                                 (topk_ids, "topk_ids"), (expert_map, "expert_map"))]
     xo, wo, bo, io, mo = ops
     c = resolve_context(ctx, ops)
-    out, ho = _result(out, "h", xo, _moe_gate_shape(xo, wo, io), dtype or xo.dtype)
+    out, ho = _result(out, "h", xo, _moe_gate_shape(xo, wo, io, n_shared), dtype or xo.dtype)
     opt = _options.moe(activation, order, limit, alpha, up_offset)
     with Call(c, "moe_gate") as call:
         tx, tw, tb = call.tensor(xo), call.tensor(wo), call.tensor(bo)
-        route = _routing(call, io, None, mo)
+        route = _routing(call, io, None, mo, n_shared)
         th = call.tensor(ho, output=True)
         call.run(lib.moefuse_moe_gate, ctypes.byref(tx), ctypes.byref(tw), _ref(tb),
                  ctypes.byref(route), ctypes.byref(th), ctypes.byref(opt))
@@ -303,11 +309,13 @@ def moe_gate(x, w1, topk_ids, *, b1=None, expert_map=None, activation="silu",
 
 
 def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, reduce=True,
-              dtype=None, out=None, ctx=None):
+              dtype=None, out=None, n_shared=0, shared_scale=0.0, shared_weights=None,
+              ctx=None):
     """y = h[m, j] @ w2[e]^T + b2[e] per slot; reduce=True: out [M, K] = sum over j in order of
     topk_weights[m, j] * y (f32, rounded once); reduce=False: out [M, k, K] = y.
-    A given out decides by its rank. dtype: out's, default h's."""
-    if type(h) in _fast.TENSORS or _fast.first_torch(h):
+    A given out decides by its rank. dtype: out's, default h's. n_shared, shared_scale (0: 1)
+    and shared_weights ([M] f32, optional): the shared experts' slots, last in the sum."""
+    if not n_shared and (type(h) in _fast.TENSORS or _fast.first_torch(h)):
         try:
             o = _fast_result(out, h, _moe_final_shape(h, w2, reduce), dtype or h.dtype)
         except Exception:  # the ctypes path raises it, after its own checks
@@ -318,14 +326,15 @@ def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, r
     ops = [_tensors.describe(a, n) for a, n in ((h, "h"), (w2, "w2"), (b2, "b2"),
                                                 (topk_ids, "topk_ids"),
                                                 (topk_weights, "topk_weights"),
-                                                (expert_map, "expert_map"))]
-    ho, wo, bo, io, wto, mo = ops
+                                                (expert_map, "expert_map"),
+                                                (shared_weights, "shared_weights"))]
+    ho, wo, bo, io, wto, mo, swo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", ho, _moe_final_shape(ho, wo, reduce), dtype or ho.dtype)
     opt = _options.moe("silu", "gate_first", 0.0)
     with Call(c, "moe_final") as call:
         th, tw, tb = call.tensor(ho), call.tensor(wo), call.tensor(bo)
-        route = _routing(call, io, wto, mo)
+        route = _routing(call, io, wto, mo, n_shared, shared_scale, swo)
         to = call.tensor(oo, output=True)
         call.run(lib.moefuse_moe_final, ctypes.byref(th), ctypes.byref(tw), _ref(tb),
                  ctypes.byref(route), ctypes.byref(to), ctypes.byref(opt))
@@ -334,10 +343,13 @@ def moe_final(h, w2, topk_ids, topk_weights=None, *, b2=None, expert_map=None, r
 
 def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_map=None,
                 activation="silu", order="gate_first", limit=0.0, dtype=None, out=None,
-                alpha=0.0, up_offset=0.0, ctx=None):
+                alpha=0.0, up_offset=0.0, n_shared=0, shared_scale=0.0, shared_weights=None,
+                ctx=None):
     """The whole MoE layer: out [M, K] = sum over the k routed experts of
-    topk_weights * (act(x @ w1^T + b1) gated @ w2^T + b2). dtype: out's, default x's."""
-    if type(x) in _fast.TENSORS or _fast.first_torch(x):
+    topk_weights * (act(x @ w1^T + b1) gated @ w2^T + b2). dtype: out's, default x's.
+    n_shared: the last n_shared experts are shared, every token's slots after its k routed
+    ones, each weighted shared_scale (0: 1) times shared_weights[m] ([M] f32, optional)."""
+    if not n_shared and (type(x) in _fast.TENSORS or _fast.first_torch(x)):
         try:
             o = _fast_result(out, x, _dims(x, 2), dtype or x.dtype)
         except Exception:  # the ctypes path raises it, after its own checks
@@ -349,15 +361,16 @@ def moe_forward(x, w1, w2, topk_ids, topk_weights, *, b1=None, b2=None, expert_m
     ops = [_tensors.describe(a, n) for a, n in ((x, "x"), (w1, "w1"), (w2, "w2"), (b1, "b1"),
                                                 (b2, "b2"), (topk_ids, "topk_ids"),
                                                 (topk_weights, "topk_weights"),
-                                                (expert_map, "expert_map"))]
-    xo, w1o, w2o, b1o, b2o, io, wto, mo = ops
+                                                (expert_map, "expert_map"),
+                                                (shared_weights, "shared_weights"))]
+    xo, w1o, w2o, b1o, b2o, io, wto, mo, swo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", xo, _dims(xo, 2), dtype or xo.dtype)
     opt = _options.moe(activation, order, limit, alpha, up_offset)
     with Call(c, "moe_forward") as call:
         tx, t1, t2 = call.tensor(xo), call.tensor(w1o), call.tensor(w2o)
         tb1, tb2 = call.tensor(b1o), call.tensor(b2o)
-        route = _routing(call, io, wto, mo)
+        route = _routing(call, io, wto, mo, n_shared, shared_scale, swo)
         to = call.tensor(oo, output=True)
         call.run(lib.moefuse_moe_forward, ctypes.byref(tx), ctypes.byref(t1), ctypes.byref(t2),
                  _ref(tb1), _ref(tb2), ctypes.byref(route), ctypes.byref(to),

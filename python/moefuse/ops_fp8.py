@@ -39,9 +39,10 @@ def _out_dtype(dtype, x_dtype):
     return name if name in FLOATS else "bf16"
 
 
-def _gate_shapes(x, w1, topk_ids, scale_layout):
-    """h [M, k, I] and its scales, laid out as those of a quantized [M * k, I]."""
-    M, k, I = _dims(x, 2)[0], _dims(topk_ids, 2)[1], _dims(w1, 3)[1] // 2
+def _gate_shapes(x, w1, topk_ids, scale_layout, n_shared=0):
+    """h [M, k, I] and its scales, laid out as those of a quantized [M * k, I] (k counts the
+    shared experts' slots too)."""
+    M, k, I = _dims(x, 2)[0], _dims(topk_ids, 2)[1] + int(n_shared), _dims(w1, 3)[1] // 2
     return (M, k, I), _options.scales_shape(scale_layout, M * k, I, GROUP)
 
 
@@ -66,9 +67,10 @@ def _operands(pairs):
 def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_map=None,
                  activation="silu", order="gate_first", limit=0.0, scale_layout="row_major",
                  ue8m0=None, eps=None, scale_dtype=None, h=None, h_scales=None, alpha=0.0,
-                 up_offset=0.0, ctx=None):
+                 up_offset=0.0, n_shared=0, ctx=None):
     """h [M, k, I] f8_e4m3 and h_scales = quant(act(x @ w1[e]^T + b1[e])) per routed slot
-    (activation, order, limit, alpha and up_offset as in moefuse.moe_gate).
+    (activation, order, limit, alpha and up_offset as in moefuse.moe_gate), and, with
+    n_shared, per shared slot after them: k counts both.
 
     x [M, K] float (quantized here), or f8_e4m3 with x_scales; w1 [E, 2I, K] f8_e4m3 with
     w1_scales [E, 2I/128, K/128]. h_scales lie as the scales of a quantized [M * k, I] in
@@ -78,7 +80,7 @@ def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_m
                      (b1, "b1"), (topk_ids, "topk_ids"), (expert_map, "expert_map")))
     xo, xso, wo, wso, bo, io, mo = ops
     c = resolve_context(ctx, ops)
-    h_shape, s_shape = _gate_shapes(xo, wo, io, scale_layout)
+    h_shape, s_shape = _gate_shapes(xo, wo, io, scale_layout, n_shared)
     h, ho = _result(h, "h", xo, h_shape, "f8_e4m3")
     h_scales, hso = _result(h_scales, "h_scales", xo, s_shape,
                             _h_scales_dtype(scale_layout, scale_dtype, xso))
@@ -86,7 +88,7 @@ def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_m
                            _ue8m0(ue8m0, xso, hso), eps, alpha, up_offset)
     with Call(c, "moe_gate_fp8") as call:
         tx, txs, tw, tws, tb = (call.tensor(o) for o in (xo, xso, wo, wso, bo))
-        route = _routing(call, io, None, mo)
+        route = _routing(call, io, None, mo, n_shared)
         th, ths = call.tensor(ho, output=True), call.tensor(hso, output=True)
         call.run(lib.moefuse_moe_gate_fp8, ctypes.byref(tx), _given(txs, xso), ctypes.byref(tw),
                  ctypes.byref(tws), _ref(tb), ctypes.byref(route), ctypes.byref(th),
@@ -96,21 +98,21 @@ def moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, b1=None, expert_m
 
 def moe_final_fp8(h, h_scales, w2, w2_scales, topk_ids, topk_weights=None, *, b2=None,
                   expert_map=None, reduce=True, scale_layout="row_major", ue8m0=None, dtype=None,
-                  out=None, ctx=None):
+                  out=None, n_shared=0, shared_scale=0.0, shared_weights=None, ctx=None):
     """y = h[m, j] @ w2[e]^T + b2[e] per slot, from h's codes and scales as moe_gate_fp8 wrote
     them; w2 [E, K, I] f8_e4m3 with w2_scales [E, K/128, I/128]. reduce=True: out [M, K], the
     weighted top-k sum; reduce=False: out [M, k, K]. dtype: out's, default bf16."""
     ops = _operands(((h, "h"), (h_scales, "h_scales"), (w2, "w2"), (w2_scales, "w2_scales"),
                      (b2, "b2"), (topk_ids, "topk_ids"), (topk_weights, "topk_weights"),
-                     (expert_map, "expert_map")))
-    ho, hso, wo, wso, bo, io, wto, mo = ops
+                     (expert_map, "expert_map"), (shared_weights, "shared_weights")))
+    ho, hso, wo, wso, bo, io, wto, mo, swo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", ho, _moe_final_shape(ho, wo, reduce),
                       _out_dtype(dtype, ho.dtype))
     opt = _options.fp8_moe("silu", "gate_first", 0.0, scale_layout, _ue8m0(ue8m0, hso), None)
     with Call(c, "moe_final_fp8") as call:
         th, ths, tw, tws, tb = (call.tensor(o) for o in (ho, hso, wo, wso, bo))
-        route = _routing(call, io, wto, mo)
+        route = _routing(call, io, wto, mo, n_shared, shared_scale, swo)
         to = call.tensor(oo, output=True)
         call.run(lib.moefuse_moe_final_fp8, ctypes.byref(th), ctypes.byref(ths),
                  ctypes.byref(tw), ctypes.byref(tws), _ref(tb), ctypes.byref(route),
@@ -121,14 +123,16 @@ def moe_final_fp8(h, h_scales, w2, w2_scales, topk_ids, topk_weights=None, *, b2
 def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, x_scales=None,
                     b1=None, b2=None, expert_map=None, activation="silu", order="gate_first",
                     limit=0.0, scale_layout="row_major", ue8m0=None, eps=None, dtype=None,
-                    out=None, alpha=0.0, up_offset=0.0, ctx=None):
+                    out=None, alpha=0.0, up_offset=0.0, n_shared=0, shared_scale=0.0,
+                    shared_weights=None, ctx=None):
     """The whole FP8 layer: moe_gate_fp8 then moe_final_fp8, h kept in FP8 in the call's
-    workspace. out [M, K]; dtype: out's, default x's when x is a float, else bf16."""
+    workspace. out [M, K]; dtype: out's, default x's when x is a float, else bf16.
+    n_shared, shared_scale, shared_weights: shared experts, as moe_forward takes them."""
     ops = _operands(((x, "x"), (x_scales, "x_scales"), (w1, "w1"), (w1_scales, "w1_scales"),
                      (w2, "w2"), (w2_scales, "w2_scales"), (b1, "b1"), (b2, "b2"),
                      (topk_ids, "topk_ids"), (topk_weights, "topk_weights"),
-                     (expert_map, "expert_map")))
-    xo, xso, w1o, w1so, w2o, w2so, b1o, b2o, io, wto, mo = ops
+                     (expert_map, "expert_map"), (shared_weights, "shared_weights")))
+    xo, xso, w1o, w1so, w2o, w2so, b1o, b2o, io, wto, mo, swo = ops
     c = resolve_context(ctx, ops)
     out, oo = _result(out, "out", xo, _dims(xo, 2), _out_dtype(dtype, xo.dtype))
     opt = _options.fp8_moe(activation, order, limit, scale_layout, _ue8m0(ue8m0, xso), eps,
@@ -136,7 +140,7 @@ def moe_forward_fp8(x, w1, w1_scales, w2, w2_scales, topk_ids, topk_weights, *, 
     with Call(c, "moe_forward_fp8") as call:
         tensors = [call.tensor(o) for o in (xo, xso, w1o, w1so, w2o, w2so, b1o, b2o)]
         tx, txs, t1, t1s, t2, t2s, tb1, tb2 = tensors
-        route = _routing(call, io, wto, mo)
+        route = _routing(call, io, wto, mo, n_shared, shared_scale, swo)
         to = call.tensor(oo, output=True)
         call.run(lib.moefuse_moe_forward_fp8, ctypes.byref(tx), _given(txs, xso), ctypes.byref(t1),
                  ctypes.byref(t1s), ctypes.byref(t2), ctypes.byref(t2s), _ref(tb1), _ref(tb2),
