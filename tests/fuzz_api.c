@@ -196,6 +196,8 @@ typedef struct fuzz_call {
     int32_t renormalize;
     moefuse_router_options route; /* topk_route */
     int32_t block_size;           /* routing_metadata */
+    int32_t n_shared;             /* routing.n_shared: 0, or a perturbation's bad value */
+    float shared_scale;
     bool null_options, null_context, null_routing;
     bool maybe_invalid; /* a perturbation that may or may not break the call */
     int64_t hidden;     /* H of the valid call (group_size = H is valid) */
@@ -1248,6 +1250,25 @@ static bool perturb_null_routing(const fuzzer *f, rng *r, fuzz_call *c)
     return true;
 }
 
+/* Shared experts no call can take: a negative count, more than any E, a NaN scale (with one
+ * shared expert, h or out also lack its slot), or any at all in routing_metadata. */
+static bool perturb_shared(const fuzzer *f, rng *r, fuzz_call *c)
+{
+    (void)f;
+    if (!is_moe(c->op) && c->op != OP_ROUTING_META)
+        return false;
+    switch (rng_int(r, 0, 2)) {
+    case 0: c->n_shared = (int32_t)rng_int(r, INT32_MIN, -1); break;
+    case 1: c->n_shared = (int32_t)rng_int(r, 1 << 20, INT32_MAX); break;
+    default:
+        c->n_shared = 1;
+        c->shared_scale = NAN;
+        break;
+    }
+    note(c, "routing.n_shared %d, shared_scale %g", (int)c->n_shared, (double)c->shared_scale);
+    return true;
+}
+
 static bool perturb_null_context(const fuzzer *f, rng *r, fuzz_call *c)
 {
     (void)f, (void)r;
@@ -1267,7 +1288,7 @@ static const struct {
     {perturb_negative_offset, 3}, {perturb_past_end, 7},    {perturb_alias, 14},
     {perturb_null_data, 5},     {perturb_null_pointer, 4},  {perturb_foreign, 2},
     {perturb_option, 16},       {perturb_empty_strides, 6}, {perturb_null_routing, 1},
-    {perturb_null_context, 1},
+    {perturb_null_context, 1},  {perturb_shared, 3},
 };
 
 static perturb_fn *pick_perturbation(rng *r)
@@ -1536,6 +1557,14 @@ static void judge_block_size(const fuzz_call *c, verdict *v)
         must_refuse(v, "block_size %d", (int)c->block_size);
 }
 
+/* Shared experts: the fuzzer's calls have none, so any it was given must be refused
+ * (perturb_shared gives only counts and scales no call takes). */
+static void judge_shared(const fuzz_call *c, verdict *v)
+{
+    if (c->n_shared != 0)
+        must_refuse(v, "routing.n_shared %d", (int)c->n_shared);
+}
+
 static verdict expected_outcome(const fuzzer *f, const fuzz_call *c)
 {
     verdict v = {c->maybe_invalid ? EXPECT_EITHER : EXPECT_OK, V_ACCEPTED_INVALID, ""};
@@ -1549,6 +1578,7 @@ static verdict expected_outcome(const fuzzer *f, const fuzz_call *c)
     judge_overlap(c, &v);
     judge_options(c, &v);
     judge_block_size(c, &v);
+    judge_shared(c, &v);
     return v;
 }
 
@@ -1726,7 +1756,9 @@ static const moefuse_tensor *arg(const fuzz_call *c, int slot)
 
 static moefuse_routing routing_of(const fuzz_call *c, int ids, int weights, int map)
 {
-    moefuse_routing routing = {0}; /* no shared experts */
+    moefuse_routing routing = {0}; /* no shared experts, unless perturbed */
+    routing.n_shared = c->n_shared;
+    routing.shared_scale = c->shared_scale;
     routing.topk_ids = c->v[ids].t;
     routing.topk_weights = c->v[weights].t;
     routing.expert_map = c->v[map].t;

@@ -140,6 +140,17 @@ static int shared_here(layer *L)
     return 1;
 }
 
+/* A layer for c, when the backend under test has shared experts (else 0, everything freed). */
+static int layer_here(cfg c, layer *L)
+{
+    *L = make_layer(c);
+    if (shared_here(L))
+        return 1;
+    free(L->local);
+    tb_free_all();
+    return 0;
+}
+
 static void same(tbuf *a, tbuf *b, const char *what)
 {
     h_check_all(0);
@@ -161,12 +172,9 @@ static void same(tbuf *a, tbuf *b, const char *what)
 
 static void run_same(cfg c)
 {
-    layer L = make_layer(c);
-    if (!shared_here(&L)) {
-        free(L.local);
-        tb_free_all();
+    layer L;
+    if (!layer_here(c, &L))
         return;
-    }
     const int64_t M = c.M, K = c.K, I = c.I, slots = c.k + c.S;
     moefuse_moe_options o = {.activation = MOEFUSE_ACT_SILU};
     tbuf *ha = tb_new3("h shared", c.dt, M, slots, I, 0, 0);
@@ -253,12 +261,9 @@ END_TEST
 START_TEST(t_routed_plus_dense_mlp)
 {
     const cfg c = {MOEFUSE_BF16, 6, 64, 32, 7, 2, 1, 0, 1, 2.0f, 0};
-    layer L = make_layer(c);
-    if (!shared_here(&L)) {
-        free(L.local);
-        tb_free_all();
+    layer L;
+    if (!layer_here(c, &L))
         return;
-    }
     const int64_t M = c.M, K = c.K, I = c.I, E = c.E, k = c.k, S = c.S;
     tbuf *out = tb_new2("out", MOEFUSE_F32, M, K, 0, 0);
     OK_CALL(moefuse_moe_forward(g_ctx, T(L.x), T(L.w1), T(L.w2), T(L.b1), T(L.b2), &L.shared,
@@ -318,12 +323,9 @@ END_TEST
 START_TEST(t_fp8_same_as_slots_written_out)
 {
     const cfg c = {MOEFUSE_BF16, 4, 256, 128, 4, 2, 1, 1, 1, 2.5f, 0};
-    layer L = make_layer(c);
-    if (!shared_here(&L)) {
-        free(L.local);
-        tb_free_all();
+    layer L;
+    if (!layer_here(c, &L))
         return;
-    }
     const int64_t E = c.E, K = c.K, I = c.I;
     tbuf *w1 = tb_new3("w1 f8", MOEFUSE_F8_E4M3, E, 2 * I, K, 0, 1);
     tbuf *w2 = tb_new3("w2 f8", MOEFUSE_F8_E4M3, E, K, I, 0, 1);

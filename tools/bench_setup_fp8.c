@@ -31,12 +31,9 @@ int bench_setup_fp8(bench *b, shape_spec *s, double *work)
                shape_int(s, name, "ue8m0", 0, 1, &ue8m0) != 0) {
         return -1;
     }
-    /* shared=S: S shared experts after the E routed ones (shape_int's values start at 1) */
-    const char *sv = shape_get(s, "shared");
-    if (sv && (sscanf(sv, "%lld", (long long *)&shared) != 1 || shared < 0 || shared > 64)) {
-        fprintf(stderr, "moefuse bench: shared must be 0..64, not '%s'\n", sv);
+    /* shared=S: S shared experts after the E routed ones */
+    if (!b->masked && shape_count(s, name, "shared", 64, &shared) != 0)
         return -1;
-    }
     if (b->K % 128 || b->I % 128 || (!b->masked && b->k > b->E)) {
         fprintf(stderr, "moefuse bench: FP8 MoE needs K and I multiples of 128 and k <= E\n");
         return -1;

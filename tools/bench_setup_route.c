@@ -40,15 +40,8 @@ static int setup_route(bench *b, shape_spec *s, double *work)
     int64_t n_group, topk_group, bias;
     if (shape_int(s, name, "n_group", 1, MOEFUSE_ROUTER_MAX_GROUPS, &n_group) != 0 ||
         shape_int(s, name, "topk_group", n_group, n_group, &topk_group) != 0 ||
-        parse_scoring(s, &b->ro.scoring) != 0)
+        shape_count(s, name, "bias", 1, &bias) != 0 || parse_scoring(s, &b->ro.scoring) != 0)
         return -1;
-    /* shape_int's values start at 1: bias=0 is the default, spelled out here */
-    const char *bv = shape_get(s, "bias");
-    bias = bv && strcmp(bv, "1") == 0;
-    if (bv && !bias && strcmp(bv, "0") != 0) {
-        fprintf(stderr, "moefuse bench: bias must be 0 or 1, not '%s'\n", bv);
-        return -1;
-    }
     b->ro.n_group = (int32_t)n_group;
     b->ro.topk_group = (int32_t)topk_group;
     b->ro.renormalize = 1;

@@ -60,8 +60,8 @@ const char *shape_get(shape_spec *s, const char *key)
     return NULL;
 }
 
-int shape_int(shape_spec *s, const char *op, const char *key, int64_t fallback, int64_t max,
-              int64_t *value)
+static int shape_int_from(shape_spec *s, const char *op, const char *key, int64_t fallback,
+                          int64_t min, int64_t max, int64_t *value)
 {
     const char *v = shape_get(s, key);
     if (!v) {
@@ -79,13 +79,24 @@ int shape_int(shape_spec *s, const char *op, const char *key, int64_t fallback, 
         fprintf(stderr, "moefuse bench: --shape %s=%s is not an integer\n", key, v);
         return -1;
     }
-    if (n < 1 || n > max) {
-        fprintf(stderr, "moefuse bench: --shape %s=%s is out of range [1, %lld]\n", key, v,
-                (long long)max);
+    if (n < min || n > max) {
+        fprintf(stderr, "moefuse bench: --shape %s=%s is out of range [%lld, %lld]\n", key, v,
+                (long long)min, (long long)max);
         return -1;
     }
     *value = (int64_t)n;
     return 0;
+}
+
+int shape_int(shape_spec *s, const char *op, const char *key, int64_t fallback, int64_t max,
+              int64_t *value)
+{
+    return shape_int_from(s, op, key, fallback, 1, max, value);
+}
+
+int shape_count(shape_spec *s, const char *op, const char *key, int64_t max, int64_t *value)
+{
+    return shape_int_from(s, op, key, 0, 0, max, value);
 }
 
 /* Whether `key` is one of the words of the list "T, H, G". */

@@ -23,6 +23,8 @@ const char *shape_get(shape_spec *s, const char *key);
  */
 int shape_int(shape_spec *s, const char *op, const char *key, int64_t fallback, int64_t max,
               int64_t *value);
+/* The same for a count that may be 0: in [0, max], 0 when absent. */
+int shape_count(shape_spec *s, const char *op, const char *key, int64_t max, int64_t *value);
 /* -1 with a message naming the first key that is not in `keys` ("T, H, G"). */
 int shape_check_keys(const shape_spec *s, const char *op, const char *keys);
 /* -1 with a message naming the first key no one asked for. */

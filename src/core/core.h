@@ -90,8 +90,10 @@ const char *mf_shape_str(char *buf, size_t size, int32_t rank, const int64_t *sh
 /* The same view with a leading dimension of size 1 (rank + 1). */
 moefuse_tensor mf_with_leading_unit(const moefuse_tensor *t);
 
-/* Backend scratch owned by the context, grown on demand (ops_moe.c). */
+/* Backend scratch owned by the context, grown on demand: moe_forward's h (mf_workspace) and the
+ * shared experts' slots (mf_shared_routing_scratch), each in a buffer of its own. */
 moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer);
+moefuse_status mf_shared_routing_scratch(moefuse_context *ctx, size_t bytes, void **buffer);
 
 /*
  * The last step of every call, once its arguments are valid and `need` (the bytes of
@@ -110,5 +112,7 @@ moefuse_status mf_enter_query(moefuse_context *ctx, const char *op, const size_t
 moefuse_status mf_nothing_to_do(size_t *measure);
 /* n rounded up to MOEFUSE_WORKSPACE_ALIGNMENT; SIZE_MAX stays SIZE_MAX. */
 size_t mf_workspace_align(size_t n);
+/* a + b, or SIZE_MAX when that overflows (a workspace size too large to have). */
+size_t mf_size_add_sat(size_t a, size_t b);
 
 #endif /* MOEFUSE_CORE_CORE_H */

@@ -6,26 +6,6 @@
  */
 #include "core/moe_checks.h"
 
-#include <stdint.h>
-
-static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
-
-/* The context's own memory for the slots' ids and weights when the caller set no workspace
- * (apart from moe_forward's h, which the same call may also keep in ctx->workspace). */
-static moefuse_status shared_scratch(moefuse_context *ctx, size_t bytes, void **buffer)
-{
-    if (bytes > ctx->shared_routing_bytes || !ctx->shared_routing) {
-        if (ctx->shared_routing)
-            ctx->backend->buffer_free(ctx->state, ctx->shared_routing);
-        ctx->shared_routing = NULL;
-        ctx->shared_routing_bytes = 0;
-        MF_TRY(ctx->backend->buffer_alloc(ctx, ctx->state, bytes, &ctx->shared_routing));
-        ctx->shared_routing_bytes = bytes;
-    }
-    *buffer = ctx->shared_routing;
-    return MOEFUSE_OK;
-}
-
 moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_args *a,
                                  const mf_shared *sh, mf_moe_runner run, size_t *measure)
 {
@@ -50,7 +30,8 @@ moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_ar
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: the [M, k + n_shared] slots overflow size_t",
                         op);
     const size_t ids_bytes = mf_workspace_align(cells);
-    const size_t own = weights ? add_sat(ids_bytes, mf_workspace_align(cells)) : ids_bytes;
+    const size_t own =
+        weights ? mf_size_add_sat(ids_bytes, mf_workspace_align(cells)) : ids_bytes;
     const int64_t shape[2] = {a->tokens, a->topk};
     mf_moe_args in = *a;
     in.topk_ids = moefuse_tensor_dense(NULL, MOEFUSE_I32, 2, shape);
@@ -64,7 +45,7 @@ moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_ar
         size_t inner = 0;
         MF_TRY(run(ctx, op, &in, &inner)); /* sizes only: in's tensors have no data yet */
         bool go;
-        MF_TRY(mf_workspace_step(ctx, op, add_sat(own, inner), measure, &go));
+        MF_TRY(mf_workspace_step(ctx, op, mf_size_add_sat(own, inner), measure, &go));
         if (!go)
             return MOEFUSE_OK;
     }
@@ -74,7 +55,7 @@ moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_ar
         base = ws.data;
         at = ws.offset;
     } else {
-        MF_TRY(shared_scratch(ctx, own, &base));
+        MF_TRY(mf_shared_routing_scratch(ctx, own, &base));
     }
     in.topk_ids.data = base;
     in.topk_ids.offset = (int64_t)at;

@@ -301,7 +301,7 @@ static moefuse_status gate_then_final(moefuse_context *ctx, const char *op, mf_m
     MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_gate_workspace, a, measure, &gate_need));
     MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_final_workspace, a, measure, &final_need));
     const size_t off_h = mf_workspace_align(gate_need > final_need ? gate_need : final_need);
-    const size_t need = off_h > SIZE_MAX - h_bytes ? SIZE_MAX : off_h + h_bytes;
+    const size_t need = mf_size_add_sat(off_h, h_bytes);
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
     if (!run)

@@ -270,8 +270,6 @@ static size_t dense_bytes(const moefuse_tensor *t)
     return n;
 }
 
-static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
-
 /*
  * A whole layer on a backend without a whole-layer kernel: the gate step into h (f8) and
  * h_scales, then the final step. With the caller's workspace, the steps' scratch comes first,
@@ -295,8 +293,8 @@ static moefuse_status gate_then_final_fp8(moefuse_context *ctx, const char *op, 
     MF_TRY(mf_moe_step_workspace(ctx, be->moe_gate_fp8_workspace, a, measure, &gate_need));
     MF_TRY(mf_moe_step_workspace(ctx, be->moe_final_fp8_workspace, a, measure, &final_need));
     const size_t off_h = mf_workspace_align(gate_need > final_need ? gate_need : final_need);
-    const size_t off_s = mf_workspace_align(add_sat(off_h, h_bytes));
-    const size_t need = add_sat(off_s, s_bytes);
+    const size_t off_s = mf_workspace_align(mf_size_add_sat(off_h, h_bytes));
+    const size_t need = mf_size_add_sat(off_s, s_bytes);
     bool run;
     MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
     if (!run)

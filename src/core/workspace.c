@@ -10,6 +10,8 @@ size_t mf_workspace_align(size_t n)
     return n > SIZE_MAX - (a - 1) ? SIZE_MAX : (n + a - 1) / a * a;
 }
 
+size_t mf_size_add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
 bool mf_caller_workspace(const moefuse_context *ctx, mf_region *ws)
 {
     if (!ctx->caller_workspace.data)
@@ -72,21 +74,36 @@ moefuse_status mf_nothing_to_do(size_t *measure)
     return MOEFUSE_OK;
 }
 
+/* A context-owned buffer (*buf of *have bytes) of at least `bytes`, reallocated when smaller. */
+static moefuse_status grow_owned(moefuse_context *ctx, void **buf, size_t *have, size_t bytes)
+{
+    if (bytes > *have || !*buf) {
+        if (*buf)
+            ctx->backend->buffer_free(ctx->state, *buf);
+        *buf = NULL;
+        *have = 0;
+        MF_TRY(ctx->backend->buffer_alloc(ctx, ctx->state, bytes, buf));
+        *have = bytes;
+    }
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_workspace(moefuse_context *ctx, size_t bytes, void **buffer)
 {
-    if (bytes > ctx->workspace_bytes || !ctx->workspace) {
-        if (ctx->workspace)
-            ctx->backend->buffer_free(ctx->state, ctx->workspace);
-        ctx->workspace = NULL;
-        ctx->workspace_bytes = 0;
-        if (mf_fault_hit(MF_FAULT_SCRATCH_GROW)) /* test hook: a growth that fails */
-            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                            "moe_forward: growing the workspace to %zu bytes failed (injected)",
-                            bytes);
-        MF_TRY(ctx->backend->buffer_alloc(ctx, ctx->state, bytes, &ctx->workspace));
-        ctx->workspace_bytes = bytes;
-    }
+    if ((bytes > ctx->workspace_bytes || !ctx->workspace) &&
+        mf_fault_hit(MF_FAULT_SCRATCH_GROW)) /* test hook: a growth that fails */
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "moe_forward: growing the workspace to %zu bytes failed (injected)",
+                        bytes);
+    MF_TRY(grow_owned(ctx, &ctx->workspace, &ctx->workspace_bytes, bytes));
     *buffer = ctx->workspace;
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_shared_routing_scratch(moefuse_context *ctx, size_t bytes, void **buffer)
+{
+    MF_TRY(grow_owned(ctx, &ctx->shared_routing, &ctx->shared_routing_bytes, bytes));
+    *buffer = ctx->shared_routing;
     return MOEFUSE_OK;
 }
 
