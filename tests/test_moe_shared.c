@@ -287,7 +287,7 @@ START_TEST(t_routed_plus_dense_mlp)
         }
     }
     double *ref = calloc((size_t)(M * K), sizeof(double));
-    or_act_opt ao = {MOEFUSE_ACT_SILU, MOEFUSE_GATE_FIRST, 0.0f, 0};
+    or_act_opt ao = {.act = MOEFUSE_ACT_SILU, .order = MOEFUSE_GATE_FIRST}; /* no limit, no offset */
     for (int pass = 0; pass < 2; pass++) { /* 0: routed, k slots; 1: the dense MLP, S slots */
         const int64_t n = pass == 0 ? k : S;
         int32_t *idv = malloc(sizeof(int32_t) * (size_t)(M * n));
