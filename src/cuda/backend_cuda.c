@@ -146,6 +146,13 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
                         "cuda: MOEFUSE_CUDA_FP8=%.64s is none of portable, wgmma, decode",
                         getenv("MOEFUSE_CUDA_FP8"));
     }
+    s->forced_router = mf_cuda_router_from_env();
+    if (s->forced_router < 0) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_ROUTER=%.64s is none of block, warp, thread",
+                        getenv("MOEFUSE_CUDA_ROUTER"));
+    }
     cudaError_t e = cudaSetDevice(s->device);
     struct cudaDeviceProp prop;
     if (e == cudaSuccess)

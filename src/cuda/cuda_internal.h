@@ -69,6 +69,9 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_FP8: the FP8 GEMM forced (enum fp8_gemm_kind), or 0 for the choice by
      * device (mf_cuda_fp8_gemm_from_env; moe_fp8.cu's fp8_gemm_for) */
     int fp8_gemm;
+    /* MOEFUSE_CUDA_ROUTER: topk_route's kernel forced (enum route_kernel in router.h), or 0
+     * for the choice by shape (mf_cuda_router_from_env) */
+    int forced_router;
     const void *checked_ptr;
     unsigned long long checked_base;
     size_t checked_size;
@@ -136,6 +139,7 @@ void mf_cuda_probe_pdl(cuda_state *s);
 int mf_cuda_gemm_from_env(void);
 /* MOEFUSE_CUDA_SPLIT as a split count: 0 when unset or empty, -1 when not an integer in 1..8. */
 int mf_cuda_split_from_env(void);
+int mf_cuda_router_from_env(void);
 
 /* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);

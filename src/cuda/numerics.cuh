@@ -221,6 +221,13 @@ static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
     return mf_bits_f32(mf_f32_bits(mf_exp_mantissa(q, hi, lo)) + (kb & ~31u) * 262144u);
 }
 
+/* mf_exp_f32(x) with its fast path's table at shared-memory address tabs (a copy of
+ * MF_EXP_TABLE): the same bits (device_check.cu). */
+static __device__ __forceinline__ float mf_exp_shared(float x, uint32_t tabs)
+{
+    return fabsf(x) < MF_EXP_FAST_LIMIT ? mf_exp_tab_fast(x, tabs) : mf_exp_f32(x);
+}
+
 /*
  * Two bf16 (lo in the low half) of values that are not NaN, by the hardware conversion
  * (round to nearest even, no flush): mf_f32_to_bf16's bits for every such float

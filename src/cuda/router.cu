@@ -1,8 +1,9 @@
 /*
  * topk_route of the CUDA backend: the CPU's bits (src/cpu/topk.c, docs/NUMERICS.md, "Router
- * (topk_route)"). Two kernels: mf_k_route_warp (router_warp.cu) for E <= 512, every model's
- * router; and here mf_k_topk_route, the reference for any E: a thread per row, every score
- * recomputed where it is used (the shape of kernels/router.cl).
+ * (topk_route)"). Three kernels: mf_k_route_block (router_block.cu) for few rows and
+ * mf_k_route_warp (router_warp.cu) for many, both for E <= 512, every model's router; and here
+ * mf_k_topk_route, the reference for any E: a thread per row, every score recomputed where it
+ * is used (the shape of kernels/router.cl). MOEFUSE_CUDA_ROUTER=block|warp|thread forces one.
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/moe_internal.h"
@@ -10,7 +11,11 @@
 #include "cuda/numerics.cuh"
 #include "cuda/router.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* Rows an SM takes for the block kernel to be chosen (measured: docs/PERFORMANCE.md). */
+#define ROUTE_BLOCK_ROWS_PER_SM 4
 
 /* ------------------------------------------------------------- topk_route */
 
@@ -240,6 +245,35 @@ __global__ void __launch_bounds__(64) mf_k_topk_route(const RouteParams p)
             w[j] = __fmul_rn(w[j], p.scale);
 }
 
+extern "C" int mf_cuda_router_from_env(void)
+{
+    static const char *const names[] = {"block", "warp", "thread"};
+    const char *v = getenv("MOEFUSE_CUDA_ROUTER");
+    if (!v || !*v)
+        return ROUTE_AUTO;
+    for (int c = 0; c < 3; c++)
+        if (strcmp(v, names[c]) == 0)
+            return ROUTE_BLOCK + c;
+    return -1;
+}
+
+/*
+ * The kernel for p: the block per row while a few rows leave most SMs idle (its chains are
+ * short; per row it issues more than the warp kernel), the warp per row for more, the thread
+ * per row past 512 experts. A forced kernel that cannot take p gives way to the next one.
+ */
+static int route_kernel_for(const cuda_state *s, const RouteParams *p)
+{
+    int kernel = s->forced_router;
+    if (kernel == ROUTE_AUTO)
+        kernel = p->M <= (int64_t)ROUTE_BLOCK_ROWS_PER_SM * s->sm_count ? ROUTE_BLOCK : ROUTE_WARP;
+    if (kernel == ROUTE_BLOCK && !mf_route_block_takes(p))
+        kernel = ROUTE_WARP;
+    if (kernel == ROUTE_WARP && p->E > ROUTE_WARP_MAX_E)
+        kernel = ROUTE_THREAD;
+    return kernel;
+}
+
 moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a)
 {
     cuda_state *s = (cuda_state *)state;
@@ -267,7 +301,12 @@ moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_to
     p.group_scoring = (int)a->group_scoring;
     p.renorm = a->renormalize;
     p.scale = a->scale;
-    if (p.E <= ROUTE_WARP_MAX_E) {
+    const int kernel = route_kernel_for(s, &p);
+    if (kernel == ROUTE_BLOCK) {
+        mf_route_block_launch(&p, s->stream);
+        return mf_cuda_launched(ctx, "topk_route", "mf_k_route_block");
+    }
+    if (kernel == ROUTE_WARP) {
         mf_route_warp_launch(&p, s->stream);
         return mf_cuda_launched(ctx, "topk_route", "mf_k_route_warp");
     }

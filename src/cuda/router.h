@@ -18,10 +18,17 @@ typedef struct RouteParams {
     float scale;
 } RouteParams;
 
-/* The most experts the warp kernel takes (16 a lane). */
+/* The most experts the warp and block kernels take (16 a lane; a thread each). */
 #define ROUTE_WARP_MAX_E 512
+
+/* topk_route's kernels, as MOEFUSE_CUDA_ROUTER names them (0: the choice by shape). */
+enum route_kernel { ROUTE_AUTO = 0, ROUTE_BLOCK, ROUTE_WARP, ROUTE_THREAD };
 
 /* Launch the warp-per-row kernel (E <= ROUTE_WARP_MAX_E) on stream (mf_cuda_launched after). */
 void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream);
+
+/* Whether the block-per-row kernel takes p (E <= ROUTE_WARP_MAX_E, k <= 32), and its launch. */
+bool mf_route_block_takes(const RouteParams *p);
+void mf_route_block_launch(const RouteParams *p, cudaStream_t stream);
 
 #endif

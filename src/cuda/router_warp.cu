@@ -1,147 +1,20 @@
 /*
- * topk_route for E <= 512, every model's router: a warp per row, lane l holding experts
- * l, l + 32, ... (NV of them, a power of two). The CPU's bits (docs/NUMERICS.md, "Router (topk_route)"):
+ * topk_route for many rows (E <= 512, every model's router; router_block.cu takes few rows): a
+ * warp per row, lane l holding experts l, l + 32, ... (NV of them, a power of two). The CPU's
+ * bits (docs/NUMERICS.md, "Router (topk_route)"; the shared pieces in router_keys.cuh):
  *  - each expert's rank is one 64-bit key (tier, ordered choice score, complemented index),
  *    so a pick is a warp max of two 32-bit reductions and ties go to the lower index;
  *  - a group's two best scores come from warp reductions (groups of 32 or more experts) or a
  *    butterfly over its lanes (fewer, a power of two); other group sizes scan shared memory;
- *  - the scores are computed one expert per lane at a time, not unrolled: a single warp is
- *    bound by fetching the kernel's instructions, so the code is kept short; every loop runs
- *    on 32-bit indices (E <= 512).
- * The softmax's index-order sum and the renormalisation's pick-order sum run on lane 0.
+ *    lane g then holds group g's key and ranks it against the others' (up to 32 groups);
+ *  - sigmoid scores are unrolled over a lane's experts; the softmax's loops take one expert
+ *    per lane at a time; every loop runs on 32-bit indices (E <= 512).
+ * The softmax's index-order sum runs on lane 0.
  */
 #include "cuda/cuda_internal.h"
-#include "cuda/numerics.cuh"
-#include "cuda/router.h"
-
-#include <cuda_fp16.h>
+#include "cuda/router_keys.cuh"
 
 #define RW_WARPS 4 /* rows per block */
-#define RW_FULL 0xFFFFFFFFu
-
-/* Floats in an order-preserving u32 (-0 is made +0 first: equal scores tie on the index). */
-static __device__ __forceinline__ uint32_t rw_ordered(float v)
-{
-    const uint32_t b = mf_f32_bits(v == 0.0f ? 0.0f : v);
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-
-static __device__ __forceinline__ float rw_unordered(uint32_t o)
-{
-    return mf_bits_f32((o & 0x80000000u) ? o & 0x7FFFFFFFu : ~o);
-}
-
-/*
- * An expert's (or a group's) rank, larger first: bits 63-62 the tier (2 ranked, 1 unranked,
- * 0 not a candidate), 61-30 the ordered choice score (ranked only), 29-0 the complemented
- * index. The order of route_ahead in router.cu.
- */
-static __device__ __forceinline__ uint64_t rw_key(bool candidate, bool bad, float c, int i)
-{
-    const uint32_t oc = bad ? 0u : rw_ordered(c), tier = bad ? 1u : 2u;
-    const uint32_t hi = (tier << 30) | (oc >> 2), lo = (oc << 30) | (uint32_t)(0x3FFFFFFF - i);
-    return candidate ? ((uint64_t)hi << 32) | lo : 0ull;
-}
-
-static __device__ __forceinline__ int rw_index(uint64_t key)
-{
-    return 0x3FFFFFFF - (int)(key & 0x3FFFFFFFull);
-}
-
-/* The warp's largest key: the high words' max, then the low words' of the lanes that hold it. */
-static __device__ __forceinline__ uint64_t rw_warp_max(uint64_t k)
-{
-    const unsigned hi = (unsigned)(k >> 32), lo = (unsigned)k;
-    const unsigned mh = __reduce_max_sync(RW_FULL, hi);
-    const unsigned ml = __reduce_max_sync(RW_FULL, hi == mh ? lo : 0u);
-    return ((uint64_t)mh << 32) | ml;
-}
-
-/* (a1, a2): the two largest ordered scores of a set (0: none), merged with another set's. */
-static __device__ __forceinline__ void rw_top2_merge(uint32_t *a1, uint32_t *a2, uint32_t b1,
-                                                     uint32_t b2)
-{
-    const uint32_t lo = *a1 < b1 ? *a1 : b1, second = *a2 > b2 ? *a2 : b2;
-    *a1 = *a1 > b1 ? *a1 : b1;
-    *a2 = lo > second ? lo : second;
-}
-
-/* A group's key from its two best ordered choice scores (step 4; a1 = 0: none ranked). */
-static __device__ __forceinline__ uint64_t rw_group_key(const RouteParams &p, uint32_t a1,
-                                                        uint32_t a2, int g)
-{
-    float score = rw_unordered(a1);
-    if (p.group_scoring == MOEFUSE_GROUP_TOP2_SUM && a2 != 0u)
-        score = __fadd_rn(score, rw_unordered(a2));
-    return rw_key(true, a1 == 0u || mf_is_nan(score), score, g);
-}
-
-/* A group's two best by a scan of its choice scores c (NaN: unranked). */
-static __device__ uint64_t rw_group_scan(const RouteParams &p, const float *c, int g, int per)
-{
-    uint32_t a1 = 0u, a2 = 0u;
-#pragma unroll 1
-    for (int i = g * per; i < (g + 1) * per; i++)
-        rw_top2_merge(&a1, &a2, mf_is_nan(c[i]) ? 0u : rw_ordered(c[i]), 0u);
-    return rw_group_key(p, a1, a2, g);
-}
-
-/* Element off + t * 32 + lane of a row of dtype dt for t < NV; NaN past E. The hardware's
-   f16 conversion: exact, and a NaN's payload means nothing to a router. */
-template <int NV>
-static __device__ __forceinline__ void rw_load(const void *base, int dt, int64_t off, int lane,
-                                               int E, float x[NV])
-{
-    if (dt == MF_DT_F32) {
-        const float *q = (const float *)base + off;
-#pragma unroll
-        for (int t = 0; t < NV; t++)
-            x[t] = t * 32 + lane < E ? __ldg(q + t * 32 + lane) : NAN;
-    } else {
-        const unsigned short *q = (const unsigned short *)base + off;
-        const bool bf = dt == MF_DT_BF16;
-#pragma unroll
-        for (int t = 0; t < NV; t++) {
-            const uint32_t h = t * 32 + lane < E ? __ldg(q + t * 32 + lane) : 0x7FC0u;
-            x[t] = bf ? mf_bf16_to_f32(h) : __half2float(__ushort_as_half((unsigned short)h));
-        }
-    }
-}
-
-/* topk_softmax's steps 1-2 over the k picked logits in w (an id of -1 counts as NaN). */
-static __device__ void rw_softmax_k(const int32_t *ids, float *w, int k)
-{
-    bool any = false;
-    float mx = -INFINITY;
-#pragma unroll 1
-    for (int j = 0; j < k; j++) {
-        w[j] = ids[j] < 0 ? NAN : w[j];
-        if (!mf_is_nan(w[j])) {
-            mx = !any || w[j] > mx ? w[j] : mx;
-            any = true;
-        }
-    }
-    int cnt = 0;
-#pragma unroll 1
-    for (int j = 0; j < k; j++)
-        cnt += w[j] == mx;
-    const float share = any && !mf_is_finite(mx) ? __fdiv_rn(1.0f, (float)cnt) : 0.0f;
-    float sum = 0.0f;
-#pragma unroll 1
-    for (int j = 0; j < k; j++) {
-        if (!any)
-            w[j] = 0.0f;
-        else if (!mf_is_finite(mx))
-            w[j] = w[j] == mx ? share : 0.0f;
-        else
-            w[j] = mf_is_nan(w[j]) ? 0.0f : mf_exp_f32(__fsub_rn(w[j], mx));
-        sum = __fadd_rn(sum, w[j]);
-    }
-    if (any && mf_is_finite(mx))
-#pragma unroll 1
-        for (int j = 0; j < k; j++)
-            w[j] = __fdiv_rn(w[j], sum);
-}
 
 /* 8-byte words of shared memory a warp uses: the group keys, then l, s, c and the ids. */
 static __host__ __device__ constexpr size_t rw_warp_smem_words(int nv)
@@ -153,6 +26,11 @@ template <int NV>
 __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RouteParams p)
 {
     extern __shared__ uint64_t rw_smem[]; /* each warp's share: rw_warp_smem_words */
+    __shared__ float exp_tab[64];         /* mf_exp_f32's table (lanes index it freely) */
+    if (threadIdx.x < 64)
+        exp_tab[threadIdx.x] = mf_exp_table_dev[threadIdx.x];
+    __syncthreads();
+    const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(exp_tab);
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
     const int64_t m = (int64_t)blockIdx.x * RW_WARPS + warp;
     if (m >= p.M)
@@ -185,7 +63,7 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
     }
     __syncwarp();
 
-    /* step 2: the scores, one expert per lane at a time (one copy of exp in the code) */
+    /* step 2: the scores (sigmoid unrolled; the softmax's loops one expert per lane at a time) */
     int mode = 2; /* softmax: 0 no number, 1 the +-Inf maxima share 1, 2 exps */
     float share = 0.0f;
     if (softmax) {
@@ -207,17 +85,17 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
         }
     }
     if (p.scoring == MOEFUSE_ROUTER_SIGMOID) {
-#pragma unroll 1
-        for (int i = lane; i < E; i += 32) {
-            const float x = lv[i];
-            const float d = __fadd_rn(1.0f, mf_exp_f32(-x));
-            sv[i] = mf_is_nan(x) ? 0.0f : __fdiv_rn(1.0f, d);
-        }
+#pragma unroll
+        for (int t = 0; t < NV; t++)
+            if (t * 32 + lane < E) {
+                const float d = __fadd_rn(1.0f, mf_exp_shared(-l[t], tabs));
+                sv[t * 32 + lane] = mf_is_nan(l[t]) ? 0.0f : __fdiv_rn(1.0f, d);
+            }
     } else if (softmax && mode == 2) { /* the exps, divided by their sum below */
 #pragma unroll 1
         for (int i = lane; i < E; i += 32) {
             const float x = lv[i];
-            sv[i] = mf_is_nan(x) ? 0.0f : mf_exp_f32(__fsub_rn(x, mx));
+            sv[i] = mf_is_nan(x) ? 0.0f : mf_exp_shared(__fsub_rn(x, mx), tabs);
         }
     } else {
 #pragma unroll 1
@@ -253,9 +131,10 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
         c[t] = mf_is_nan(l[t]) ? NAN : c[t];
     }
 
-    /* step 4: the kept groups */
+    /* step 4: the kept groups; lane g < G ends with group g's key (G <= 32) */
     uint64_t keep = ~0ull;
     if (G > 1) {
+        uint64_t gkey = 0ull;
         uint32_t t1[NV], t2[NV]; /* a lane's ordered choice scores (0: unranked) */
 #pragma unroll
         for (int t = 0; t < NV; t++) {
@@ -265,6 +144,7 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
         if (per % 32 == 0) {
             /* a register's two best by two warp reductions; a group's over its q registers
                (counted down, not divided: a division by a runtime value is a long loop) */
+            /* (G <= E / 32 <= 16: lane g gathers group g's registers, then makes its key) */
             const int q = per / 32;
             uint32_t a1 = 0u, a2 = 0u;
             int left = q, g = 0;
@@ -277,15 +157,15 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
                         __popc(at_max) > 1
                             ? m1
                             : __reduce_max_sync(RW_FULL, t1[t] == m1 ? 0u : t1[t]);
-                    rw_top2_merge(&a1, &a2, m1, m2);
+                    if (lane == g)
+                        rw_top2_merge(&a1, &a2, m1, m2);
                     if (--left == 0) { /* the group's last register */
-                        if (lane == 0)
-                            gk[g] = rw_group_key(p, a1, a2, g);
-                        a1 = a2 = 0u;
                         left = q;
                         g++;
                     }
                 }
+            if (lane < G)
+                gkey = rw_group_key(p, a1, a2, lane);
         } else if (32 % per == 0) {
             /* groups within a register: a butterfly over each group's lanes */
 #pragma unroll 1
@@ -314,15 +194,26 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
                 gk[g] = rw_group_scan(p, cv, g, per);
         }
         __syncwarp();
-        uint64_t g0 = lane < G ? gk[lane] : 0ull, g1 = lane + 32 < G ? gk[lane + 32] : 0ull;
-        keep = 0ull;
+        if (G <= 32) {
+            /* group g is kept when fewer than topk_group keys are larger (keys are unique) */
+            if (per % 32 != 0)
+                gkey = lane < G ? gk[lane] : 0ull;
+            int larger = 0;
+#pragma unroll 4
+            for (int g = 0; g < G; g++)
+                larger += __shfl_sync(RW_FULL, gkey, g) > gkey;
+            keep = __ballot_sync(RW_FULL, lane < G && larger < (int)p.kept);
+        } else {
+            uint64_t g0 = lane < G ? gk[lane] : 0ull, g1 = lane + 32 < G ? gk[lane + 32] : 0ull;
+            keep = 0ull;
 #pragma unroll 1
-        for (int t = 0; t < (int)p.kept; t++) {
-            const uint64_t best = rw_warp_max(g0 > g1 ? g0 : g1);
-            const int g = rw_index(best);
-            keep |= 1ull << g;
-            g0 = g == lane ? 0ull : g0;
-            g1 = g == lane + 32 ? 0ull : g1;
+            for (int t = 0; t < (int)p.kept; t++) {
+                const uint64_t best = rw_warp_max(g0 > g1 ? g0 : g1);
+                const int g = rw_index(best);
+                keep |= 1ull << g;
+                g0 = g == lane ? 0ull : g0;
+                g1 = g == lane + 32 ? 0ull : g1;
+            }
         }
     }
     /* the group of expert i: a shift where the group size is a power of two */
@@ -368,32 +259,8 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
     }
     __syncwarp();
 
-    /* steps 6-8: w = s of the pick, then the softmax over the k (TOPK_SOFTMAX), the
-       renormalisation and the scale; sums in pick order on lane 0 */
-    float *w = cv; /* the choice scores are used up */
-#pragma unroll 1
-    for (int j = lane; j < K; j += 32)
-        w[j] = ids[j] >= 0 ? sv[ids[j]] : 0.0f;
-    __syncwarp();
-    if (lane == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
-        rw_softmax_k(ids, w, K);
-    float sum = 0.0f;
-    if (lane == 0 && p.renorm)
-#pragma unroll 1
-        for (int j = 0; j < K; j++)
-            sum = __fadd_rn(sum, w[j]);
-    __syncwarp(); /* lane 0's writes of w before the other lanes read them */
-    sum = __shfl_sync(RW_FULL, sum, 0);
-#pragma unroll 1
-    for (int j = lane; j < K; j += 32) {
-        float wj = w[j];
-        if (p.renorm && sum > 0.0f)
-            wj = __fdiv_rn(wj, sum);
-        if (p.scale != 1.0f)
-            wj = __fmul_rn(wj, p.scale);
-        p.ids[m * p.is0 + j] = ids[j];
-        p.w[m * p.ws0 + j] = wj;
-    }
+    /* steps 6-8 (router_keys.cuh), w over the choice scores, which are used up */
+    rw_finish(p, m, lane, ids, cv, sv, K);
 }
 
 template <int NV>

@@ -48,12 +48,6 @@ static __device__ __forceinline__ void load_exp_table(float *tab)
     __syncthreads();
 }
 
-/* mf_exp_f32(x), its fast path from the shared-memory table (the same bits: device_check.cu). */
-static __device__ __forceinline__ float exp_shared(float x, uint32_t tabs)
-{
-    return fabsf(x) < MF_EXP_FAST_LIMIT ? mf_exp_tab_fast(x, tabs) : mf_exp_f32(x);
-}
-
 /* Probability of a non-NaN logit v with e = exp(v - mx) (mode 2): mode 0 (no number) 0,
  * 1 (+-Inf max) share, 2 softmax. */
 static __device__ __forceinline__ float prob(float v, float e, int mode, float mx, float sum,
@@ -152,7 +146,7 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
                     } else {
                         v = load_elem(row, i, p.ldt);
                     }
-                    x = mf_is_nan(v) ? 0.0f : exp_shared(v - mx, tabs);
+                    x = mf_is_nan(v) ? 0.0f : mf_exp_shared(v - mx, tabs);
                 }
                 if (cached) {
 #pragma unroll
@@ -189,7 +183,7 @@ __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
             } else {
                 for (int64_t i = lane; i < p.E; i += 32) {
                     const float v = load_elem(row, i, p.ldt);
-                    const float e = mode == 2 && !mf_is_nan(v) ? exp_shared(v - mx, tabs) : 0.0f;
+                    const float e = mode == 2 && !mf_is_nan(v) ? mf_exp_shared(v - mx, tabs) : 0.0f;
                     const uint64_t k = rank_key(v, e, i, mode, mx, sum, share);
                     best = k < prev && k > best ? k : best;
                 }
