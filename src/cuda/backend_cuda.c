@@ -150,7 +150,7 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
     if (s->forced_router < 0) {
         free(s);
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "cuda: MOEFUSE_CUDA_ROUTER=%.64s is none of block, warp, thread",
+                        "cuda: MOEFUSE_CUDA_ROUTER=%.64s is none of block, lanes, warp, thread",
                         getenv("MOEFUSE_CUDA_ROUTER"));
     }
     cudaError_t e = cudaSetDevice(s->device);

@@ -1,9 +1,10 @@
 /*
  * topk_route of the CUDA backend: the CPU's bits (src/cpu/topk.c, docs/NUMERICS.md, "Router
- * (topk_route)"). Three kernels: mf_k_route_block (router_block.cu) for few rows and
- * mf_k_route_warp (router_warp.cu) for many, both for E <= 512, every model's router; and here
- * mf_k_topk_route, the reference for any E: a thread per row, every score recomputed where it
- * is used (the shape of kernels/router.cl). MOEFUSE_CUDA_ROUTER=block|warp|thread forces one.
+ * (topk_route)"). Four kernels: mf_k_route_block (router_block.cu) for few rows, and for many
+ * mf_k_route_lanes (router_lanes.cu: E = 128, 256, 384 with whole-lane groups) or
+ * mf_k_route_warp (router_warp.cu: any E <= 512); and here mf_k_topk_route, the reference for
+ * any E: a thread per row, every score recomputed where it is used (the shape of
+ * kernels/router.cl). MOEFUSE_CUDA_ROUTER=block|lanes|warp|thread forces one.
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/moe_internal.h"
@@ -247,11 +248,11 @@ __global__ void __launch_bounds__(64) mf_k_topk_route(const RouteParams p)
 
 extern "C" int mf_cuda_router_from_env(void)
 {
-    static const char *const names[] = {"block", "warp", "thread"};
+    static const char *const names[] = {"block", "lanes", "warp", "thread"};
     const char *v = getenv("MOEFUSE_CUDA_ROUTER");
     if (!v || !*v)
         return ROUTE_AUTO;
-    for (int c = 0; c < 3; c++)
+    for (int c = 0; c < 4; c++)
         if (strcmp(v, names[c]) == 0)
             return ROUTE_BLOCK + c;
     return -1;
@@ -259,15 +260,18 @@ extern "C" int mf_cuda_router_from_env(void)
 
 /*
  * The kernel for p: the block per row while a few rows leave most SMs idle (its chains are
- * short; per row it issues more than the warp kernel), the warp per row for more, the thread
- * per row past 512 experts. A forced kernel that cannot take p gives way to the next one.
+ * short; per row it issues the most), then sixteen lanes per row for the common routers, a warp
+ * per row for the others, a thread per row past 512 experts. A forced kernel that cannot take
+ * p gives way to the next one in that order.
  */
 static int route_kernel_for(const cuda_state *s, const RouteParams *p)
 {
     int kernel = s->forced_router;
     if (kernel == ROUTE_AUTO)
-        kernel = p->M <= (int64_t)ROUTE_BLOCK_ROWS_PER_SM * s->sm_count ? ROUTE_BLOCK : ROUTE_WARP;
+        kernel = p->M <= (int64_t)ROUTE_BLOCK_ROWS_PER_SM * s->sm_count ? ROUTE_BLOCK : ROUTE_LANES;
     if (kernel == ROUTE_BLOCK && !mf_route_block_takes(p))
+        kernel = ROUTE_LANES;
+    if (kernel == ROUTE_LANES && !mf_route_lanes_takes(p))
         kernel = ROUTE_WARP;
     if (kernel == ROUTE_WARP && p->E > ROUTE_WARP_MAX_E)
         kernel = ROUTE_THREAD;
@@ -305,6 +309,10 @@ moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_to
     if (kernel == ROUTE_BLOCK) {
         mf_route_block_launch(&p, s->stream);
         return mf_cuda_launched(ctx, "topk_route", "mf_k_route_block");
+    }
+    if (kernel == ROUTE_LANES) {
+        mf_route_lanes_launch(&p, s->stream);
+        return mf_cuda_launched(ctx, "topk_route", "mf_k_route_lanes");
     }
     if (kernel == ROUTE_WARP) {
         mf_route_warp_launch(&p, s->stream);

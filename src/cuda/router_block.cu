@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(ROUTE_WARP_MAX_E) mf_k_route_block(const Route
     /* step 2: the score */
     float s;
     if (p.scoring == MOEFUSE_ROUTER_SIGMOID) {
-        s = mf_is_nan(l) ? 0.0f : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_shared(-l, tabs)));
+        rw_sigmoid<1>(&l, &s, tabs);
     } else if (!softmax) {
         s = l; /* TOPK_SOFTMAX: the logit itself */
     } else {

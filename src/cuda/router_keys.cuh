@@ -104,6 +104,32 @@ static __device__ __forceinline__ void rw_load(const void *base, int dt, int64_t
     }
 }
 
+/*
+ * s[j] = sigmoid(x[j]) = 1 / (1 + e^-x), 0 for NaN: the CPU's bits. For -40 < x < 86.5 without
+ * a branch: the table exp (mf_exp_shared's fast path) and mf_div_fast(1, d), which
+ * device_check.cu proves equal to IEEE division for d in [1, 2^60] (d <= 1 + e^40 here); so
+ * the compiler can interleave the experts. Any other x (NaN, very negative, past the exp's
+ * fast range) takes the general path after, one by one.
+ */
+template <int N>
+static __device__ __forceinline__ void rw_sigmoid(const float x[N], float s[N], uint32_t tabs)
+{
+    bool edge = false;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const bool fast = x[j] > -40.0f && x[j] < MF_EXP_FAST_LIMIT;
+        edge |= !fast;
+        const float y = fast ? x[j] : 0.0f;
+        s[j] = mf_div_fast(1.0f, __fadd_rn(1.0f, mf_exp_tab_fast(-y, tabs)));
+    }
+    if (edge)
+#pragma unroll 1
+        for (int j = 0; j < N; j++)
+            if (!(x[j] > -40.0f && x[j] < MF_EXP_FAST_LIMIT))
+                s[j] = mf_is_nan(x[j]) ? 0.0f
+                                       : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_f32(-x[j])));
+}
+
 /* topk_softmax's steps 1-2 over the k picked logits in w (an id of -1 counts as NaN). */
 static __device__ void rw_softmax_k(const int32_t *ids, float *w, int k)
 {

@@ -85,12 +85,12 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
         }
     }
     if (p.scoring == MOEFUSE_ROUTER_SIGMOID) {
+        float sg[NV];
+        rw_sigmoid<NV>(l, sg, tabs);
 #pragma unroll
         for (int t = 0; t < NV; t++)
-            if (t * 32 + lane < E) {
-                const float d = __fadd_rn(1.0f, mf_exp_shared(-l[t], tabs));
-                sv[t * 32 + lane] = mf_is_nan(l[t]) ? 0.0f : __fdiv_rn(1.0f, d);
-            }
+            if (t * 32 + lane < E)
+                sv[t * 32 + lane] = sg[t];
     } else if (softmax && mode == 2) { /* the exps, divided by their sum below */
 #pragma unroll 1
         for (int i = lane; i < E; i += 32) {
