@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* Rows an SM takes for the block kernel to be chosen (measured: docs/PERFORMANCE.md). */
-#define ROUTE_BLOCK_ROWS_PER_SM 4
+#define ROUTE_BLOCK_ROWS_PER_SM 1
 
 /* ------------------------------------------------------------- topk_route */
 
@@ -260,7 +260,7 @@ extern "C" int mf_cuda_router_from_env(void)
 
 /*
  * The kernel for p: the block per row while a few rows leave most SMs idle (its chains are
- * short; per row it issues the most), then sixteen lanes per row for the common routers, a warp
+ * short; per row it issues the most), then 16 or 32 lanes per row for the common routers, a warp
  * per row for the others, a thread per row past 512 experts. A forced kernel that cannot take
  * p gives way to the next one in that order.
  */

@@ -27,7 +27,7 @@ enum route_kernel { ROUTE_AUTO = 0, ROUTE_BLOCK, ROUTE_LANES, ROUTE_WARP, ROUTE_
 /* Launch the warp-per-row kernel (E <= ROUTE_WARP_MAX_E) on stream (mf_cuda_launched after). */
 void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream);
 
-/* Whether the sixteen-lanes-per-row kernel takes p (E = 128, 256, 384; n_group 1, 2, 4, 8,
+/* Whether the lanes-per-row kernel (16 or 32 a row) takes p (E = 128, 256, 384; n_group 1, 2, 4, 8,
  * 16; k <= 32), and its launch. */
 bool mf_route_lanes_takes(const RouteParams *p);
 void mf_route_lanes_launch(const RouteParams *p, cudaStream_t stream);

@@ -111,6 +111,11 @@ static __device__ __forceinline__ void rw_load(const void *base, int dt, int64_t
  * the compiler can interleave the experts. Any other x (NaN, very negative, past the exp's
  * fast range) takes the general path after, one by one.
  */
+static __device__ __noinline__ float rw_sigmoid_general(float x)
+{
+    return mf_is_nan(x) ? 0.0f : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_f32(-x)));
+}
+
 template <int N>
 static __device__ __forceinline__ void rw_sigmoid(const float x[N], float s[N], uint32_t tabs)
 {
@@ -122,12 +127,11 @@ static __device__ __forceinline__ void rw_sigmoid(const float x[N], float s[N], 
         const float y = fast ? x[j] : 0.0f;
         s[j] = mf_div_fast(1.0f, __fadd_rn(1.0f, mf_exp_tab_fast(-y, tabs)));
     }
-    if (edge)
-#pragma unroll 1
+    if (edge) /* unrolled, so that x and s stay in registers; the general path is a call */
+#pragma unroll
         for (int j = 0; j < N; j++)
             if (!(x[j] > -40.0f && x[j] < MF_EXP_FAST_LIMIT))
-                s[j] = mf_is_nan(x[j]) ? 0.0f
-                                       : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_f32(-x[j])));
+                s[j] = rw_sigmoid_general(x[j]);
 }
 
 /* topk_softmax's steps 1-2 over the k picked logits in w (an id of -1 counts as NaN). */

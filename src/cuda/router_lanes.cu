@@ -1,9 +1,10 @@
 /*
  * topk_route for many rows of the common routers (E = 128, 256 or 384; n_group 1, 2, 4, 8 or
- * 16; k <= 32): sixteen lanes per row, lane s holding the VPT = E / 16 experts s * VPT ...
- * from one contiguous stretch of the row (vector loads where aligned). Per row it issues about
- * half of what the warp per row does (router_warp.cu), whose reductions and lane-0 steps run
- * once per row on all 32 lanes; a lane's chains are VPT long. The same bits (router_keys.cuh):
+ * 16; k <= 32): LANES lanes per row (32 for E = 256, else 16), lane s holding the
+ * VPT = E / LANES experts s * VPT ... from one contiguous stretch of the row (vector loads
+ * where aligned). Against the warp per row (router_warp.cu, lane l holding l, l + 32, ...),
+ * groups are whole lanes and the picks need no sorted lists; a lane's chains are VPT long.
+ * The same bits (router_keys.cuh):
  *  - a lane scores its experts in registers; the softmax's maximum and counts are butterflies
  *    over the row's lanes, its index-order sum a chain passed from lane to lane;
  *  - a group is a whole number of lanes: its top-2 is a lane's own, then a butterfly; each
@@ -16,9 +17,7 @@
 #include "cuda/cuda_internal.h"
 #include "cuda/router_keys.cuh"
 
-#define RL_LANES 16                       /* lanes per row */
-#define RL_THREADS 128                    /* 8 rows a block */
-#define RL_ROWS (RL_THREADS / RL_LANES)
+#define RL_THREADS 128 /* RL_THREADS / LANES rows a block */
 
 /* The largest of v[0..N), by a tree (short chains). */
 template <int N>
@@ -39,7 +38,7 @@ static __device__ __forceinline__ void rl_load(const void *base, int dt, int64_t
 {
     if (dt == MF_DT_F32) {
         const float *q = (const float *)base + off;
-        if (vec) {
+        if (VPT % 4 == 0 && vec) {
 #pragma unroll
             for (int v = 0; v < VPT / 4; v++) {
                 const float4 f = __ldg((const float4 *)q + v);
@@ -57,7 +56,7 @@ static __device__ __forceinline__ void rl_load(const void *base, int dt, int64_t
     }
     const unsigned short *q = (const unsigned short *)base + off;
     uint32_t h[VPT];
-    if (vec) {
+    if (VPT % 8 == 0 && vec) {
 #pragma unroll
         for (int v = 0; v < VPT / 8; v++) {
             const uint4 r = __ldg((const uint4 *)q + v);
@@ -79,26 +78,29 @@ static __device__ __forceinline__ void rl_load(const void *base, int dt, int64_t
         x[j] = bf ? mf_bf16_to_f32(h[j]) : __half2float(__ushort_as_half((unsigned short)h[j]));
 }
 
-/* A butterfly over the row's lanes (xor 1 ... 8: the row's lanes stay together). */
+/* A butterfly over the row's LANES lanes (xor 1, 2, ...: the row's lanes stay together). */
+template <int LANES>
 static __device__ __forceinline__ float rl_max(float v)
 {
 #pragma unroll
-    for (int off = 1; off < RL_LANES; off <<= 1)
+    for (int off = 1; off < LANES; off <<= 1)
         v = fmaxf(v, __shfl_xor_sync(RW_FULL, v, off));
     return v;
 }
 
+template <int LANES>
 static __device__ __forceinline__ unsigned rl_add(unsigned v)
 {
 #pragma unroll
-    for (int off = 1; off < RL_LANES; off <<= 1)
+    for (int off = 1; off < LANES; off <<= 1)
         v += __shfl_xor_sync(RW_FULL, v, off);
     return v;
 }
 
-template <int VPT>
+template <int VPT, int LANES>
 __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams p, int vec)
 {
+    constexpr int RL_LANES = LANES, RL_ROWS = RL_THREADS / LANES;
     constexpr int E = VPT * RL_LANES, SROW = E + 4 * RL_LANES; /* padded: fewer bank clashes */
     __shared__ float exp_tab[64];
     __shared__ float s_sm[RL_ROWS * SROW]; /* the rows' scores, lane s at s * (VPT + 4) */
@@ -150,13 +152,13 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
             mx = RL_NAN(j) ? mx : fmaxf(mx, x[j]);
             num += !RL_NAN(j);
         }
-        mx = rl_max(mx); /* the order of a max does not matter: +0 and -0 give the same */
-        num = rl_add(num);
+        mx = rl_max<LANES>(mx); /* the order of a max does not matter: +0 and -0 give the same */
+        num = rl_add<LANES>(num);
         unsigned cnt = 0u;
 #pragma unroll
         for (int j = 0; j < VPT; j++)
             cnt += x[j] == mx;
-        cnt = rl_add(cnt);
+        cnt = rl_add<LANES>(cnt);
         /* +-Inf maxima share 1; else exps (0 for NaN, all 0 with no number), summed in index
            order: the sum passes from lane to lane, each adding its stretch. Every row runs the
            chain (its shuffles take the whole warp); a row of shares ignores it */
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
             const uint32_t v = __shfl_sync(RW_FULL, best, first | q);
             ahead += v > best || (v == best && q < sub);
         }
-        const unsigned at = __ballot_sync(RW_FULL, ahead == K - 1) & (0xFFFFu << first);
+        const unsigned rows_lanes = LANES == 32 ? RW_FULL : ((1u << (LANES & 31)) - 1u) << first;
+        const unsigned at = __ballot_sync(RW_FULL, ahead == K - 1) & rows_lanes;
         const uint32_t floor = __shfl_sync(RW_FULL, best, __ffs(at) - 1);
         uint32_t reach = 0u;
 #pragma unroll
@@ -346,8 +349,20 @@ static bool rl_aligned(const void *base, int dt, int64_t row_stride)
 bool mf_route_lanes_takes(const RouteParams *p)
 {
     const bool experts = p->E == 128 || p->E == 256 || p->E == 384;
-    const bool groups = p->groups >= 1 && p->groups <= RL_LANES && RL_LANES % p->groups == 0;
+    const bool groups = p->groups >= 1 && p->groups <= 16 && 16 % p->groups == 0;
     return experts && groups && p->k <= 32;
+}
+
+template <int LANES>
+static void rl_launch(const RouteParams *p, int vec, cudaStream_t stream)
+{
+    const unsigned grid = (unsigned)((p->M + RL_THREADS / LANES - 1) / (RL_THREADS / LANES));
+    if (p->E == 128)
+        mf_k_route_lanes<128 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+    else if (p->E == 256)
+        mf_k_route_lanes<256 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+    else
+        mf_k_route_lanes<384 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
 }
 
 void mf_route_lanes_launch(const RouteParams *p, cudaStream_t stream)
@@ -355,11 +370,10 @@ void mf_route_lanes_launch(const RouteParams *p, cudaStream_t stream)
     const int vec = (rl_aligned(p->l, p->ldt, p->ls0) ? 1 : 0) |
                     (rl_aligned(p->lb, p->lbdt, 0) ? 2 : 0) |
                     (rl_aligned(p->cb, p->cbdt, 0) ? 4 : 0);
-    const unsigned grid = (unsigned)((p->M + RL_ROWS - 1) / RL_ROWS);
-    if (p->E == 128)
-        mf_k_route_lanes<8><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
-    else if (p->E == 256)
-        mf_k_route_lanes<16><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+    /* the most lanes whose stretch is a multiple of 8 experts (whole 16-byte loads of bf16):
+       32 for E = 256, 16 for 128 and 384 (measured: docs/PERFORMANCE.md) */
+    if (p->E == 256)
+        rl_launch<32>(p, vec, stream);
     else
-        mf_k_route_lanes<24><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+        rl_launch<16>(p, vec, stream);
 }
