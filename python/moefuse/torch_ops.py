@@ -24,6 +24,9 @@ _GATED = ('str activation="silu", str order="gate_first", float limit=0.0, float
 _ACT = _GATED + ', str? intermediate=None'
 _FP8_ACT = 'str scale_layout="row_major", bool? ue8m0=None'
 _FP8 = f'{_GATED}, {_FP8_ACT}, float? eps=None'
+# shared experts (docs/API.md, "Shared experts"): the gate needs their count, the sums their weights
+_SHARED_GATE = 'int n_shared=0'
+_SHARED = 'int n_shared=0, float shared_scale=0.0, Tensor? shared_weights=None'
 _QUANT = ('int group_size=128, str scale_layout="row_major", bool ue8m0=False, float? eps=None, '
           'str dtype="f8_e4m3", str? scale_dtype=None')
 
@@ -52,26 +55,26 @@ SCHEMAS = {
         'bool? ue8m0=None, float? eps=None, str dtype="f32") -> Tensor',
     "moe_gate":
         f"(Tensor x, Tensor w1, Tensor topk_ids, *, Tensor? b1=None, Tensor? expert_map=None, "
-        f"{_GATED}, str? dtype=None) -> Tensor",
+        f"{_GATED}, str? dtype=None, {_SHARED_GATE}) -> Tensor",
     "moe_final":
-        "(Tensor h, Tensor w2, Tensor topk_ids, Tensor? topk_weights=None, *, Tensor? b2=None, "
-        "Tensor? expert_map=None, bool reduce=True, str? dtype=None) -> Tensor",
+        f"(Tensor h, Tensor w2, Tensor topk_ids, Tensor? topk_weights=None, *, Tensor? b2=None, "
+        f"Tensor? expert_map=None, bool reduce=True, str? dtype=None, {_SHARED}) -> Tensor",
     "moe_forward":
         f"(Tensor x, Tensor w1, Tensor w2, Tensor topk_ids, Tensor topk_weights, *, "
         f"Tensor? b1=None, Tensor? b2=None, Tensor? expert_map=None, {_GATED}, "
-        f"str? dtype=None) -> Tensor",
+        f"str? dtype=None, {_SHARED}) -> Tensor",
     "moe_gate_fp8":
         f"(Tensor x, Tensor w1, Tensor w1_scales, Tensor topk_ids, *, Tensor? x_scales=None, "
-        f"Tensor? b1=None, Tensor? expert_map=None, {_FP8}, str? scale_dtype=None) "
-        f"-> (Tensor h, Tensor h_scales)",
+        f"Tensor? b1=None, Tensor? expert_map=None, {_FP8}, str? scale_dtype=None, "
+        f"{_SHARED_GATE}) -> (Tensor h, Tensor h_scales)",
     "moe_final_fp8":
         f"(Tensor h, Tensor h_scales, Tensor w2, Tensor w2_scales, Tensor topk_ids, "
         f"Tensor? topk_weights=None, *, Tensor? b2=None, Tensor? expert_map=None, "
-        f"bool reduce=True, {_FP8_ACT}, str? dtype=None) -> Tensor",
+        f"bool reduce=True, {_FP8_ACT}, str? dtype=None, {_SHARED}) -> Tensor",
     "moe_forward_fp8":
         f"(Tensor x, Tensor w1, Tensor w1_scales, Tensor w2, Tensor w2_scales, Tensor topk_ids, "
         f"Tensor topk_weights, *, Tensor? x_scales=None, Tensor? b1=None, Tensor? b2=None, "
-        f"Tensor? expert_map=None, {_FP8}, str? dtype=None) -> Tensor",
+        f"Tensor? expert_map=None, {_FP8}, str? dtype=None, {_SHARED}) -> Tensor",
     "moe_masked_fp8":
         f"(Tensor x, Tensor counts, Tensor w1, Tensor w1_scales, Tensor w2, Tensor w2_scales, *, "
         f"Tensor? x_scales=None, Tensor? b1=None, Tensor? b2=None, {_FP8}, str? dtype=None) "
@@ -193,8 +196,8 @@ def _fake_dequant(q, scales, *, dtype="f32", **_):
     return _fast.empty(q, ops._dims(q, 2), dtype)
 
 
-def _fake_moe_gate(x, w1, topk_ids, *, dtype=None, **_):
-    return _fast.empty(x, ops._moe_gate_shape(x, w1, topk_ids), dtype or x.dtype)
+def _fake_moe_gate(x, w1, topk_ids, *, dtype=None, n_shared=0, **_):
+    return _fast.empty(x, ops._moe_gate_shape(x, w1, topk_ids, n_shared), dtype or x.dtype)
 
 
 def _fake_moe_final(h, w2, topk_ids, topk_weights=None, *, reduce=True, dtype=None, **_):
@@ -206,8 +209,8 @@ def _fake_moe_forward(x, w1, w2, topk_ids, topk_weights, *, dtype=None, **_):
 
 
 def _fake_moe_gate_fp8(x, w1, w1_scales, topk_ids, *, x_scales=None, scale_layout="row_major",
-                       scale_dtype=None, **_):
-    h_shape, s_shape = ops_fp8._gate_shapes(x, w1, topk_ids, scale_layout)
+                       scale_dtype=None, n_shared=0, **_):
+    h_shape, s_shape = ops_fp8._gate_shapes(x, w1, topk_ids, scale_layout, n_shared)
     return (_fast.empty(x, h_shape, "f8_e4m3"),
             _fast.empty(x, s_shape, ops_fp8._h_scales_dtype(scale_layout, scale_dtype, x_scales)))
 

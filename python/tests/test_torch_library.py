@@ -97,6 +97,12 @@ def samples(device):
                 ("moe_forward", (xm, w1, w2, ids, weights), dict(expert_map=emap, b1=b1, b2=b2)),
                 ("moe_forward", (xm, w1, w2, ids.clamp(0, E - 1), weights),
                  dict(order="up_first", dtype="bf16"))]
+        # shared experts: the last of the E, a slot of every token after its k routed ones
+        hs = moefuse.moe_gate(xm, w1, ids.clamp(0, E - 2), n_shared=1)
+        out += [("moe_gate", (xm, w1, ids.clamp(0, E - 2)), dict(n_shared=1)),
+                ("moe_final", (hs, w2, ids.clamp(0, E - 2), weights),
+                 dict(n_shared=1, shared_scale=0.5, shared_weights=r((M,)).abs())),
+                ("moe_forward", (xm, w1, w2, ids.clamp(0, E - 2), weights), dict(n_shared=1))]
         out += _fp8_samples(r, xm, ids, weights, emap, M)
     for E in (4, 0):
         x = r((E, 8, 512), torch.bfloat16, 2.0)
@@ -133,7 +139,10 @@ def _fp8_samples(r, xm, ids, weights, emap, M):
            ("moe_final_fp8", (h, hs, w2, w2s, ids), dict(expert_map=emap, reduce=False,
                                                          dtype="f32")),
            ("moe_forward_fp8", (xm, w1, w1s, w2, w2s, ids, weights),
-            dict(expert_map=emap, ue8m0=True))]
+            dict(expert_map=emap, ue8m0=True)),
+           ("moe_gate_fp8", (xm, w1, w1s, ids.clamp(0, E - 2)), dict(n_shared=1)),
+           ("moe_forward_fp8", (xm, w1, w1s, w2, w2s, ids.clamp(0, E - 2), weights),
+            dict(n_shared=1, shared_scale=2.0))]
     if M:  # torch's empty x_scales has data_ptr 0, which the C API reads as "absent"
         out += [("moe_gate_fp8", (xq, w1, w1s, ids.clamp(0, E - 1)),
                  dict(x_scales=xs, scale_layout="column_major", activation="gelu")),
