@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
     }
 #undef RL_NAN
 
-    /* step 4: the kept groups (each of 16 / G whole lanes) */
+    /* step 4: the kept groups (each of LANES / G whole lanes) */
     bool kept = true;
     if (G > 1) {
         uint32_t a1 = 0u, a2 = 0u;
