@@ -19,11 +19,15 @@
 /* NUMERICS.md: relative 2-norm error of out (and of dequantized h) of any backend */
 #define FP8_BOUND 2e-2
 /*
- * The CPU backend's dequantized h against the oracle's: they differ only where an f32 gate
- * value and the double one round to neighbouring codes (a relative distance of ~1e-7 to a
- * rounding midpoint), a few codes in 10^5. Measured: below 1e-4 on every configuration here.
+ * The CPU backend's dequantized h against the oracle's: a code may differ only where the f32
+ * gate and the double one round to neighbouring codes, the oracle's value within TIE_REL of
+ * their midpoint (h_tie_flip, checked code by code); past those, the relative error (the scales'
+ * f32 rounding) stays below CPU_H_BOUND. Measured: below 1e-4 on every configuration here. A
+ * clamp makes many h equal, so one tie can flip many codes at once: a norm alone cannot tell
+ * that from an error.
  */
 #define CPU_H_BOUND 1e-3
+#define TIE_REL 1e-5
 
 typedef struct {
     int64_t M, K, I, E, k, Eg;
@@ -186,7 +190,7 @@ static double oracle_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws,
 
 /* Gate of one slot of expert e in double, then h quantized in double: codes hq[I], scales hs. */
 static void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf *w1, tbuf *w1s, tbuf *b1,
-                        int64_t e, uint8_t *hq, double *hs)
+                        int64_t e, uint8_t *hq, double *hs, double *hraw)
 {
     const int64_t I = c->I, K = c->K;
     or_act_opt ao = {c->act, c->order, c->limit, 0, c->alpha, c->up_offset};
@@ -198,10 +202,25 @@ static void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf 
             const double uv = oracle_dot(qa, sa, w1, w1s, e, or_up_pos(c->order, I, ch), K, b1);
             double lo, hi;
             or_act_elem(gv, uv, 1.0, 1.0, &ao, &h[i], &lo, &hi);
+            if (hraw)
+                hraw[ch] = h[i];
         }
         hs[g] = or_quant_group(h, BLK, 1, c->ue8m0 || c->layout == MOEFUSE_SCALE_PACKED_UE8M0,
                                c->eps > 0 ? c->eps : 1e-10f, hq + g * BLK, NULL);
     }
+}
+
+/*
+ * Whether the library's code got for a value the oracle computed as raw (before its scale s)
+ * and coded as want is a rounding tie decided the other way: neighbouring codes of one sign,
+ * raw / s within TIE_REL of their midpoint.
+ */
+static int h_tie_flip(uint8_t got, uint8_t want, double raw, double s)
+{
+    if ((got ^ want) & 0x80 || abs((int)(got & 0x7F) - (int)(want & 0x7F)) != 1 || !(s > 0))
+        return 0;
+    const double mid = 0.5 * (f8val[got] + f8val[want]);
+    return fabs(raw / s - mid) <= TIE_REL * fabs(mid);
 }
 
 /* Final of one slot of expert e from codes hq and scales hs: y[K]. */
@@ -459,9 +478,10 @@ static void run_routed(cfg c)
     double *got_out = malloc(sizeof(double) * (size_t)(M * K + 1));
     double *y_chain = calloc((size_t)(S * K + 1), sizeof(double)), *y_lib = calloc((size_t)(S * K + 1), sizeof(double));
     double *got_y = malloc(sizeof(double) * (size_t)(S * K + 1));
+    double *untied_h = malloc(sizeof(double) * (size_t)(S * I + 1)); /* got_h, ties as the oracle's */
     size_t nh = 0;
     uint8_t lq[4096];
-    double ls[64];
+    double ls[64], hraw[4096];
     for (int64_t m = 0; m < M; m++) {
         oracle_x_row(&c, x, xs, -1, m, qa, sa);
         for (int64_t j = 0; j < k; j++) {
@@ -485,15 +505,19 @@ static void run_routed(cfg c)
                     }
                 continue;
             }
-            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq + s * I, hsd + s * GI);
+            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq + s * I, hsd + s * GI, hraw);
             for (int64_t g = 0; g < GI; g++) {
                 int eb;
                 ls[g] = h_scale_at(hs, c.layout, 0, s, g, &eb);
             }
             for (int64_t i = 0; i < I; i++) {
                 lq[i] = *(uint8_t *)tb_el(h, m, j, i);
+                const uint8_t want = hq[s * I + i];
                 got_h[nh] = f8val[lq[i]] * ls[i / BLK];
-                ref_h[nh++] = f8val[hq[s * I + i]] * hsd[s * GI + i / BLK];
+                untied_h[nh] = h_tie_flip(lq[i], want, hraw[i], hsd[s * GI + i / BLK])
+                                   ? f8val[want] * ls[i / BLK]
+                                   : got_h[nh];
+                ref_h[nh++] = f8val[want] * hsd[s * GI + i / BLK];
             }
             oracle_final(&c, hq + s * I, hsd + s * GI, w2, w2s, b2, e, yr);
             oracle_final(&c, lq, ls, w2, w2s, b2, e, yl);
@@ -508,7 +532,11 @@ static void run_routed(cfg c)
     }
     const double herr = rel_err_nan("h (dequantized)", &c, got_h, ref_h, nh, 0.0);
     HCHECK(herr <= FP8_BOUND, "h %s: rel err %.3g > %.3g", desc(&c), herr, FP8_BOUND);
-    if (is_cpu()) HCHECK(herr <= CPU_H_BOUND, "h on the CPU %s: rel err %.3g > %.3g", desc(&c), herr, CPU_H_BOUND);
+    if (is_cpu()) {
+        const double uerr = rel_err_nan("h (dequantized)", &c, untied_h, ref_h, nh, 0.0);
+        HCHECK(uerr <= CPU_H_BOUND, "h on the CPU, past rounding ties %s: rel err %.3g > %.3g", desc(&c), uerr,
+               CPU_H_BOUND);
+    }
     h_check_scale_padding(hs, c.layout, 0, S, S, GI);
     for (int64_t m = 0; m < M; m++)
         for (int64_t r = 0; r < K; r++) got_out[m * K + r] = tb_get(out, m, r, 0);
@@ -560,7 +588,7 @@ static void run_routed(cfg c)
         }
     }
     (void)ue;
-    free(qa), free(hq), free(sa), free(hsd), free(got_h), free(ref_h), free(yr), free(yl);
+    free(qa), free(hq), free(sa), free(hsd), free(got_h), free(untied_h), free(ref_h), free(yr), free(yl);
     free(out_chain), free(out_lib), free(got_out), free(y_chain), free(y_lib), free(got_y), free(mapv);
     tb_free_all();
 }
@@ -733,7 +761,7 @@ static void run_masked(cfg c, int64_t Tmax, const int32_t *counts)
         }
         for (int64_t t = 0; t < ne; t++) {
             oracle_x_row(&c, x, xs, e, t, qa, sa);
-            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq, hsd);
+            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq, hsd, NULL);
             oracle_final(&c, hq, hsd, w2, w2s, b2, e, yr);
             for (int64_t r = 0; r < K; r++) {
                 got[n] = tb_get(out, e, t, r);
