@@ -301,13 +301,7 @@ static MoeRoute route_view(const mf_moe_args *a, const fp8_plan *pl, char *scrat
     b->expert_of = (int *)(scratch + pl->off_expert_of);
     b->list = (long long *)(scratch + pl->off_list);
     b->tok_valid = (int *)(scratch + pl->off_tok_valid);
-    rt.ids = (const int32_t *)mf_cuda_base(&a->topk_ids);
-    rt.ids_s0 = a->topk_ids.stride[0];
-    rt.map = a->expert_map.data ? (const int32_t *)mf_cuda_base(&a->expert_map) : NULL;
-    rt.map_s0 = a->expert_map.data ? a->expert_map.stride[0] : 0;
-    rt.topk = a->topk;
-    rt.S = pl->S;
-    rt.Eg = a->global_experts;
+    rt = mf_route_of(a);
     rt.offs = b->offs;
     rt.tiles = b->tiles;
     rt.tile_expert = b->tile_expert;

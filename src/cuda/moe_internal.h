@@ -9,6 +9,7 @@
 #include "cuda/cuda_internal.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #define MOE_MAX_BM 128 /* largest tile height (slots per tile) of any configuration */
 #define MOE_BK 64      /* elements of depth per stage: 128 bytes per row */
@@ -27,6 +28,23 @@ typedef struct MoeRoute {
     const int *tile_expert; /* [tiles bound] expert of each tile */
     const long long *list;  /* [S] valid slots grouped by expert */
 } MoeRoute;
+
+/* A MoeRoute of a's slots: ids, expert map, k, S = M * k and the expert counts; the routed
+ * mode's buffers NULL, for the caller to set. */
+static inline MoeRoute mf_route_of(const mf_moe_args *a)
+{
+    MoeRoute rt;
+    memset(&rt, 0, sizeof rt);
+    rt.ids = (const int32_t *)mf_cuda_base(&a->topk_ids);
+    rt.ids_s0 = a->topk_ids.stride[0];
+    rt.map = a->expert_map.data ? (const int32_t *)mf_cuda_base(&a->expert_map) : NULL;
+    rt.map_s0 = a->expert_map.data ? a->expert_map.stride[0] : 0;
+    rt.topk = a->topk;
+    rt.S = a->tokens * a->topk;
+    rt.E = a->experts;
+    rt.Eg = a->global_experts;
+    return rt;
+}
 
 /*
  * One GEMM of the layer: gate (out = h) or final (out = y f32 scratch, or the

@@ -250,16 +250,7 @@ static MoeRouteBufs route_bufs(const moe_plan *pl, char *scratch)
 
 static MoeRoute route_view(const mf_moe_args *a, const moe_plan *pl, const MoeRouteBufs *b)
 {
-    MoeRoute rt;
-    memset(&rt, 0, sizeof rt);
-    rt.ids = (const int32_t *)mf_cuda_base(&a->topk_ids);
-    rt.ids_s0 = a->topk_ids.stride[0];
-    rt.map = a->expert_map.data ? (const int32_t *)mf_cuda_base(&a->expert_map) : NULL;
-    rt.map_s0 = a->expert_map.data ? a->expert_map.stride[0] : 0;
-    rt.topk = a->topk;
-    rt.S = pl->S;
-    rt.E = a->experts;
-    rt.Eg = a->global_experts;
+    MoeRoute rt = mf_route_of(a);
     rt.direct = pl->direct;
     rt.offs = b->offs;
     rt.tiles = b->tiles;

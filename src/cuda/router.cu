@@ -11,6 +11,7 @@
 #include "cuda/moe_math.cuh"
 #include "cuda/numerics.cuh"
 #include "cuda/router.h"
+#include "cuda/router_keys.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ static __device__ float route_logit(const RouteRow &r, int64_t i)
 static __device__ float route_score(const RouteRow &r, float l)
 {
     if (r.p->scoring == MOEFUSE_ROUTER_SIGMOID)
-        return mf_is_nan(l) ? 0.0f : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_f32(-l)));
+        return rw_sigmoid_general(l);
     if (r.p->scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
         return l;
     if (mf_is_nan(l) || r.mode == 0)

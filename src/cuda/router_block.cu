@@ -13,6 +13,7 @@
  *    its place among the k picks.
  */
 #include "cuda/cuda_internal.h"
+#include "cuda/moe_math.cuh"
 #include "cuda/router_keys.cuh"
 
 #define RB_MAX_WARPS (ROUTE_WARP_MAX_E / 32)
@@ -34,15 +35,6 @@ typedef struct RouteBlockSmem {
     float w[32];                                  /* their weights */
 } RouteBlockSmem;
 
-/* One value of a row of dtype dt (the hardware's f16 conversion, as rw_load). */
-static __device__ __forceinline__ float rb_load(const void *base, int dt, int64_t i)
-{
-    if (dt == MF_DT_F32)
-        return __ldg((const float *)base + i);
-    const unsigned short h = __ldg((const unsigned short *)base + i);
-    return dt == MF_DT_BF16 ? mf_bf16_to_f32(h) : __half2float(__ushort_as_half(h));
-}
-
 __global__ void __launch_bounds__(ROUTE_WARP_MAX_E) mf_k_route_block(const RouteParams p)
 {
     __shared__ RouteBlockSmem sm;
@@ -56,11 +48,11 @@ __global__ void __launch_bounds__(ROUTE_WARP_MAX_E) mf_k_route_block(const Route
     /* every load at once: the logit and both biases, and exp's table to shared memory */
     float l = NAN, lb = 0.0f, cb = 0.0f;
     if (valid) {
-        l = rb_load(p.l, p.ldt, m * p.ls0 + i);
+        l = mfm_load(p.l, p.ldt, m * p.ls0 + i);
         if (p.lb)
-            lb = rb_load(p.lb, p.lbdt, i);
+            lb = mfm_load(p.lb, p.lbdt, i);
         if (p.cb)
-            cb = rb_load(p.cb, p.cbdt, i);
+            cb = mfm_load(p.cb, p.cbdt, i);
     }
     for (int t = i; t < 64; t += (int)blockDim.x) /* a block may have 32 threads */
         sm.exp_tab[t] = mf_exp_table_dev[t];

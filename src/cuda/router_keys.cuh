@@ -111,6 +111,7 @@ static __device__ __forceinline__ void rw_load(const void *base, int dt, int64_t
  * the compiler can interleave the experts. Any other x (NaN, very negative, past the exp's
  * fast range) takes the general path after, one by one.
  */
+/* sigmoid(x) = 1 / (1 + e^-x), 0 for NaN: the CPU's formula as written (every x). */
 static __device__ __noinline__ float rw_sigmoid_general(float x)
 {
     return mf_is_nan(x) ? 0.0f : __fdiv_rn(1.0f, __fadd_rn(1.0f, mf_exp_f32(-x)));
@@ -170,12 +171,44 @@ static __device__ void rw_softmax_k(const int32_t *ids, float *w, int k)
 }
 
 /*
- * Steps 6-8 for row m on one warp, once ids[0..K) hold the picks (-1: none) in shared memory:
- * w = s of each pick (s the row's scores in shared memory), the softmax over the k
- * (TOPK_SOFTMAX), the renormalisation and the scale, sums in pick order; then the stores.
- * Up to 32 picks without that softmax, lane j holds pick j and the sum gathers them by
- * shuffles; otherwise lane 0 runs the sums over w, K floats of shared memory the warp may
- * overwrite.
+ * Steps 6-8 for row m on the LANES lanes of a row (lane sub of them, the first at warp lane
+ * first), once ids[0..K) hold the picks (-1: none) and w[0..K) their scores s, in shared
+ * memory: the softmax over the k (TOPK_SOFTMAX), the renormalisation and the scale, sums in
+ * pick order on the row's first lane; then the stores, where live. Every lane of the warp
+ * calls it (its rows together).
+ */
+template <int LANES>
+static __device__ void rw_store_picks(const RouteParams &p, int64_t m, int sub, int first,
+                                      bool live, const int32_t *ids, float *w, int K)
+{
+    if (sub == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
+        rw_softmax_k(ids, w, K);
+    float sum = 0.0f;
+    if (sub == 0 && p.renorm)
+#pragma unroll 1
+        for (int j = 0; j < K; j++)
+            sum = __fadd_rn(sum, w[j]);
+    __syncwarp(); /* the first lane's writes of w before the other lanes read them */
+    sum = __shfl_sync(RW_FULL, sum, first);
+    if (!live)
+        return;
+#pragma unroll 1
+    for (int j = sub; j < K; j += LANES) {
+        float wj = w[j];
+        if (p.renorm && sum > 0.0f)
+            wj = __fdiv_rn(wj, sum);
+        if (p.scale != 1.0f)
+            wj = __fmul_rn(wj, p.scale);
+        p.ids[m * p.is0 + j] = ids[j];
+        p.w[m * p.ws0 + j] = wj;
+    }
+}
+
+/*
+ * Steps 6-8 for row m on one warp, once ids[0..K) hold the picks in shared memory, sv the
+ * row's scores: up to 32 picks without the softmax over the k, lane j holds pick j and the sum
+ * gathers them by shuffles; otherwise w (K floats of shared memory the warp may overwrite)
+ * takes the picks' scores for rw_store_picks.
  */
 static __device__ void rw_finish(const RouteParams &p, int64_t m, int lane, const int32_t *ids,
                                  float *w, const float *sv, int K)
@@ -202,25 +235,7 @@ static __device__ void rw_finish(const RouteParams &p, int64_t m, int lane, cons
     for (int j = lane; j < K; j += 32)
         w[j] = ids[j] >= 0 ? sv[ids[j]] : 0.0f;
     __syncwarp();
-    if (lane == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
-        rw_softmax_k(ids, w, K);
-    float sum = 0.0f;
-    if (lane == 0 && p.renorm)
-#pragma unroll 1
-        for (int j = 0; j < K; j++)
-            sum = __fadd_rn(sum, w[j]);
-    __syncwarp(); /* lane 0's writes of w before the other lanes read them */
-    sum = __shfl_sync(RW_FULL, sum, 0);
-#pragma unroll 1
-    for (int j = lane; j < K; j += 32) {
-        float wj = w[j];
-        if (p.renorm && sum > 0.0f)
-            wj = __fdiv_rn(wj, sum);
-        if (p.scale != 1.0f)
-            wj = __fmul_rn(wj, p.scale);
-        p.ids[m * p.is0 + j] = ids[j];
-        p.w[m * p.ws0 + j] = wj;
-    }
+    rw_store_picks<32>(p, m, lane, 0, true, ids, w, K);
 }
 
 #endif

@@ -307,8 +307,7 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
     }
     __syncwarp();
 
-    /* steps 6-8: w = s of each pick, the softmax over the k (TOPK_SOFTMAX), the
-       renormalisation and the scale; sums in pick order on the row's first lane */
+    /* steps 6-8: w = s of each pick, then rw_store_picks (router_keys.cuh) */
     const float *scores = s_sm + row * SROW;
 #pragma unroll 1
     for (int j = sub; j < K; j += RL_LANES) {
@@ -316,27 +315,7 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
         w_sm[row][j] = id >= 0 ? scores[(id / VPT) * (VPT + 4) + id % VPT] : 0.0f;
     }
     __syncwarp();
-    if (sub == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
-        rw_softmax_k(ids_sm[row], w_sm[row], K);
-    float sum = 0.0f;
-    if (sub == 0 && p.renorm)
-#pragma unroll 1
-        for (int j = 0; j < K; j++)
-            sum = __fadd_rn(sum, w_sm[row][j]);
-    __syncwarp();
-    sum = __shfl_sync(RW_FULL, sum, first);
-    if (!live)
-        return;
-#pragma unroll 1
-    for (int j = sub; j < K; j += RL_LANES) {
-        float wj = w_sm[row][j];
-        if (p.renorm && sum > 0.0f)
-            wj = __fdiv_rn(wj, sum);
-        if (p.scale != 1.0f)
-            wj = __fmul_rn(wj, p.scale);
-        p.ids[m * p.is0 + j] = ids_sm[row][j];
-        p.w[m * p.ws0 + j] = wj;
-    }
+    rw_store_picks<LANES>(p, m, sub, first, live, ids_sm[row], w_sm[row], K);
 }
 
 /* 16-byte alignment of every element a lane's vector load starts at. */
