@@ -10,6 +10,7 @@
 #include "cuda/moe_internal.h"
 #include "cuda/moe_math.cuh"
 #include "cuda/numerics.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/router.h"
 #include "cuda/router_keys.cuh"
 
@@ -128,6 +129,8 @@ static __device__ void route_softmax_k(const RouteRow &r, const int32_t *ids, fl
 
 __global__ void __launch_bounds__(64) mf_k_topk_route(const RouteParams p)
 {
+    mf_pdl_wait(); /* the logits may come from the kernel before */
+    mf_pdl_trigger();
     const int64_t m = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= p.M)
         return;
@@ -308,19 +311,19 @@ moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_to
     p.scale = a->scale;
     const int kernel = route_kernel_for(s, &p);
     if (kernel == ROUTE_BLOCK) {
-        mf_route_block_launch(&p, s->stream);
+        mf_route_block_launch(&p, s->stream, s->pdl);
         return mf_cuda_launched(ctx, "topk_route", "mf_k_route_block");
     }
     if (kernel == ROUTE_LANES) {
-        mf_route_lanes_launch(&p, s->stream);
+        mf_route_lanes_launch(&p, s->stream, s->pdl);
         return mf_cuda_launched(ctx, "topk_route", "mf_k_route_lanes");
     }
     if (kernel == ROUTE_WARP) {
-        mf_route_warp_launch(&p, s->stream);
+        mf_route_warp_launch(&p, s->stream, s->pdl);
         return mf_cuda_launched(ctx, "topk_route", "mf_k_route_warp");
     }
-    const unsigned grid = (unsigned)((p.M + 63) / 64);
-    mf_k_topk_route<<<grid, 64, 0, s->stream>>>(p);
+    const dim3 grid((unsigned)((p.M + 63) / 64));
+    mf_launch_pdl(mf_k_topk_route, grid, 64, 0, s->stream, s->pdl, p);
     return mf_cuda_launched(ctx, "topk_route", "mf_k_topk_route");
 }
 

@@ -1,4 +1,5 @@
-/* topk_route's kernel arguments, shared by its two kernels (router.cu, router_warp.cu). */
+/* topk_route's kernel arguments, shared by its four kernels. Each is a programmatic dependent
+ * launch when pdl (cuda_state): it waits for the kernel before it, then lets the next launch. */
 #ifndef MOEFUSE_CUDA_ROUTER_H
 #define MOEFUSE_CUDA_ROUTER_H
 
@@ -16,6 +17,7 @@ typedef struct RouteParams {
     int64_t M, E, k, groups, kept;
     int scoring, group_scoring, renorm;
     float scale;
+    int vec; /* the lanes kernel: which of l, lb, cb take 16-byte loads (bits 1, 2, 4) */
 } RouteParams;
 
 /* The most experts the warp and block kernels take (16 a lane; a thread each). */
@@ -25,15 +27,15 @@ typedef struct RouteParams {
 enum route_kernel { ROUTE_AUTO = 0, ROUTE_BLOCK, ROUTE_LANES, ROUTE_WARP, ROUTE_THREAD };
 
 /* Launch the warp-per-row kernel (E <= ROUTE_WARP_MAX_E) on stream (mf_cuda_launched after). */
-void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream);
+void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream, int pdl);
 
 /* Whether the lanes-per-row kernel (16 or 32 a row) takes p (E = 128, 256, 384; n_group 1, 2, 4, 8,
  * 16; k <= 32), and its launch. */
 bool mf_route_lanes_takes(const RouteParams *p);
-void mf_route_lanes_launch(const RouteParams *p, cudaStream_t stream);
+void mf_route_lanes_launch(RouteParams *p, cudaStream_t stream, int pdl);
 
 /* Whether the block-per-row kernel takes p (E <= ROUTE_WARP_MAX_E, k <= 32), and its launch. */
 bool mf_route_block_takes(const RouteParams *p);
-void mf_route_block_launch(const RouteParams *p, cudaStream_t stream);
+void mf_route_block_launch(const RouteParams *p, cudaStream_t stream, int pdl);
 
 #endif

@@ -14,6 +14,7 @@
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/moe_math.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/router_keys.cuh"
 
 #define RB_MAX_WARPS (ROUTE_WARP_MAX_E / 32)
@@ -45,7 +46,12 @@ __global__ void __launch_bounds__(ROUTE_WARP_MAX_E) mf_k_route_block(const Route
     const bool valid = i < E;
     const bool softmax = p.scoring == MOEFUSE_ROUTER_SOFTMAX;
 
-    /* every load at once: the logit and both biases, and exp's table to shared memory */
+    /* exp's table to shared memory while the kernel before ends; then every load at once:
+       the logit and both biases */
+    for (int t = i; t < 64; t += (int)blockDim.x) /* a block may have 32 threads */
+        sm.exp_tab[t] = mf_exp_table_dev[t];
+    mf_pdl_wait(); /* the logits may come from the kernel before */
+    mf_pdl_trigger();
     float l = NAN, lb = 0.0f, cb = 0.0f;
     if (valid) {
         l = mfm_load(p.l, p.ldt, m * p.ls0 + i);
@@ -54,8 +60,6 @@ __global__ void __launch_bounds__(ROUTE_WARP_MAX_E) mf_k_route_block(const Route
         if (p.cb)
             cb = mfm_load(p.cb, p.cbdt, i);
     }
-    for (int t = i; t < 64; t += (int)blockDim.x) /* a block may have 32 threads */
-        sm.exp_tab[t] = mf_exp_table_dev[t];
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(sm.exp_tab);
     __syncthreads();
 
@@ -223,8 +227,8 @@ bool mf_route_block_takes(const RouteParams *p)
     return p->E <= ROUTE_WARP_MAX_E && p->k <= 32 && p->M <= 0x7FFFFFFF;
 }
 
-void mf_route_block_launch(const RouteParams *p, cudaStream_t stream)
+void mf_route_block_launch(const RouteParams *p, cudaStream_t stream, int pdl)
 {
     const unsigned threads = (unsigned)((p->E + 31) / 32) * 32;
-    mf_k_route_block<<<(unsigned)p->M, threads, 0, stream>>>(*p);
+    mf_launch_pdl(mf_k_route_block, dim3((unsigned)p->M), threads, 0, stream, pdl, *p);
 }

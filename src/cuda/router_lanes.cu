@@ -15,6 +15,7 @@
  *    clears its word.
  */
 #include "cuda/cuda_internal.h"
+#include "cuda/pdl.cuh"
 #include "cuda/router_keys.cuh"
 
 #define RL_THREADS 128 /* RL_THREADS / LANES rows a block */
@@ -98,7 +99,7 @@ static __device__ __forceinline__ unsigned rl_add(unsigned v)
 }
 
 template <int VPT, int LANES>
-__global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams p, int vec)
+__global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams p)
 {
     constexpr int RL_LANES = LANES, RL_ROWS = RL_THREADS / LANES;
     constexpr int E = VPT * RL_LANES, SROW = E + 4 * RL_LANES; /* padded: fewer bank clashes */
@@ -111,7 +112,10 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
     __shared__ float w_sm[RL_ROWS][32];
     if (threadIdx.x < 64)
         exp_tab[threadIdx.x] = mf_exp_table_dev[threadIdx.x];
+    mf_pdl_wait(); /* the logits may come from the kernel before */
+    mf_pdl_trigger();
     __syncthreads();
+    const int vec = p.vec;
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(exp_tab);
     const int lane = (int)(threadIdx.x & 31), sub = lane & (RL_LANES - 1);
     const int row = (int)(threadIdx.x / RL_LANES), first = lane & ~(RL_LANES - 1);
@@ -333,26 +337,26 @@ bool mf_route_lanes_takes(const RouteParams *p)
 }
 
 template <int LANES>
-static void rl_launch(const RouteParams *p, int vec, cudaStream_t stream)
+static void rl_launch(const RouteParams *p, cudaStream_t stream, int pdl)
 {
-    const unsigned grid = (unsigned)((p->M + RL_THREADS / LANES - 1) / (RL_THREADS / LANES));
+    const dim3 grid((unsigned)((p->M + RL_THREADS / LANES - 1) / (RL_THREADS / LANES)));
     if (p->E == 128)
-        mf_k_route_lanes<128 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+        mf_launch_pdl(mf_k_route_lanes<128 / LANES, LANES>, grid, RL_THREADS, 0, stream, pdl, *p);
     else if (p->E == 256)
-        mf_k_route_lanes<256 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+        mf_launch_pdl(mf_k_route_lanes<256 / LANES, LANES>, grid, RL_THREADS, 0, stream, pdl, *p);
     else
-        mf_k_route_lanes<384 / LANES, LANES><<<grid, RL_THREADS, 0, stream>>>(*p, vec);
+        mf_launch_pdl(mf_k_route_lanes<384 / LANES, LANES>, grid, RL_THREADS, 0, stream, pdl, *p);
 }
 
-void mf_route_lanes_launch(const RouteParams *p, cudaStream_t stream)
+void mf_route_lanes_launch(RouteParams *p, cudaStream_t stream, int pdl)
 {
-    const int vec = (rl_aligned(p->l, p->ldt, p->ls0) ? 1 : 0) |
+    p->vec = (rl_aligned(p->l, p->ldt, p->ls0) ? 1 : 0) |
                     (rl_aligned(p->lb, p->lbdt, 0) ? 2 : 0) |
                     (rl_aligned(p->cb, p->cbdt, 0) ? 4 : 0);
     /* the most lanes whose stretch is a multiple of 8 experts (whole 16-byte loads of bf16):
        32 for E = 256, 16 for 128 and 384 (measured: docs/PERFORMANCE.md) */
     if (p->E == 256)
-        rl_launch<32>(p, vec, stream);
+        rl_launch<32>(p, stream, pdl);
     else
-        rl_launch<16>(p, vec, stream);
+        rl_launch<16>(p, stream, pdl);
 }

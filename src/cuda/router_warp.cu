@@ -12,6 +12,7 @@
  * The softmax's index-order sum runs on lane 0.
  */
 #include "cuda/cuda_internal.h"
+#include "cuda/pdl.cuh"
 #include "cuda/router_keys.cuh"
 
 #define RW_WARPS 4 /* rows per block */
@@ -29,6 +30,8 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
     __shared__ float exp_tab[64];         /* mf_exp_f32's table (lanes index it freely) */
     if (threadIdx.x < 64)
         exp_tab[threadIdx.x] = mf_exp_table_dev[threadIdx.x];
+    mf_pdl_wait(); /* the logits may come from the kernel before */
+    mf_pdl_trigger();
     __syncthreads();
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(exp_tab);
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
@@ -264,24 +267,24 @@ __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RoutePara
 }
 
 template <int NV>
-static void rw_launch(const RouteParams *p, unsigned grid, cudaStream_t stream)
+static void rw_launch(const RouteParams *p, unsigned grid, cudaStream_t stream, int pdl)
 {
     const size_t smem = rw_warp_smem_words(NV) * 8 * RW_WARPS; /* 35 KB at most */
-    mf_k_route_warp<NV><<<grid, RW_WARPS * 32, smem, stream>>>(*p);
+    mf_launch_pdl(mf_k_route_warp<NV>, dim3(grid), RW_WARPS * 32, smem, stream, pdl, *p);
 }
 
-void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream)
+void mf_route_warp_launch(const RouteParams *p, cudaStream_t stream, int pdl)
 {
     const unsigned grid = (unsigned)((p->M + RW_WARPS - 1) / RW_WARPS);
     const int nv = (int)((p->E + 31) / 32);
     if (nv <= 1)
-        rw_launch<1>(p, grid, stream);
+        rw_launch<1>(p, grid, stream, pdl);
     else if (nv <= 2)
-        rw_launch<2>(p, grid, stream);
+        rw_launch<2>(p, grid, stream, pdl);
     else if (nv <= 4)
-        rw_launch<4>(p, grid, stream);
+        rw_launch<4>(p, grid, stream, pdl);
     else if (nv <= 8)
-        rw_launch<8>(p, grid, stream);
+        rw_launch<8>(p, grid, stream, pdl);
     else /* a power of two: the keys' sorting network */
-        rw_launch<16>(p, grid, stream);
+        rw_launch<16>(p, grid, stream, pdl);
 }
