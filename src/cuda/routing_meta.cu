@@ -193,6 +193,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_count(const MetaSpa
     int32_t *sums = q.sums;
     const int64_t E = p.rt.E, S = p.rt.S;
     const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
+    mf_pdl_wait(); /* the ids may come from the kernel before (launch 2 relies on this wait) */
     meta_count_span(p, sm, 1, span, lo, hi);
     for (int64_t e = threadIdx.x; e < E; e += RM_THREADS)
         sums[blockIdx.x * E + e] = sm[e];
@@ -200,7 +201,8 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_count(const MetaSpa
 }
 
 /*
- * Launch 2 (programmatic: it counts its own span by warps while launch 1 ends): the offsets
+ * Launch 2 (programmatic: it counts its own span by warps while launch 1 ends; the ids are
+ * final by then, since launch 1 lets it launch only after its own wait): the offsets
  * from every block's sums, each warp's first positions, then its slots 32 at a time, a slot's
  * place its row's next position plus its rank among the lanes of the same expert
  * (__match_any_sync), so the order is ascending in the slot and no atomic decides it.
@@ -425,7 +427,8 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
         q.span = span;
         q.sums = (int32_t *)scratch;
         const int64_t E = p.rt.E;
-        mf_k_meta_span_count<<<(unsigned)blocks, RM_THREADS, (size_t)E * 4, s->stream>>>(q);
+        mf_launch_pdl(mf_k_meta_span_count, dim3((unsigned)blocks), RM_THREADS, (size_t)E * 4,
+                      s->stream, s->pdl, q);
         MF_TRY(mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_span_count"));
         const size_t smem = (size_t)((rows + 2) * E + 1 + RM_WARPS + 1) * 4;
         mf_launch_pdl(mf_k_meta_span_place, dim3((unsigned)blocks), RM_THREADS, smem, s->stream,
