@@ -70,6 +70,7 @@ typedef struct bench_run {
     int tty;      /* stderr is a terminal: progress is shown from the start */
     double start; /* when the timing began: after 2 s progress is shown anyway */
     int progress; /* a progress line went to stderr, to be wiped before the results */
+    double *enqueue; /* back to back: each run's host seconds per call before its sync */
 } bench_run;
 
 /* bench_buffers.c: backend buffers, each remembered in b->buf for release. */

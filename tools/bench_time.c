@@ -71,6 +71,7 @@ static int host_times(bench *b, bench_run *run, double *times)
         moefuse_status st = MOEFUSE_OK;
         for (int64_t c = 0; c < batch && st == MOEFUSE_OK; c++)
             st = bench_call(b);
+        const double te = now_seconds();
         if (st == MOEFUSE_OK)
             st = moefuse_synchronize(b->ctx);
         const double t1 = now_seconds();
@@ -80,8 +81,10 @@ static int host_times(bench *b, bench_run *run, double *times)
             report_failure(b->ctx, b->op->name, st);
             return -1;
         }
-        if (i >= 0)
+        if (i >= 0) {
             times[i] = (t1 - t0) / (double)batch;
+            run->enqueue[i] = (te - t0) / (double)batch;
+        }
         if (run->tty || t1 - run->start > 2.0) {
             run->progress = 1;
             if (i < 0)
@@ -100,8 +103,12 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
 {
     const int64_t iters = run->iters, batch = run->batch;
     double *times = malloc((size_t)iters * sizeof *times);
-    if (!times)
+    run->enqueue = malloc((size_t)iters * sizeof *run->enqueue);
+    if (!times || !run->enqueue) {
+        free(times);
+        free(run->enqueue);
         return -1;
+    }
     run->tty = isatty(2);
     run->start = now_seconds();
     run->progress = 0;
@@ -111,6 +118,7 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
                                    : 0;
     if (graphed < 0 || (!graphed && host_times(b, run, times) != 0)) {
         free(times);
+        free(run->enqueue);
         return -1;
     }
     if (run->progress)
@@ -123,6 +131,10 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
     else if (batch > 1)
         printf(", per call of runs of %lld back-to-back calls", (long long)batch);
     printf("\n");
+    if (!graphed) /* when it is near the time, the host sets the pace, not the device */
+        printf("enqueue: %.4f ms per call on the host, median (the calls before the sync)\n",
+               median_sort(run->enqueue, (size_t)iters) * 1e3);
     free(times);
+    free(run->enqueue);
     return 0;
 }
