@@ -822,6 +822,7 @@ static PyObject *fc_moe_final(PyObject *self, PyObject *const *args, Py_ssize_t 
     moefuse_tensor h, w2, b2, out;
     moefuse_routing route;
     moefuse_moe_options opt = {0}; /* moe_final's options are the defaults (ops.py) */
+    memset(&route, 0, sizeof route); /* no shared experts: ops.py sends those through ctypes */
     if (!read_tensor(args[1], &h, &place) || !read_tensor(args[2], &w2, &place) ||
         !read_tensor(args[3], &b2, &place) || !read_tensor(args[4], &route.topk_ids, &place) ||
         !read_tensor(args[5], &route.topk_weights, &place) ||
@@ -847,6 +848,7 @@ static PyObject *fc_moe_forward(PyObject *self, PyObject *const *args, Py_ssize_
     moefuse_tensor x, w1, w2, b1, b2, out;
     moefuse_routing route;
     moefuse_moe_options opt = {0};
+    memset(&route, 0, sizeof route); /* no shared experts: ops.py sends those through ctypes */
     if (!read_tensor(args[1], &x, &place) || !read_tensor(args[2], &w1, &place) ||
         !read_tensor(args[3], &w2, &place) || !read_tensor(args[4], &b1, &place) ||
         !read_tensor(args[5], &b2, &place) || !read_tensor(args[6], &route.topk_ids, &place) ||

@@ -571,7 +571,7 @@ def _lock_is_free(ctx):
 
 def _stand_in_act_mul(ctx, x, out):
     return _fast.call.act_mul(ctx, StandInCudaTensor(x, 1), None, StandInCudaTensor(out, 1),
-                              "silu", "gate_first", 0.0, None)
+                              "silu", "gate_first", 0.0, None, 0.0, 0.0)
 
 
 def test_cuda_device_is_switched_for_the_call_and_back(stand_in_cuda):
@@ -626,5 +626,5 @@ def test_cuda_operands_on_two_devices_are_left_to_ctypes(stand_in_cuda):
     state, ctx = stand_in_cuda
     x, out = torch.randn(4, 512), torch.zeros(4, 256)
     taken = _fast.call.act_mul(ctx, StandInCudaTensor(x, 0), None, StandInCudaTensor(out, 1),
-                               "silu", "gate_first", 0.0, None)
+                               "silu", "gate_first", 0.0, None, 0.0, 0.0)
     assert taken is False and state["log"] == [] and _lock_is_free(ctx)

@@ -223,7 +223,8 @@ def test_operators_are_the_moefuse_functions(device, index):
     saved = [bits(t).clone() for t in inputs]
     before = _fast.call.calls() if _fast.call else 0
     got = getattr(OPS, name)(*args, **kwargs)
-    if _fast.active() and hasattr(_fast.call, name):  # the FP8 calls take ctypes only
+    # the FP8 calls, and calls with shared experts, take ctypes only
+    if _fast.active() and hasattr(_fast.call, name) and not kwargs.get("n_shared"):
         assert _fast.call.calls() - before == 1, "torch.ops did not take the fast path"
     want = getattr(moefuse, name)(*args, **kwargs)
     got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
