@@ -153,6 +153,7 @@ const moefuse_backend_i mf_backend_cpu = {
     .moe_shared_routing = mf_cpu_moe_shared_routing,
     .rows_workspace = mf_cpu_rows_workspace,
     .topk_workspace = mf_cpu_topk_workspace,
+    .meta_workspace = mf_cpu_meta_workspace,
     .moe_gate_workspace = mf_cpu_moe_gate_workspace,
     .moe_final_workspace = mf_cpu_moe_final_workspace,
     /* FP8: forward and masked run as the gate then the final (the core's fallback) */

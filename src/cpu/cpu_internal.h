@@ -52,6 +52,8 @@ moefuse_status mf_cpu_quant(moefuse_context *ctx, void *state, const mf_rows_arg
 moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
 moefuse_status mf_cpu_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cpu_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
+moefuse_status mf_cpu_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,
+                                     size_t *bytes);
 moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);
 moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a);
 
