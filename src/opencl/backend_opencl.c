@@ -417,6 +417,7 @@ const moefuse_backend_i mf_backend_opencl = {
     .moe_gate = mf_ocl_moe_gate,
     .moe_final = mf_ocl_moe_final,
     .rows_workspace = mf_ocl_rows_workspace,
+    .meta_workspace = mf_ocl_meta_workspace,
     .moe_gate_workspace = mf_ocl_moe_gate_workspace,
     .moe_final_workspace = mf_ocl_moe_final_workspace,
     .moe_gate_fp8 = mf_ocl_moe_gate_fp8,

@@ -32,6 +32,8 @@ enum mf_ocl_kernel {
     MF_K_ROUTING_META_COUNT, /* kernels/routing_meta.cl */
     MF_K_ROUTING_META_PLACE,
     MF_K_ROUTING_META_INVALID,
+    MF_K_ROUTING_META_SPAN_COUNT,
+    MF_K_ROUTING_META_SPAN_PLACE,
     MF_K_MOE_SHARED_ROUTING, /* kernels/routing_meta.cl too */
     MF_K_MOE_GATE,
     MF_K_MOE_FINAL,
@@ -147,6 +149,8 @@ moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequan
 moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
+moefuse_status mf_ocl_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,
+                                     size_t *bytes);
 moefuse_status mf_ocl_moe_shared_routing(moefuse_context *ctx, void *state,
                                          const mf_shared_args *a);
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);

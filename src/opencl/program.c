@@ -20,6 +20,8 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_ROUTING_META_COUNT] = "mf_routing_meta_count",
     [MF_K_ROUTING_META_PLACE] = "mf_routing_meta_place",
     [MF_K_ROUTING_META_INVALID] = "mf_routing_meta_invalid",
+    [MF_K_ROUTING_META_SPAN_COUNT] = "mf_routing_meta_span_count",
+    [MF_K_ROUTING_META_SPAN_PLACE] = "mf_routing_meta_span_place",
     [MF_K_MOE_SHARED_ROUTING] = "mf_moe_shared_routing",
     [MF_K_MOE_GATE] = "mf_moe_gate",           [MF_K_MOE_FINAL] = "mf_moe_final",
     [MF_K_MOE_ROUTE_COUNT] = "mf_moe_route_count", [MF_K_MOE_ROUTE_SCAN] = "mf_moe_route_scan",
