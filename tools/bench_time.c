@@ -107,6 +107,7 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
     if (!times || !run->enqueue) {
         free(times);
         free(run->enqueue);
+        run->enqueue = NULL;
         return -1;
     }
     run->tty = isatty(2);
@@ -119,6 +120,7 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
     if (graphed < 0 || (!graphed && host_times(b, run, times) != 0)) {
         free(times);
         free(run->enqueue);
+        run->enqueue = NULL;
         return -1;
     }
     if (run->progress)
@@ -136,5 +138,6 @@ int bench_time(bench *b, const ceiling_provider *ceiling, bench_run *run, double
                median_sort(run->enqueue, (size_t)iters) * 1e3);
     free(times);
     free(run->enqueue);
+    run->enqueue = NULL;
     return 0;
 }
