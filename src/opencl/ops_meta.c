@@ -24,6 +24,20 @@ static void slot_out(mf_kargs *k, const moefuse_tensor *t)
     mf_karg_int(k, t->data != NULL);
 }
 
+/* The outputs both place kernels take (kernels/routing_meta.cl, MF_META_OUTPUTS). */
+static void meta_outputs(mf_kargs *k, const mf_meta_args *a)
+{
+    mf_karg_operand(k, &a->counts, 0, false);
+    mf_karg_long(k, a->block);
+    mf_karg_long(k, a->length);
+    mf_karg_operand(k, &a->offsets, 0, false);
+    mf_karg_int(k, a->offsets.data != NULL);
+    mf_karg_operand(k, &a->order, 0, false);
+    mf_karg_int(k, a->order.data != NULL);
+    slot_out(k, &a->position);
+    slot_out(k, &a->masked_row);
+}
+
 /* As kernels/routing_meta.cl: the most experts of the span path, a span's work-group. */
 #define META_SPAN_E 2048
 #define META_WG 64
@@ -71,15 +85,7 @@ static moefuse_status meta_by_spans(moefuse_context *ctx, ocl_state *s, const mf
     route_args(&k, r);
     mf_karg_long(&k, span);
     mf_karg_mem(&k, sums);
-    mf_karg_operand(&k, &a->counts, 0, false);
-    mf_karg_long(&k, a->block);
-    mf_karg_long(&k, a->length);
-    mf_karg_operand(&k, &a->offsets, 0, false);
-    mf_karg_int(&k, a->offsets.data != NULL);
-    mf_karg_operand(&k, &a->order, 0, false);
-    mf_karg_int(&k, a->order.data != NULL);
-    slot_out(&k, &a->position);
-    slot_out(&k, &a->masked_row);
+    meta_outputs(&k, a);
     return mf_ocl_launch(ctx, s, &k, op, 1, &global, &local);
 }
 
@@ -100,15 +106,7 @@ moefuse_status mf_ocl_routing_metadata(moefuse_context *ctx, void *state, const 
 
     k = mf_kargs_begin(s->kernels[MF_K_ROUTING_META_PLACE]);
     route_args(&k, r);
-    mf_karg_operand(&k, &a->counts, 0, false);
-    mf_karg_long(&k, a->block);
-    mf_karg_long(&k, a->length);
-    mf_karg_operand(&k, &a->offsets, 0, false);
-    mf_karg_int(&k, a->offsets.data != NULL);
-    mf_karg_operand(&k, &a->order, 0, false);
-    mf_karg_int(&k, a->order.data != NULL);
-    slot_out(&k, &a->position);
-    slot_out(&k, &a->masked_row);
+    meta_outputs(&k, a);
     global = mf_round_up((size_t)r->experts + 1, local);
     MF_TRY(mf_ocl_launch(ctx, s, &k, "routing_metadata", 1, &global, &local));
 

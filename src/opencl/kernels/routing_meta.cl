@@ -14,6 +14,12 @@
     __global const int *ids, long io, long is0, __global const int *map, long mo, long ms0,  \
         int has_map, long tokens, long topk, long experts, long global_experts
 
+/* What both place kernels write (counts is read back by the per-expert one). */
+#define MF_META_OUTPUTS                                                                        \
+    __global int *counts, long co, long block, long length, __global int *offsets, long oo,   \
+        int has_offsets, __global int *order, long ro, int has_order, __global int *position, \
+        long po, long ps0, int has_position, __global int *mrow, long wo, long ws0, int has_mrow
+
 #define MF_META_EXPERT(s)                                                                       \
     mf_slot_expert(ids, io, is0, (s) / topk, (s) % topk, map, mo, ms0, has_map, experts,      \
                    global_experts)
@@ -51,11 +57,7 @@ void mf_routing_meta_span_count(MF_META_ROUTE, long span, __global int *sums)
  */
 __kernel __attribute__((reqd_work_group_size(MF_META_WG, 1, 1)))
 void mf_routing_meta_span_place(MF_META_ROUTE, long span, __global const int *sums,
-                                __global int *counts, long co, long block, long length,
-                                __global int *offsets, long oo, int has_offsets,
-                                __global int *order, long ro, int has_order,
-                                __global int *position, long po, long ps0, int has_position,
-                                __global int *mrow, long wo, long ws0, int has_mrow)
+                                MF_META_OUTPUTS)
 {
     __local int tot[MF_META_SPAN_E], next[MF_META_SPAN_E], off[MF_META_SPAN_E + 1];
     __local long round_e[MF_META_WG];
@@ -147,12 +149,7 @@ __kernel void mf_routing_meta_count(MF_META_ROUTE, __global int *counts, long co
  * Work-item e < E: offsets[e], its slots in order with their positions and masked rows, its
  * padding (-1). Work-item E: offsets[E], and -1 in order past the total.
  */
-__kernel void mf_routing_meta_place(MF_META_ROUTE, __global const int *counts, long co,
-                                    long block, long length,
-                                    __global int *offsets, long oo, int has_offsets,
-                                    __global int *order, long ro, int has_order,
-                                    __global int *position, long po, long ps0, int has_position,
-                                    __global int *mrow, long wo, long ws0, int has_mrow)
+__kernel void mf_routing_meta_place(MF_META_ROUTE, MF_META_OUTPUTS)
 {
     const long e = (long)get_global_id(0);
     if (e > experts)
