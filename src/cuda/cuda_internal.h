@@ -42,6 +42,7 @@ typedef struct cuda_state {
     uint32_t mma_smem_raised, wgmma_smem_raised, ws_smem_raised, dec_smem_raised;
     int dec_max_clusters[2][9]; /* moe_fp8_decode.cu: resident clusters [final, gate][split] */
     uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
+    uint32_t meta_smem_raised; /* the same for routing_metadata's cluster kernel (bit 1) */
     float *act_tables;         /* act(g) of the bf16 gates, per activation (act_table.cuh) */
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */

@@ -1,12 +1,15 @@
 /*
  * routing_metadata of the CUDA backend: integers only, so the CPU's bytes by construction
  * (docs/NUMERICS.md, "Routing metadata"); and the shared experts' slots the core asks for
- * (mf_k_moe_shared_routing). The metadata's two paths:
+ * (mf_k_moe_shared_routing). The metadata's three paths:
+ *  - on sm_90, for E up to 1024 and up to 8192 slots, one launch of a cluster of 8 blocks
+ *    (mf_k_meta_cluster): the blocks share their counts through distributed shared memory, so
+ *    the call costs about one launch (a launch costs the host about 3.5 us on the H200);
  *  - for E up to about 3000, two launches over spans of 2048 slots or more: the first counts
  *    each span per expert into scratch; the second (a programmatic dependent launch, which
  *    counts its span warp by warp while the first ends) sums the spans before its own and all
  *    of them, scans the padded counts into offsets, and places its span warp by warp, a slot's
- *    rank among the lanes of the same expert from __match_any_sync: the order is ascending in
+ *    rank among the lanes of the same expert from ballots (meta_peers): the order is ascending in
  *    the slot, as the contract asks, and no atomic decides it. Graph-capturable (the scratch is
  *    the call's, see mf_cuda_scratch).
  *  - the reference, for larger E: a thread per expert scanning every slot in order.
@@ -15,6 +18,8 @@
 #include "cuda/moe_internal.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/pdl.cuh"
+
+#include <cooperative_groups.h>
 
 #include <string.h>
 
@@ -118,6 +123,32 @@ static __device__ __forceinline__ int meta_expert32(const MetaParams &p, int64_t
     return (int)moe_slot_expert(p.rt, m, j);
 }
 
+/*
+ * The lanes whose e equals this lane's (e in [-2, E): -1 invalid, -2 past the end), from one
+ * ballot per bit of e + 2 (bits: those of E + 1). It replaces __match_any_sync, which goes
+ * through the MIO pipe and held the place loops at about 100 cycles a round (Nsight Compute:
+ * MIO stalls the largest share).
+ */
+static __device__ __forceinline__ unsigned meta_peers(int e, int bits)
+{
+    const uint32_t u = (uint32_t)(e + 2);
+    unsigned peers = RM_FULL;
+#pragma unroll
+    for (int b = 0; b < 13; b++) /* 13 bits: E + 1 < 8192 on every path that calls it */
+        if (b < bits) {
+            const bool one = (u >> b) & 1u;
+            const unsigned set = __ballot_sync(RM_FULL, one);
+            peers &= one ? set : ~set;
+        }
+    return peers;
+}
+
+/* The bits meta_peers compares for E experts. */
+static __device__ __forceinline__ int meta_peer_bits(int64_t E)
+{
+    return 32 - __clz((int)E + 1);
+}
+
 /* Exclusive prefix sum of one value per thread over the block; the total in *total. */
 static __device__ int32_t meta_block_scan(int32_t x, int32_t *warp_sums, int32_t *total)
 {
@@ -205,7 +236,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_count(const MetaSpa
  * final by then, since launch 1 lets it launch only after its own wait): the offsets
  * from every block's sums, each warp's first positions, then its slots 32 at a time, a slot's
  * place its row's next position plus its rank among the lanes of the same expert
- * (__match_any_sync), so the order is ascending in the slot and no atomic decides it.
+ * (meta_peers), so the order is ascending in the slot and no atomic decides it.
  */
 __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpan q)
 {
@@ -222,6 +253,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
     const int64_t part = span / rows;
+    const int bits = meta_peer_bits(E);
     meta_count_span(p, hist, rows, span, lo, hi);
     mf_pdl_wait(); /* launch 1's sums */
     /* thread t takes experts [e0, e1): the slots before this span, and in all */
@@ -271,7 +303,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
         for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
             const int64_t s = s0 + lane;
             const int e = s < whi ? meta_expert32(p, s) : -2;
-            const unsigned same = __match_any_sync(RM_FULL, e);
+            const unsigned same = meta_peers(e, bits);
             const int rank = __popc(same & ((1u << lane) - 1u));
             const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
             const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
@@ -306,6 +338,163 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
         p.order[q] = -1;
 }
 
+/* ------------------------------ one launch in a cluster of blocks, E and S not too large */
+
+/*
+ * One cluster of MC_BLOCKS blocks takes every slot: the cluster's blocks are resident together
+ * by construction (no cooperative launch, whose host cost is 3x a plain one on the H200), and
+ * they exchange their counts through distributed shared memory between two cluster barriers.
+ * One launch, no scratch: the whole call is about one launch's cost for the routers' M.
+ */
+#define MC_BLOCKS 8        /* a portable cluster size */
+/* One round of 32 slots a warp (S <= 8 x 32 x 32 = 8192): past that the span path's 16 and
+ * more blocks win (H200, M = 4096, k = 8: 12.7 us against 17.3; M = 1024: 7.7 against 12.4) */
+#define MC_MAX_ROUNDS 1
+#define MC_MAX_E 1024      /* the warps' rows, 32 x E ints, in opt-in shared memory */
+#define MC_SMEM(E) ((size_t)((RM_WARPS + 3) * (E) + 1 + RM_WARPS + 1) * 4)
+
+typedef struct MetaCluster {
+    MetaParams p;
+    int64_t part; /* slots a warp takes: whole rounds of 32 */
+} MetaCluster;
+
+/*
+ * Block r takes slots [r * 32 part, (r + 1) * 32 part), its warp w [w * part, (w + 1) * part):
+ *  1. each warp counts its part into its row (32 lanes at a time, meta_peers);
+ *  2. the block's counts per expert; cluster barrier; each block reads every block's counts
+ *     (distributed shared memory): the totals, and the slots of the blocks before its own;
+ *  3. the padded totals scanned into offsets (every block the same); each warp's first position
+ *     of each expert: its offset, the blocks before, the warps before;
+ *  4. the slots again: a slot's place is its warp's next position plus its rank among the
+ *     round's lanes of the same expert. Ascending in the slot; no atomic decides it.
+ * A block leaves only after every block has read its counts (the last cluster barrier).
+ */
+__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluster q)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    extern __shared__ int32_t sm[];
+    const MetaParams &p = q.p;
+    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk, part = q.part;
+    int32_t *rows = sm;                   /* [RM_WARPS, E]: counts, then next positions */
+    int32_t *cnt = rows + RM_WARPS * E;   /* [E]: this block's counts, read by the others */
+    int32_t *tot = cnt + E;               /* [E]: every block's */
+    int32_t *off = tot + E;               /* [E + 1] */
+    int32_t *warp_sums = off + E + 1;     /* [RM_WARPS + 1] */
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned r = cluster.block_rank();
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t wlo = ((int64_t)r * RM_WARPS + warp) * part;
+    const int64_t whi = wlo + part < S ? wlo + part : S;
+    int32_t *row = rows + warp * E;
+    const int bits = meta_peer_bits(E);
+    for (int64_t i = tid; i < RM_WARPS * E; i += RM_THREADS)
+        rows[i] = 0;
+    mf_pdl_wait(); /* the ids may come from the kernel before */
+    mf_pdl_trigger();
+    __syncthreads();
+    for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
+        const int64_t s = s0 + lane;
+        const int e = s < whi ? meta_expert32(p, s) : -2;
+        const unsigned same = meta_peers(e, bits);
+        if (e >= 0 && (same & ((1u << lane) - 1u)) == 0u)
+            row[e] += __popc(same);
+        __syncwarp(); /* the next round's lanes may add to the same expert */
+    }
+    __syncthreads();
+    for (int64_t e = tid; e < E; e += RM_THREADS) {
+        int32_t n = 0;
+        for (int w = 0; w < RM_WARPS; w++)
+            n += rows[w * E + e];
+        cnt[e] = n;
+    }
+    cluster.sync(); /* every block's cnt complete */
+    for (int64_t e = tid; e < E; e += RM_THREADS) {
+        int32_t before = 0, all = 0;
+#pragma unroll
+        for (unsigned b = 0; b < MC_BLOCKS; b++) {
+            const int32_t n = *cluster.map_shared_rank(cnt + e, b);
+            before += b < r ? n : 0;
+            all += n;
+        }
+        tot[e] = all;
+        off[e] = before; /* for now */
+    }
+    cluster.barrier_arrive(); /* this block has read the others; the wait is at the end */
+    __syncthreads();
+    /* thread t takes experts [e0, e1): their padded totals scanned into the offsets */
+    const int64_t per = (E + RM_THREADS - 1) / RM_THREADS;
+    const int64_t e0 = tid * per < E ? tid * per : E, e1 = e0 + per < E ? e0 + per : E;
+    int32_t mine = 0;
+    for (int64_t e = e0; e < e1; e++)
+        mine += (int32_t)((tot[e] + p.block - 1) / p.block * p.block);
+    int32_t total;
+    int32_t at = meta_block_scan(mine, warp_sums, &total);
+    for (int64_t e = e0; e < e1; e++) {
+        int32_t next = at + off[e];
+        off[e] = at;
+        for (int w = 0; w < RM_WARPS; w++) { /* each warp's first position */
+            const int32_t n = rows[w * E + e];
+            rows[w * E + e] = next;
+            next += n;
+        }
+        if (r == 0)
+            p.counts[e] = tot[e];
+        at += (int32_t)((tot[e] + p.block - 1) / p.block * p.block);
+    }
+    if (tid == 0)
+        off[E] = total;
+    __syncthreads();
+    if (p.offsets && r == 0)
+        for (int64_t e = tid; e <= E; e += RM_THREADS)
+            p.offsets[e] = off[e];
+    if (p.order || p.position || p.mrow)
+        for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
+            const int64_t s = s0 + lane;
+            const int e = s < whi ? meta_expert32(p, s) : -2;
+            const unsigned same = meta_peers(e, bits);
+            const int rank = __popc(same & ((1u << lane) - 1u));
+            const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
+            const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
+            if (e >= 0) {
+                const int32_t pos = row[e] + rank;
+                if (p.order)
+                    p.order[pos] = (int32_t)s;
+                if (p.position)
+                    p.position[at_p] = pos;
+                if (p.mrow)
+                    p.mrow[at_w] = pos - off[e];
+            } else if (e == -1) {
+                if (p.position)
+                    p.position[at_p] = -1;
+                if (p.mrow)
+                    p.mrow[at_w] = -1;
+            }
+            __syncwarp();
+            if (e >= 0 && rank == 0)
+                row[e] += __popc(same);
+            __syncwarp();
+        }
+    if (p.order) { /* -1 in the padding of the experts e = r (mod blocks), and a share of the tail */
+        for (int64_t e = r + (int64_t)MC_BLOCKS * tid; e < E; e += (int64_t)MC_BLOCKS * RM_THREADS)
+            for (int64_t i = off[e] + tot[e]; i < off[e + 1]; i++)
+                p.order[i] = -1;
+        for (int64_t i = off[E] + (int64_t)r * RM_THREADS + tid; i < p.length;
+             i += (int64_t)MC_BLOCKS * RM_THREADS)
+            p.order[i] = -1;
+    }
+    cluster.barrier_wait();
+#endif
+}
+
+/* The cluster path fits: sm_90 clusters, E <= MC_MAX_E, S <= MC_MAX_ROUNDS rounds a warp. */
+static int meta_cluster_fits(const cuda_state *s, const mf_meta_args *a)
+{
+    const int64_t E = a->route.experts, S = a->route.tokens * a->route.topk;
+    return s->clusters && E > 0 && E <= MC_MAX_E && MC_SMEM(MC_MAX_E) <= s->smem_optin &&
+           S <= (int64_t)MC_BLOCKS * RM_WARPS * 32 * MC_MAX_ROUNDS;
+}
+
 /* The span path's shape for these args: rows per block (0: the reference), span, blocks. */
 static int64_t meta_plan(const mf_meta_args *a, int64_t *span, int64_t *blocks)
 {
@@ -323,11 +512,11 @@ static int64_t meta_plan(const mf_meta_args *a, int64_t *span, int64_t *blocks)
     return rows;
 }
 
-/* The scratch of the span path: each block's sums. */
-static size_t meta_scratch_bytes(const mf_meta_args *a)
+/* The scratch of the span path: each block's sums (none for the cluster path). */
+static size_t meta_scratch_bytes(const cuda_state *s, const mf_meta_args *a)
 {
     int64_t span, blocks;
-    if (meta_plan(a, &span, &blocks) == 0)
+    if (meta_cluster_fits(s, a) || meta_plan(a, &span, &blocks) == 0)
         return 0;
     return (size_t)(blocks * a->route.experts) * sizeof(int32_t);
 }
@@ -336,8 +525,7 @@ moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const m
                                       size_t *bytes)
 {
     (void)ctx;
-    (void)state;
-    *bytes = meta_scratch_bytes(a);
+    *bytes = meta_scratch_bytes((const cuda_state *)state, a);
     return MOEFUSE_OK;
 }
 
@@ -416,11 +604,24 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
     p.ps0 = a->position.data ? a->position.stride[0] : 0;
     p.mrow = a->masked_row.data ? (int32_t *)mf_cuda_base(&a->masked_row) : NULL;
     p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
+    if (meta_cluster_fits(s, a)) {
+        MF_TRY(moe_ready_smem(ctx, s, "routing_metadata", mf_k_meta_cluster, MC_SMEM(MC_MAX_E),
+                              MC_SMEM(MC_MAX_E), &s->meta_smem_raised, 1u,
+                              "cudaFuncSetAttribute(mf_k_meta_cluster)"));
+        MetaCluster q;
+        q.p = p;
+        const int64_t warps = (int64_t)MC_BLOCKS * RM_WARPS;
+        q.part = ((p.rt.S + warps - 1) / warps + 31) / 32 * 32;
+        q.part = q.part > 0 ? q.part : 32;
+        mf_launch_pdl(mf_k_meta_cluster, dim3(MC_BLOCKS), RM_THREADS, MC_SMEM(p.rt.E), s->stream,
+                      s->pdl, q, MC_BLOCKS);
+        return mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_cluster");
+    }
     int64_t span, blocks;
     const int64_t rows = meta_plan(a, &span, &blocks);
     if (rows > 0) {
         void *scratch = NULL;
-        MF_TRY(mf_cuda_scratch(ctx, s, meta_scratch_bytes(a), "routing_metadata", &scratch));
+        MF_TRY(mf_cuda_scratch(ctx, s, meta_scratch_bytes(s, a), "routing_metadata", &scratch));
         MetaSpan q;
         q.p = p;
         q.rows = (int)rows;
