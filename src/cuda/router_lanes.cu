@@ -221,9 +221,10 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
         }
         const uint64_t gkey = rw_group_key(p, a1, a2, sub / span);
         int larger = 0;
-#pragma unroll 1
-        for (int g = 0; g < G; g++)
-            larger += __shfl_sync(RW_FULL, gkey, first | (g * span)) > gkey;
+#pragma unroll
+        for (int g = 0; g < 16; g++) /* G <= 16 (mf_route_lanes_takes) */
+            if (g < G)
+                larger += __shfl_sync(RW_FULL, gkey, first | (g * span)) > gkey;
         kept = larger < (int)p.kept;
     }
 #pragma unroll
@@ -238,15 +239,26 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
     bool listed = K <= RL_LANES;
     if (listed) {
         const uint32_t best = rl_tree_max<VPT>(o);
-        int ahead = 0; /* lanes whose best is ahead of mine (the lower lane among equals) */
+        uint32_t floor;
+        if constexpr (LANES == 32) { /* the k-th best: k - 1 maxima out, a lane each */
+            uint32_t left = best;
+#pragma unroll 1
+            for (int r = 0; r < K - 1; r++) {
+                const uint32_t mx = __reduce_max_sync(RW_FULL, left);
+                left = lane == __ffs(__ballot_sync(RW_FULL, left == mx)) - 1 ? 0u : left;
+            }
+            floor = __reduce_max_sync(RW_FULL, left);
+        } else {
+            int ahead = 0; /* lanes whose best is ahead of mine (the lower lane among equals) */
 #pragma unroll
-        for (int q = 0; q < RL_LANES; q++) {
-            const uint32_t v = __shfl_sync(RW_FULL, best, first | q);
-            ahead += v > best || (v == best && q < sub);
+            for (int q = 0; q < RL_LANES; q++) {
+                const uint32_t v = __shfl_sync(RW_FULL, best, first | q);
+                ahead += v > best || (v == best && q < sub);
+            }
+            const unsigned rows_lanes = ((1u << (LANES & 31)) - 1u) << first;
+            const unsigned at = __ballot_sync(RW_FULL, ahead == K - 1) & rows_lanes;
+            floor = __shfl_sync(RW_FULL, best, __ffs(at) - 1);
         }
-        const unsigned rows_lanes = LANES == 32 ? RW_FULL : ((1u << (LANES & 31)) - 1u) << first;
-        const unsigned at = __ballot_sync(RW_FULL, ahead == K - 1) & rows_lanes;
-        const uint32_t floor = __shfl_sync(RW_FULL, best, __ffs(at) - 1);
         uint32_t reach = 0u;
 #pragma unroll
         for (int t = 0; t < VPT; t++)
