@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluste
                 row[e] += __popc(same);
             __syncwarp();
         }
-    if (p.order) { /* -1 in the padding of the experts e = r (mod blocks), and a share of the tail */
+    if (p.order) { /* -1 in the padding of the experts e = r (mod blocks), a share of the tail */
         for (int64_t e = r + (int64_t)MC_BLOCKS * tid; e < E; e += (int64_t)MC_BLOCKS * RM_THREADS)
             for (int64_t i = off[e] + tot[e]; i < off[e + 1]; i++)
                 p.order[i] = -1;
