@@ -33,7 +33,6 @@ typedef struct RouteBlockSmem {
     uint64_t picks[RB_MAX_WARPS * 32];            /* each warp's best min(k, 32) keys */
     float red_max[RB_MAX_WARPS];                  /* the softmax's reductions */
     unsigned red_num[RB_MAX_WARPS], red_cnt[RB_MAX_WARPS];
-    uint32_t keep[2];                             /* kept groups, one bit each */
     float sum;                                    /* the softmax's index-order sum */
     int32_t ids[32];                              /* the picks */
     float w[32];                                  /* their weights */
