@@ -41,6 +41,46 @@ uint64_t h_rand(void)
 double h_unif(double a, double b) { return a + (b - a) * ((double)(h_rand() >> 11) * 0x1p-53); }
 int64_t h_randint(int64_t lo, int64_t hi) { return lo + (int64_t)(h_rand() % (uint64_t)(hi - lo + 1)); }
 
+int64_t h_maybe_invalid_id(int64_t id, int64_t Eg, int64_t m, int64_t j)
+{
+    const int64_t r = h_randint(0, 5);
+    if (r == 0) id = -1 - h_randint(0, 3);
+    else if (r == 1) id = Eg + h_randint(0, 3);
+    if (m == 0) id = (j & 1) ? -1 : Eg;
+    return id;
+}
+
+void h_fill_simple_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t E)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            tb_set(ids, m, j, 0, (double)((m + j) % E));
+            tb_set(wts, m, j, 0, 0.5);
+        }
+    tb_upload(ids);
+    tb_upload(wts);
+}
+
+int32_t h_map_entry(int64_t g, int64_t Eg, int64_t E)
+{
+    int32_t e = g % 3 == 1 ? -1 : (int32_t)h_randint(0, E - 1);
+    if (g == Eg - 1 && Eg > 2) e = (int32_t)E;
+    return e;
+}
+
+tbuf *h_new_expert_map(int64_t Eg, int64_t E, int32_t **values)
+{
+    tbuf *map = tb_new1("expert_map", MOEFUSE_I32, Eg, 1);
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)Eg);
+    for (int64_t g = 0; g < Eg; g++) {
+        v[g] = h_map_entry(g, Eg, E);
+        tb_set(map, g, 0, 0, v[g]);
+    }
+    tb_upload(map);
+    *values = v;
+    return map;
+}
+
 int h_dt_or(moefuse_dtype dt)
 {
     switch (dt) {
@@ -415,6 +455,22 @@ void *h_scale_el(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g)
     int three = sc->t.rank == 3;
     if (layout == MOEFUSE_SCALE_COLUMN_MAJOR) return three ? tb_el(sc, e, g, t) : tb_el(sc, g, t, 0);
     return three ? tb_el(sc, e, t, g) : tb_el(sc, t, g, 0);
+}
+
+void h_fill_dequant_scales(tbuf *sc, int layout, int ue, int64_t Tn, int64_t Gn)
+{
+    const int ebytes[8] = {1, 60, 100, 127, 128, 200, 254, 255};
+    const double fs[8] = {1e-30, 3.5e-6, 0.1, 1.0, 7.25, 1e5, 3e30, 1e38};
+    for (int64_t t = 0; t < Tn; t++)
+        for (int64_t g = 0; g < Gn; g++) {
+            int k = (int)((t + g) % 8);
+            if (layout == MOEFUSE_SCALE_PACKED_UE8M0)
+                ((uint8_t *)tb_el(sc, g / 4, t, 0))[g % 4] = (uint8_t)ebytes[k];
+            else if (ue)
+                *(uint8_t *)h_scale_el(sc, layout, 0, t, g) = (uint8_t)ebytes[k];
+            else
+                *(float *)h_scale_el(sc, layout, 0, t, g) = (float)fs[k];
+        }
 }
 
 double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *ebyte)

@@ -99,10 +99,26 @@ void h_check_quant(tbuf *q, tbuf *sc, int64_t e, int64_t T, int64_t Tdim, int64_
  * values P and intervals [L, U] (as h_check_quant): [*slo, *shi]. */
 void h_scale_band(const double *P, const double *L, const double *U, int64_t G, float eps,
                   int is_f8, double *slo, double *shi);
+
+/* Routing of the MoE tests that want invalid slots: slot (m, j)'s id, or at random (2 draws in
+ * 6) one outside [0, Eg); token 0 gets no valid slot at all. */
+int64_t h_maybe_invalid_id(int64_t id, int64_t Eg, int64_t m, int64_t j);
+/* ids [M, k] = (m + j) % E with weights 0.5, uploaded: a valid routing, for a test that needs one. */
+void h_fill_simple_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t E);
+/* expert_map[g] onto E local experts, drawn in order of g: -1 (not local) for every third id,
+ * E (outside [0, E): invalid) for the last one when Eg > 2, else a random local expert. */
+int32_t h_map_entry(int64_t g, int64_t Eg, int64_t E);
+/* An expert_map [Eg] of h_map_entry's, uploaded; *values gets its entries, malloc'ed for the
+ * oracle (the caller frees them). */
+tbuf *h_new_expert_map(int64_t Eg, int64_t E, int32_t **values);
+
 /* scale layout helpers: byte pointer / value for (e, t, g) */
 double h_scale_at(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g, int *ebyte);
 /* the element of (e, t, g) in a row- or column-major scale tensor (not packed) */
 void *h_scale_el(tbuf *sc, int layout, int64_t e, int64_t t, int64_t g);
+/* The scales of a dequant test, 2-D [Tn, Gn] in any layout (ue: u8 exponents): every class of
+ * scale, cycling with t + g; exponent bytes 1 to 255, or f32 from 1e-30 to 1e38. */
+void h_fill_dequant_scales(tbuf *sc, int layout, int ue, int64_t Tn, int64_t Gn);
 /* padding rows T..Ta-1; unused packed bytes of the rows 0..Tn-1 */
 void h_check_scale_padding(tbuf *sc, int layout, int64_t e, int64_t Tn, int64_t T, int64_t Gn);
 

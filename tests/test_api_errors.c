@@ -1073,13 +1073,7 @@ START_TEST(t_moe_fp8)
     tb_upload(w2s);
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
     tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t j = 0; j < k; j++) {
-            tb_set(ids, m, j, 0, (double)((m + j) % E));
-            tb_set(wts, m, j, 0, 0.5);
-        }
-    tb_upload(ids);
-    tb_upload(wts);
+    h_fill_simple_routing(ids, wts, M, k, E);
     tbuf *h = tb_new3("h", MOEFUSE_F8_E4M3, M, k, I, 0, 0);
     tbuf *hs = tb_new2("h_scales", MOEFUSE_F32, M * k, I / 128, 0, 0);
     tbuf *hs_u8 = tb_new2("h_scales", MOEFUSE_U8, M * k, I / 128, 0, 0);

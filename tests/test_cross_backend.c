@@ -697,23 +697,15 @@ static void fill_routing(const ecfg *c, int64_t Eg, pair ids, pair wts, pair map
     for (int64_t m = 0; m < c->M; m++)
         for (int64_t j = 0; j < c->k; j++) {
             int64_t id = h_randint(0, Eg - 1);
-            if (c->invalid) {
-                int64_t r = h_randint(0, 5);
-                if (r == 0) id = -1 - h_randint(0, 3);
-                if (r == 1) id = Eg + h_randint(0, 3);
-                if (m == 0) id = (j & 1) ? -1 : Eg;
-            }
+            if (c->invalid) id = h_maybe_invalid_id(id, Eg, m, j);
             tb_set(ids.d, m, j, 0, (double)id);
             tb_set(wts.d, m, j, 0, h_unif(0.05, 1));
         }
     tb_upload(ids.d);
     tb_upload(wts.d);
     if (!map.d) return;
-    for (int64_t g = 0; g < Eg; g++) { /* unmapped (-1), and one id mapped outside [0, E) */
-        int64_t e = g % 3 == 1 ? -1 : h_randint(0, c->E - 1);
-        if (g == Eg - 1 && Eg > 2) e = c->E;
-        tb_set(map.d, g, 0, 0, (double)e);
-    }
+    for (int64_t g = 0; g < Eg; g++)
+        tb_set(map.d, g, 0, 0, (double)h_map_entry(g, Eg, c->E));
     tb_upload(map.d);
 }
 
@@ -1026,18 +1018,7 @@ START_TEST(t_dequant_handmade)
             for (int64_t c = 0; c < H; c++) *(uint8_t *)tb_el(q.d, t, c, 0) = (uint8_t)((t * H + c) & 0xFF);
         pair sc =
             pair_of(h_new_scales("scales", layout, ue && layout != MOEFUSE_SCALE_PACKED_UE8M0, 0, Tn, Gn, 0));
-        const int ebytes[8] = {1, 60, 100, 127, 128, 200, 254, 255};
-        const double fs[8] = {1e-30, 3.5e-6, 0.1, 1.0, 7.25, 1e5, 3e30, 1e38};
-        for (int64_t t = 0; t < Tn; t++)
-            for (int64_t g = 0; g < Gn; g++) {
-                int k = (int)((t + g) % 8);
-                if (layout == MOEFUSE_SCALE_PACKED_UE8M0)
-                    ((uint8_t *)tb_el(sc.d, g / 4, t, 0))[g % 4] = (uint8_t)ebytes[k];
-                else if (ue)
-                    *(uint8_t *)h_scale_el(sc.d, layout, 0, t, g) = (uint8_t)ebytes[k];
-                else
-                    *(float *)h_scale_el(sc.d, layout, 0, t, g) = (float)fs[k];
-            }
+        h_fill_dequant_scales(sc.d, layout, ue, Tn, Gn);
         tb_upload(q.d);
         tb_upload(sc.d);
         moefuse_quant_options o = {.group_size = G, .scale_layout = layout, .ue8m0 = ue};

@@ -82,12 +82,7 @@ static void run(cfg c)
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++) {
             int64_t id = h_randint(0, Eg - 1);
-            if (c.invalid) {
-                int r = (int)h_randint(0, 5);
-                if (r == 0) id = -1 - h_randint(0, 3);
-                else if (r == 1) id = Eg + h_randint(0, 3);
-            }
-            if (c.invalid && m == 0) id = (j & 1) ? -1 : Eg; /* a token with no valid slot */
+            if (c.invalid) id = h_maybe_invalid_id(id, Eg, m, j);
             tb_set(ids, m, j, 0, (double)id);
             tb_set(wts, m, j, 0, h_unif(0.05, 1));
         }
@@ -95,16 +90,8 @@ static void run(cfg c)
     tb_upload(wts);
     tbuf *map = NULL;
     int32_t *mapv = NULL;
-    if (c.use_map) {
-        map = tb_new1("expert_map", MOEFUSE_I32, Eg, 1);
-        mapv = malloc(sizeof(int32_t) * (size_t)Eg);
-        for (int64_t g = 0; g < Eg; g++) {
-            mapv[g] = (g % 3 == 1) ? -1 : (int32_t)h_randint(0, E - 1);
-            if (g == Eg - 1 && Eg > 2) mapv[g] = (int32_t)E; /* outside [0, E): invalid */
-            tb_set(map, g, 0, 0, mapv[g]);
-        }
-        tb_upload(map);
-    }
+    if (c.use_map)
+        map = h_new_expert_map(Eg, E, &mapv);
     moefuse_routing R;
     memset(&R, 0, sizeof R);
     R.topk_ids = ids->t;

@@ -368,6 +368,21 @@ static pair mk(tbuf *d)
 
 /* -------------------------------------------------------------- routed */
 
+/* The call's options for a case: its activation, its activation scales' layout and eps. */
+static moefuse_fp8_moe_options options_of(const cfg *c)
+{
+    moefuse_fp8_moe_options o = {0};
+    o.moe.activation = c->act;
+    o.moe.order = c->order;
+    o.moe.limit = c->limit;
+    o.moe.alpha = c->alpha;
+    o.moe.up_offset = c->up_offset;
+    o.act.scale_layout = c->layout;
+    o.act.ue8m0 = c->ue8m0;
+    o.act.eps = c->eps;
+    return o;
+}
+
 static void run_routed(cfg c)
 {
     const int64_t M = c.M, K = c.K, I = c.I, E = c.E, k = c.k, Eg = c.use_map ? c.Eg : E;
@@ -403,12 +418,7 @@ static void run_routed(cfg c)
         for (int64_t j = 0; j < k; j++) {
             int64_t id = h_randint(0, Eg - 1);
             if (c.empty_expert && !c.use_map && id == E - 1) id = 0; /* expert E-1 gets no slot */
-            if (c.invalid) {
-                const int r = (int)h_randint(0, 5);
-                if (r == 0) id = -1 - h_randint(0, 3);
-                else if (r == 1) id = Eg + h_randint(0, 3);
-                if (m == 0) id = (j & 1) ? -1 : Eg; /* a token without a valid slot */
-            }
+            if (c.invalid) id = h_maybe_invalid_id(id, Eg, m, j);
             tb_set(ids, m, j, 0, (double)id);
             tb_set(wts, m, j, 0, h_unif(0.05, 1));
         }
@@ -416,16 +426,8 @@ static void run_routed(cfg c)
     tb_upload(wts);
     tbuf *map = NULL;
     int32_t *mapv = NULL;
-    if (c.use_map) {
-        map = tb_new1("expert_map", MOEFUSE_I32, Eg, 1);
-        mapv = malloc(sizeof(int32_t) * (size_t)Eg);
-        for (int64_t g = 0; g < Eg; g++) {
-            mapv[g] = (g % 3 == 1) ? -1 : (int32_t)h_randint(0, E - 1);
-            if (g == Eg - 1 && Eg > 2) mapv[g] = (int32_t)E;
-            tb_set(map, g, 0, 0, mapv[g]);
-        }
-        tb_upload(map);
-    }
+    if (c.use_map)
+        map = h_new_expert_map(Eg, E, &mapv);
     /* outputs */
     tbuf *h = tb_new3("h", MOEFUSE_F8_E4M3, M, k, I, 1, 0);
     tbuf *hs = h_new_scales("h_scales", c.layout, c.ue8m0, 0, S, GI, 0);
@@ -446,15 +448,7 @@ static void run_routed(cfg c)
         RC.topk_weights = pwts.c->t;
         if (map) RC.expert_map = pmap.c->t;
     }
-    moefuse_fp8_moe_options o = {0};
-    o.moe.activation = c.act;
-    o.moe.order = c.order;
-    o.moe.limit = c.limit;
-    o.moe.alpha = c.alpha;
-    o.moe.up_offset = c.up_offset;
-    o.act.scale_layout = c.layout;
-    o.act.ue8m0 = c.ue8m0;
-    o.act.eps = c.eps;
+    const moefuse_fp8_moe_options o = options_of(&c);
 
     /* gate, then the final from the library's own h, then forward */
     expect_ok(CALL(moefuse_moe_gate_fp8(g_ctx, T(x), T(xs), T(w1), T(w1s), T(b1), &R, T(h), T(hs), &o)),
@@ -734,14 +728,7 @@ static void run_masked(cfg c, int64_t Tmax, const int32_t *counts)
     tbuf *out = tb_new3("out", c.odt, E, Tmax, K, 2, 0);
     pair px = mk(x), pxs = xs ? mk(xs) : (pair){0}, pcn = mk(cn), pw1 = mk(w1), pw1s = mk(w1s), pw2 = mk(w2);
     pair pw2s = mk(w2s), pb1 = b1 ? mk(b1) : (pair){0}, pb2 = b2 ? mk(b2) : (pair){0}, pout = mk(out);
-    moefuse_fp8_moe_options o = {0};
-    o.moe.activation = c.act;
-    o.moe.order = c.order;
-    o.moe.limit = c.limit;
-    o.moe.alpha = c.alpha;
-    o.moe.up_offset = c.up_offset;
-    o.act.scale_layout = c.layout;
-    o.act.ue8m0 = c.ue8m0;
+    const moefuse_fp8_moe_options o = options_of(&c); /* eps: 0 in every masked case */
     expect_ok(CALL(moefuse_moe_masked_fp8(g_ctx, T(x), T(xs), T(cn), T(w1), T(w1s), T(w2), T(w2s), T(b1), T(b2),
                                           T(out), &o)),
               "moe_masked_fp8", g_ctx);

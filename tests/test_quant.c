@@ -174,18 +174,7 @@ START_TEST(t_dequant_handmade)
                 for (int64_t c = 0; c < H; c++) *(uint8_t *)tb_el(q, t, c, 0) = (uint8_t)((t * H + c) & 0xFF);
             tb_upload(q);
             tbuf *sc = h_new_scales("scales", layout, ue && layout != MOEFUSE_SCALE_PACKED_UE8M0, 0, Tn, Gn, 0);
-            const int ebytes[8] = {1, 60, 100, 127, 128, 200, 254, 255};
-            const double fs[8] = {1e-30, 3.5e-6, 0.1, 1.0, 7.25, 1e5, 3e30, 1e38};
-            for (int64_t t = 0; t < Tn; t++)
-                for (int64_t g = 0; g < Gn; g++) {
-                    int k = (int)((t + g) % 8);
-                    if (layout == MOEFUSE_SCALE_PACKED_UE8M0)
-                        ((uint8_t *)tb_el(sc, g / 4, t, 0))[g % 4] = (uint8_t)ebytes[k];
-                    else if (ue)
-                        *(uint8_t *)(layout == MOEFUSE_SCALE_ROW_MAJOR ? tb_el(sc, t, g, 0) : tb_el(sc, g, t, 0)) = (uint8_t)ebytes[k];
-                    else
-                        tb_set(sc, layout == MOEFUSE_SCALE_ROW_MAJOR ? t : g, layout == MOEFUSE_SCALE_ROW_MAJOR ? g : t, 0, fs[k]);
-                }
+            h_fill_dequant_scales(sc, layout, ue, Tn, Gn);
             sc->is_input = 1;
             tb_upload(sc);
             moefuse_quant_options o = {0};

@@ -178,13 +178,7 @@ START_TEST(t_overlap_moe)
     /* rows padded so that the h and out placed over them below still fit in their buffers */
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 200, 1);
     tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 200, 1);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t j = 0; j < k; j++) {
-            tb_set(ids, m, j, 0, (double)((m + j) % E));
-            tb_set(wts, m, j, 0, 0.5);
-        }
-    tb_upload(ids);
-    tb_upload(wts);
+    h_fill_simple_routing(ids, wts, M, k, E);
     moefuse_routing r;
     memset(&r, 0, sizeof r);
     r.topk_ids = ids->t;

@@ -7,6 +7,7 @@
 #include "random.h"
 #include "tools.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -21,6 +22,15 @@ void *bench_alloc(bench *b, size_t bytes)
     }
     b->buf[b->nbuf++] = p;
     return p;
+}
+
+/* host[0, bytes) into dev at `offset`; false, reported, when the write fails. */
+static bool write_at(bench *b, void *dev, size_t offset, const void *host, size_t bytes)
+{
+    moefuse_status st = moefuse_buffer_write(b->ctx, dev, offset, host, bytes);
+    if (st != MOEFUSE_OK)
+        report_failure(b->ctx, "buffer_write", st);
+    return st == MOEFUSE_OK;
 }
 
 /* A backend buffer of n floats of dtype dt, uniform in [-scale, scale), written in chunks. */
@@ -41,11 +51,8 @@ void *bench_random(bench *b, moefuse_dtype dt, int64_t n, float scale, uint64_t 
         const int64_t len = n - at < chunk ? n - at : chunk;
         for (int64_t i = 0; i < len; i++)
             store_float(host, dt, i, scale * rng_uniform(&r));
-        moefuse_status st =
-            moefuse_buffer_write(b->ctx, dev, (size_t)at * es, host, (size_t)len * es);
-        if (st != MOEFUSE_OK) {
+        if (!write_at(b, dev, (size_t)at * es, host, (size_t)len * es)) {
             free(host);
-            report_failure(b->ctx, "buffer_write", st);
             return NULL;
         }
     }
@@ -59,12 +66,7 @@ void *bench_upload(bench *b, const void *src, size_t bytes)
     void *dev = bench_alloc(b, bytes);
     if (!dev)
         return NULL;
-    moefuse_status st = moefuse_buffer_write(b->ctx, dev, 0, src, bytes);
-    if (st != MOEFUSE_OK) {
-        report_failure(b->ctx, "buffer_write", st);
-        return NULL;
-    }
-    return dev;
+    return write_at(b, dev, 0, src, bytes) ? dev : NULL;
 }
 
 /*
@@ -89,10 +91,8 @@ void *bench_fp8_codes(bench *b, int64_t n, uint64_t seed)
         host[i] = (uint8_t)(rng_below(&r, 256u) & 0xBFu);
     for (int64_t at = 0; at < n; at += chunk) {
         const int64_t len = n - at < chunk ? n - at : chunk;
-        moefuse_status st = moefuse_buffer_write(b->ctx, dev, (size_t)at, host, (size_t)len);
-        if (st != MOEFUSE_OK) {
+        if (!write_at(b, dev, (size_t)at, host, (size_t)len)) {
             free(host);
-            report_failure(b->ctx, "buffer_write", st);
             return NULL;
         }
     }

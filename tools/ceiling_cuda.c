@@ -52,6 +52,17 @@ static int events_create(cudaEvent_t ev[2], char *what, size_t what_size)
     return e == cudaSuccess ? 0 : cuda_failed(what, what_size, "cudaEventCreate", e);
 }
 
+/* Records ev[1] after what was queued since ev[0], waits for it and gives the time between. */
+static cudaError_t events_elapsed(cudaEvent_t ev[2], cudaStream_t stream, float *ms)
+{
+    cudaError_t e = cudaEventRecord(ev[1], stream);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(ev[1]);
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(ms, ev[0], ev[1]);
+    return e;
+}
+
 static void events_destroy(cudaEvent_t ev[2])
 {
     for (int i = 0; i < 2; i++)
@@ -164,11 +175,7 @@ static double cuda_read_gbs(moefuse_context *ctx, char *what, size_t what_size)
         if (e == cudaSuccess)
             e = ceiling_cuda_read_launch(src, bytes, partial, blocks, stream);
         if (e == cudaSuccess)
-            e = cudaEventRecord(ev[1], stream);
-        if (e == cudaSuccess)
-            e = cudaEventSynchronize(ev[1]);
-        if (e == cudaSuccess)
-            e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+            e = events_elapsed(ev, stream, &ms);
         if (e != cudaSuccess) {
             cuda_failed(what, what_size, "the read kernel", e);
             goto done;
@@ -635,11 +642,7 @@ static int cuda_graph_times(moefuse_context *ctx, moefuse_status (*issue)(void *
         if (e == cudaSuccess)
             e = cudaGraphLaunch(exec, stream);
         if (e == cudaSuccess)
-            e = cudaEventRecord(ev[1], stream);
-        if (e == cudaSuccess)
-            e = cudaEventSynchronize(ev[1]);
-        if (e == cudaSuccess)
-            e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+            e = events_elapsed(ev, stream, &ms);
         if (e != cudaSuccess) {
             cuda_failed(what, what_size, "a replay of the graph", e);
             goto done;

@@ -44,6 +44,28 @@ void mf_moe_routing_operands(const moefuse_routing *r, mf_operand *ops);
  */
 moefuse_status mf_moe_run_shared(moefuse_context *ctx, const char *op, mf_moe_args *a,
                                  const mf_shared *sh, mf_moe_runner run, size_t *measure);
+/* An optional bias of rank 2 whose shape is want's first two dims (`what` says where they come
+ * from); *dst is it, or absent. */
+moefuse_status mf_moe_check_bias(moefuse_context *ctx, const char *op, const char *name,
+                                 const moefuse_tensor *b, const int64_t *want, const char *what,
+                                 moefuse_tensor *dst);
+/* out of a final step: [M, K] when it reduces the slots, else [M, k, K]; sets a->reduce and
+ * a->out. */
+moefuse_status mf_moe_check_final_out(moefuse_context *ctx, const char *op,
+                                      const moefuse_tensor *out, bool reduce, mf_moe_args *a);
+/* out [M, K] of a whole layer (routed), like x; sets a->reduce and a->out. */
+moefuse_status mf_moe_check_layer_out(moefuse_context *ctx, const char *op,
+                                      const moefuse_tensor *out, mf_moe_args *a);
+/*
+ * The last part of a routed call: the overlap check of its `own` operands and, after them
+ * (room for MF_ROUTING_OPERANDS more), the routing's, where topk_weights and shared_weights
+ * count only when the call reads them; then `run` through mf_moe_run_shared, or nothing when
+ * every output is empty.
+ */
+moefuse_status mf_moe_finish_routed(moefuse_context *ctx, const char *op, mf_operand *operands,
+                                    size_t own, const moefuse_routing *routing,
+                                    bool reads_weights, mf_moe_args *a, const mf_shared *sh,
+                                    mf_moe_runner run, size_t *measure);
 /* The scratch a step takes: its backend member's answer, or 0 (none, or it does not matter). */
 moefuse_status mf_moe_step_workspace(moefuse_context *ctx, mf_moe_size_fn size,
                                      const mf_moe_args *a, size_t *measure, size_t *bytes);

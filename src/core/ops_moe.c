@@ -114,6 +114,57 @@ void mf_moe_routing_operands(const moefuse_routing *r, mf_operand *ops)
     ops[3] = (mf_operand){"shared_weights", &r->shared_weights, false};
 }
 
+moefuse_status mf_moe_check_bias(moefuse_context *ctx, const char *op, const char *name,
+                                 const moefuse_tensor *b, const int64_t *want, const char *what,
+                                 moefuse_tensor *dst)
+{
+    MF_TRY(mf_check_optional(ctx, op, name, b, 2, MF_FLOATS));
+    if (mf_present(b))
+        MF_TRY(mf_expect_shape(ctx, op, name, b, want, what));
+    *dst = mf_present(b) ? *b : mf_absent();
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_moe_check_final_out(moefuse_context *ctx, const char *op,
+                                      const moefuse_tensor *out, bool reduce, mf_moe_args *a)
+{
+    MF_TRY(mf_check_tensor(ctx, op, "out", out, reduce ? 2 : 3, MF_FLOATS));
+    const int64_t want_reduced[2] = {a->tokens, a->model_dim};
+    const int64_t want_slots[3] = {a->tokens, a->topk, a->model_dim};
+    MF_TRY(mf_expect_shape(ctx, op, "out", out, reduce ? want_reduced : want_slots,
+                           reduce ? "the reduced output [M, K]" : "the un-reduced output [M, k, K]"));
+    a->reduce = reduce;
+    a->out = *out;
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_moe_check_layer_out(moefuse_context *ctx, const char *op,
+                                      const moefuse_tensor *out, mf_moe_args *a)
+{
+    MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
+    const int64_t want[2] = {a->tokens, a->model_dim};
+    MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
+    a->reduce = true;
+    a->out = *out;
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_moe_finish_routed(moefuse_context *ctx, const char *op, mf_operand *operands,
+                                    size_t own, const moefuse_routing *routing,
+                                    bool reads_weights, mf_moe_args *a, const mf_shared *sh,
+                                    mf_moe_runner run, size_t *measure)
+{
+    mf_operand *route = operands + own;
+    mf_moe_routing_operands(routing, route);
+    if (!reads_weights)
+        route[1].t = route[3].t = NULL; /* topk_weights, shared_weights */
+    bool idle;
+    MF_TRY(mf_check_outputs(ctx, op, operands, own + MF_ROUTING_OPERANDS, &idle));
+    if (idle)
+        return mf_nothing_to_do(measure);
+    return mf_moe_run_shared(ctx, op, a, sh, run, measure);
+}
+
 /* x [M, K], w1 [E, 2I, K], b1 [E, 2I]: sets tokens, model_dim, experts, inter_dim. */
 static moefuse_status check_gate_operands(moefuse_context *ctx, const char *op,
                                           const moefuse_tensor *x, const moefuse_tensor *w1,
@@ -132,12 +183,9 @@ static moefuse_status check_gate_operands(moefuse_context *ctx, const char *op,
                         mf_shape_str(sbuf, sizeof sbuf, 3, w1->shape), (long long)a->model_dim);
     a->experts = w1->shape[0];
     a->inter_dim = w1->shape[1] / 2;
-    MF_TRY(mf_check_optional(ctx, op, "b1", b1, 2, MF_FLOATS));
-    if (mf_present(b1))
-        MF_TRY(mf_expect_shape(ctx, op, "b1", b1, w1->shape, "w1 [E, 2I, K]"));
+    MF_TRY(mf_moe_check_bias(ctx, op, "b1", b1, w1->shape, "w1 [E, 2I, K]", &a->b1));
     a->x = *x;
     a->w1 = *w1;
-    a->b1 = mf_present(b1) ? *b1 : mf_absent();
     return MOEFUSE_OK;
 }
 
@@ -150,11 +198,8 @@ static moefuse_status check_final_weights(moefuse_context *ctx, const char *op,
     MF_TRY(check_weight(ctx, op, "w2", w2, act_dtype, act_name));
     int64_t want[3] = {a->experts, a->model_dim, a->inter_dim};
     MF_TRY(mf_expect_shape(ctx, op, "w2", w2, want, "[E, K, I] from the other operands"));
-    MF_TRY(mf_check_optional(ctx, op, "b2", b2, 2, MF_FLOATS));
-    if (mf_present(b2))
-        MF_TRY(mf_expect_shape(ctx, op, "b2", b2, want, "w2 [E, K, I]"));
+    MF_TRY(mf_moe_check_bias(ctx, op, "b2", b2, want, "w2 [E, K, I]", &a->b2));
     a->w2 = *w2;
-    a->b2 = mf_present(b2) ? *b2 : mf_absent();
     return MOEFUSE_OK;
 }
 
@@ -214,13 +259,9 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
     a.w2 = a.b2 = a.out = mf_absent();
     mf_operand operands[4 + MF_ROUTING_OPERANDS] = {
         {"x", x, false}, {"w1", w1, false}, {"b1", b1, false}, {"h", h, true}};
-    mf_moe_routing_operands(routing, operands + 4);
-    operands[5].t = operands[7].t = NULL; /* the gate reads no router weights */
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 4 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, gate_step, measure);
+    /* the gate reads no router weights */
+    return mf_moe_finish_routed(ctx, op, operands, 4, routing, false, &a, &sh, gate_step,
+                                measure);
 }
 
 static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
@@ -249,25 +290,14 @@ static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moef
                         "%s: h has k = %lld slots but topk_ids has k = %lld (and routing %lld "
                         "shared experts)",
                         op, (long long)h->shape[1], (long long)(a.topk - sh.n), (long long)sh.n);
-    MF_TRY(mf_check_tensor(ctx, op, "out", out, reduce ? 2 : 3, MF_FLOATS));
-    int64_t want_reduced[2] = {a.tokens, a.model_dim};
-    int64_t want_slots[3] = {a.tokens, a.topk, a.model_dim};
-    MF_TRY(mf_expect_shape(ctx, op, "out", out, reduce ? want_reduced : want_slots,
-                           reduce ? "the reduced output [M, K]" : "the un-reduced output [M, k, K]"));
-    a.reduce = reduce;
+    MF_TRY(mf_moe_check_final_out(ctx, op, out, reduce, &a));
     a.h = *h;
-    a.out = *out;
     a.x = a.w1 = a.b1 = mf_absent();
     mf_operand operands[4 + MF_ROUTING_OPERANDS] = {
         {"h", h, false}, {"w2", w2, false}, {"b2", b2, false}, {"out", out, true}};
-    mf_moe_routing_operands(routing, operands + 4);
-    if (!reduce)
-        operands[5].t = operands[7].t = NULL; /* the un-reduced output reads no router weights */
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 4 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, final_step, measure);
+    /* only the reduced output reads router weights */
+    return mf_moe_finish_routed(ctx, op, operands, 4, routing, reduce, &a, &sh, final_step,
+                                measure);
 }
 
 moefuse_status mf_moe_in_forward(moefuse_context *ctx, const char *op, moefuse_status status)
@@ -323,11 +353,8 @@ static moefuse_status forward_layer(moefuse_context *ctx, const char *op, mf_moe
 {
     if (ctx->backend->moe_forward) { /* it keeps h in scratch of its own */
         a->h = mf_absent();
-        size_t need;
-        MF_TRY(mf_moe_step_workspace(ctx, ctx->backend->moe_forward_workspace, a, measure, &need));
-        bool run;
-        MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
-        return run ? ctx->backend->moe_forward(ctx, ctx->state, a) : MOEFUSE_OK;
+        return mf_moe_run_step(ctx, op, ctx->backend->moe_forward,
+                               ctx->backend->moe_forward_workspace, a, measure);
     }
     if (!ctx->backend->moe_gate || !ctx->backend->moe_final)
         return mf_unimplemented(ctx, op);
@@ -346,20 +373,12 @@ static moefuse_status moe_forward(moefuse_context *ctx, const char *op, const mo
     MF_TRY(check_final_weights(ctx, op, w2, b2, x->dtype, "x", &a));
     mf_shared sh;
     MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a, &sh));
-    MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
-    int64_t want[2] = {a.tokens, a.model_dim};
-    MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
-    a.reduce = true;
-    a.out = *out;
+    MF_TRY(mf_moe_check_layer_out(ctx, op, out, &a));
     mf_operand operands[6 + MF_ROUTING_OPERANDS] = {
         {"x", x, false},   {"w1", w1, false}, {"w2", w2, false},
         {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
-    mf_moe_routing_operands(routing, operands + 6);
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 6 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, forward_layer, measure);
+    return mf_moe_finish_routed(ctx, op, operands, 6, routing, true, &a, &sh, forward_layer,
+                                measure);
 }
 
 /* ------------------------------------------------------------ entry points */

@@ -116,13 +116,10 @@ static moefuse_status check_fp8_gate_operands(moefuse_context *ctx, const char *
                             op, moefuse_dtype_name(x->dtype));
         a->x_scales = mf_absent();
     }
-    MF_TRY(mf_check_optional(ctx, op, "b1", b1, 2, MF_FLOATS));
-    if (mf_present(b1))
-        MF_TRY(mf_expect_shape(ctx, op, "b1", b1, w1->shape, "w1 [E, 2I, K]"));
+    MF_TRY(mf_moe_check_bias(ctx, op, "b1", b1, w1->shape, "w1 [E, 2I, K]", &a->b1));
     a->x = *x;
     a->w1 = *w1;
     a->w1_scales = *w1_scales;
-    a->b1 = mf_present(b1) ? *b1 : mf_absent();
     return MOEFUSE_OK;
 }
 
@@ -135,12 +132,9 @@ static moefuse_status check_fp8_final_weights(moefuse_context *ctx, const char *
     const int64_t want[3] = {a->experts, a->model_dim, a->inter_dim};
     MF_TRY(check_fp8_weight(ctx, op, "w2", w2, "w2_scales", w2_scales, want,
                             "[E, K, I] from the other operands"));
-    MF_TRY(mf_check_optional(ctx, op, "b2", b2, 2, MF_FLOATS));
-    if (mf_present(b2))
-        MF_TRY(mf_expect_shape(ctx, op, "b2", b2, want, "w2 [E, K, I]"));
+    MF_TRY(mf_moe_check_bias(ctx, op, "b2", b2, want, "w2 [E, K, I]", &a->b2));
     a->w2 = *w2;
     a->w2_scales = *w2_scales;
-    a->b2 = mf_present(b2) ? *b2 : mf_absent();
     return MOEFUSE_OK;
 }
 
@@ -191,13 +185,9 @@ static moefuse_status gate_fp8(moefuse_context *ctx, const char *op, const moefu
         {"x", x, false},   {"x_scales", x_scales, false}, {"w1", w1, false},
         {"w1_scales", w1_scales, false}, {"b1", b1, false}, {"h", h, true},
         {"h_scales", h_scales, true}};
-    mf_moe_routing_operands(routing, operands + 7);
-    operands[8].t = operands[10].t = NULL; /* the gate reads no router weights */
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 7 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, gate_fp8_step, measure);
+    /* the gate reads no router weights */
+    return mf_moe_finish_routed(ctx, op, operands, 7, routing, false, &a, &sh, gate_fp8_step,
+                                measure);
 }
 
 static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
@@ -222,25 +212,14 @@ static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moef
     MF_TRY(mf_moe_check_routing(ctx, op, routing, reduce, &a, &sh));
     MF_TRY(check_fp8_h(ctx, op, h, h_scales,
                        "[M, k, I] from topk_ids (plus routing.n_shared) and w2", &a));
-    MF_TRY(mf_check_tensor(ctx, op, "out", out, reduce ? 2 : 3, MF_FLOATS));
-    const int64_t want_reduced[2] = {a.tokens, a.model_dim};
-    const int64_t want_slots[3] = {a.tokens, a.topk, a.model_dim};
-    MF_TRY(mf_expect_shape(ctx, op, "out", out, reduce ? want_reduced : want_slots,
-                           reduce ? "the reduced output [M, K]" : "the un-reduced output [M, k, K]"));
-    a.reduce = reduce;
-    a.out = *out;
+    MF_TRY(mf_moe_check_final_out(ctx, op, out, reduce, &a));
     a.x = a.w1 = a.b1 = a.x_scales = a.w1_scales = a.counts = mf_absent();
     mf_operand operands[6 + MF_ROUTING_OPERANDS] = {
         {"h", h, false},   {"h_scales", h_scales, false}, {"w2", w2, false},
         {"w2_scales", w2_scales, false}, {"b2", b2, false}, {"out", out, true}};
-    mf_moe_routing_operands(routing, operands + 6);
-    if (!reduce)
-        operands[7].t = operands[9].t = NULL; /* the un-reduced output reads no router weights */
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 6 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, final_fp8_step, measure);
+    /* only the reduced output reads router weights */
+    return mf_moe_finish_routed(ctx, op, operands, 6, routing, reduce, &a, &sh, final_fp8_step,
+                                measure);
 }
 
 /* A dense tensor of the act layout for the group scales of `rows` rows of `width` channels
@@ -327,11 +306,8 @@ static moefuse_status run_layer_fp8(moefuse_context *ctx, const char *op, mf_moe
     if (!be->moe_forward_fp8)
         return gate_then_final_fp8(ctx, op, a, measure);
     a->h = a->h_scales = mf_absent();
-    size_t need;
-    MF_TRY(mf_moe_step_workspace(ctx, be->moe_forward_fp8_workspace, a, measure, &need));
-    bool run;
-    MF_TRY(mf_workspace_step(ctx, op, need, measure, &run));
-    return run ? be->moe_forward_fp8(ctx, ctx->state, a) : MOEFUSE_OK;
+    return mf_moe_run_step(ctx, op, be->moe_forward_fp8, be->moe_forward_fp8_workspace, a,
+                           measure);
 }
 
 static moefuse_status forward_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
@@ -348,22 +324,14 @@ static moefuse_status forward_fp8(moefuse_context *ctx, const char *op, const mo
     MF_TRY(check_fp8_final_weights(ctx, op, w2, w2_scales, b2, &a));
     mf_shared sh;
     MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a, &sh));
-    MF_TRY(mf_check_tensor(ctx, op, "out", out, 2, MF_FLOATS));
-    const int64_t want[2] = {a.tokens, a.model_dim};
-    MF_TRY(mf_expect_shape(ctx, op, "out", out, want, "x [M, K]"));
-    a.reduce = true;
-    a.out = *out;
+    MF_TRY(mf_moe_check_layer_out(ctx, op, out, &a));
     a.counts = mf_absent();
     mf_operand operands[9 + MF_ROUTING_OPERANDS] = {
         {"x", x, false},   {"x_scales", x_scales, false}, {"w1", w1, false},
         {"w1_scales", w1_scales, false}, {"w2", w2, false}, {"w2_scales", w2_scales, false},
         {"b1", b1, false}, {"b2", b2, false}, {"out", out, true}};
-    mf_moe_routing_operands(routing, operands + 9);
-    bool idle;
-    MF_TRY(mf_check_outputs(ctx, op, operands, 9 + MF_ROUTING_OPERANDS, &idle));
-    if (idle)
-        return mf_nothing_to_do(measure);
-    return mf_moe_run_shared(ctx, op, &a, &sh, run_layer_fp8, measure);
+    return mf_moe_finish_routed(ctx, op, operands, 9, routing, true, &a, &sh, run_layer_fp8,
+                                measure);
 }
 
 static moefuse_status masked_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *x,

@@ -168,10 +168,7 @@ moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
 MF_OMP(parallel num_threads(w.nt))
     {
         thread_bufs t = thread_scratch(&w);
-MF_OMP(for schedule(static))
-        for (int64_t s = 0; s < M * k; s++)
-            if (w.p.expert_of[s] < 0)
-                memset(mf_at3(&a->h, s / k, s % k, 0), 0, (size_t)I * hsz);
+        mf_slot_zero_invalid(&w.p, &a->h, k, 0, M * k, (size_t)I * hsz);
 MF_OMP(for schedule(dynamic, 1))
         for (int64_t it = 0; it < n_items; it++) {
             int64_t e, ms, cb;
@@ -197,13 +194,10 @@ static void final_item(const mf_moe_args *a, int64_t e, const int64_t *slots, in
         t->cols[c] = c < nb ? r0 + c : -1;
     mf_gemm_tile(&a->h, 1, a->topk, slots, ms, &a->w2, e, t->cols, nbp, a->inter_dim, t->c,
                  &t->g);
-    const bool bias = a->b2.data != NULL;
     for (int64_t r = 0; r < ms; r++) {
         const int64_t s = slots[r];
         float *dst = y ? y + (s - s0) * K + r0 : t->row;
-        const float *src = t->c + r * nbp;
-        for (int64_t c = 0; c < nb; c++)
-            dst[c] = bias ? src[c] + mf_load_elem(mf_at2(&a->b2, e, r0 + c), a->b2.dtype) : src[c];
+        mf_slot_add_bias(dst, t->c + r * nbp, &a->b2, e, r0, nb);
         if (!y)
             mf_store_row(mf_at3(&a->out, s / a->topk, s % a->topk, r0), dst, a->out.dtype, nb);
     }
@@ -228,12 +222,8 @@ moefuse_status mf_cpu_moe_final(moefuse_context *ctx, void *state, const mf_moe_
 MF_OMP(parallel num_threads(w.nt))
         {
             thread_bufs t = thread_scratch(&w);
-            if (!a->reduce) {
-MF_OMP(for schedule(static))
-                for (int64_t s = s0; s < m1 * k; s++)
-                    if (w.p.expert_of[s] < 0)
-                        memset(mf_at3(&a->out, s / k, s % k, 0), 0, (size_t)K * osz);
-            }
+            if (!a->reduce)
+                mf_slot_zero_invalid(&w.p, &a->out, k, s0, m1 * k, (size_t)K * osz);
 MF_OMP(for schedule(dynamic, 1))
             for (int64_t it = 0; it < n_items; it++) {
                 int64_t e, ms, cb;
@@ -241,11 +231,8 @@ MF_OMP(for schedule(dynamic, 1))
                 mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
                 final_item(a, e, slots, ms, cb, &t, a->reduce ? w.y : NULL, s0);
             }
-            if (a->reduce) {
-MF_OMP(for schedule(static))
-                for (int64_t m = m0; m < m1; m++)
-                    mf_slot_reduce_token(a, &w.p, w.y, m, s0, t.row);
-            }
+            if (a->reduce)
+                mf_slot_reduce_tokens(a, &w.p, w.y, m0, m1, s0, t.row);
         }
     }
     mf_cpu_scratch_release(&w.scratch);

@@ -444,12 +444,9 @@ static void final_item(const mf_moe_args *a, const work *wk, thread_bufs *t, int
             t->a_scale[i * nb + g] = read_act_scale(a, &a->h_scales, lead, row, g);
     }
     block_gemm(wk, t, ms, &a->w2, &a->w2_scales, e, &cb, 1, a->inter_dim);
-    const bool bias = a->b2.data != NULL;
     for (int64_t i = 0; i < ms; i++) {
-        const float *src = t->acc + i * BLK;
         float *dst = wk->y ? wk->y + (slots[i] - s0) * K + r0 : t->row;
-        for (int64_t c = 0; c < BLK; c++)
-            dst[c] = bias ? src[c] + mf_load_elem(mf_at2(&a->b2, e, r0 + c), a->b2.dtype) : src[c];
+        mf_slot_add_bias(dst, t->acc + i * BLK, &a->b2, e, r0, BLK);
         if (!wk->y) {
             int64_t i0, i1;
             slot_coords(a, slots[i], &i0, &i1);
@@ -487,12 +484,8 @@ moefuse_status mf_cpu_moe_final_fp8(moefuse_context *ctx, void *state, const mf_
 MF_OMP(parallel num_threads(w.nt))
         {
             thread_bufs t = thread_scratch(&w, a->inter_dim, K);
-            if (!a->masked && !a->reduce) {
-MF_OMP(for schedule(static))
-                for (int64_t s = s0; s < m1 * k; s++)
-                    if (w.p.expert_of[s] < 0)
-                        memset(mf_at3(&a->out, s / k, s % k, 0), 0, (size_t)K * osz);
-            }
+            if (!a->masked && !a->reduce)
+                mf_slot_zero_invalid(&w.p, &a->out, k, s0, m1 * k, (size_t)K * osz);
 MF_OMP(for schedule(dynamic, 1))
             for (int64_t it = 0; it < n_items; it++) {
                 int64_t e, ms, cb;
@@ -500,11 +493,8 @@ MF_OMP(for schedule(dynamic, 1))
                 mf_slot_plan_item(&w.p, E, it, &e, &slots, &ms, &cb);
                 final_item(a, &w, &t, e, slots, ms, cb, s0);
             }
-            if (a->reduce) {
-MF_OMP(for schedule(static))
-                for (int64_t m = m0; m < m1; m++)
-                    mf_slot_reduce_token(a, &w.p, w.y, m, s0, t.row);
-            }
+            if (a->reduce)
+                mf_slot_reduce_tokens(a, &w.p, w.y, m0, m1, s0, t.row);
         }
     }
     mf_cpu_scratch_release(&w.scratch);

@@ -81,8 +81,9 @@ void mf_slot_plan_item(const mf_slot_plan *p, int64_t E, int64_t w, int64_t *e,
     *count = n - tile * T < T ? n - tile * T : T;
 }
 
-void mf_slot_reduce_token(const mf_moe_args *a, const mf_slot_plan *p, const float *y,
-                          int64_t m, int64_t s0, float *acc)
+/* One token of mf_slot_reduce_tokens. */
+static void reduce_token(const mf_moe_args *a, const mf_slot_plan *p, const float *y, int64_t m,
+                         int64_t s0, float *acc)
 {
     const int64_t K = a->model_dim, k = a->topk;
     for (int64_t r = 0; r < K; r++)
@@ -99,6 +100,31 @@ MF_OMP(simd)
         }
     }
     mf_store_row(mf_at2(&a->out, m, 0), acc, a->out.dtype, K);
+}
+
+void mf_slot_reduce_tokens(const mf_moe_args *a, const mf_slot_plan *p, const float *y,
+                           int64_t m0, int64_t m1, int64_t s0, float *acc)
+{
+MF_OMP(for schedule(static))
+    for (int64_t m = m0; m < m1; m++)
+        reduce_token(a, p, y, m, s0, acc);
+}
+
+void mf_slot_zero_invalid(const mf_slot_plan *p, const moefuse_tensor *t, int64_t k, int64_t s0,
+                          int64_t s1, size_t row_bytes)
+{
+MF_OMP(for schedule(static))
+    for (int64_t s = s0; s < s1; s++)
+        if (p->expert_of[s] < 0)
+            memset(mf_at3(t, s / k, s % k, 0), 0, row_bytes);
+}
+
+void mf_slot_add_bias(float *dst, const float *src, const moefuse_tensor *bias, int64_t e,
+                      int64_t r0, int64_t n)
+{
+    const bool given = bias->data != NULL;
+    for (int64_t c = 0; c < n; c++)
+        dst[c] = given ? src[c] + mf_load_elem(mf_at2(bias, e, r0 + c), bias->dtype) : src[c];
 }
 
 moefuse_status mf_cpu_moe_shared_routing(moefuse_context *ctx, void *state,

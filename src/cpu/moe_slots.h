@@ -1,7 +1,8 @@
 /*
  * The routing side of the CPU MoE GEMMs, shared by moe.c (bf16/f16/f32) and moe_fp8.c: the
  * local expert of a slot, the slots of a range grouped by expert into work items (expert,
- * tile of slots, column block), and the fixed-order top-k sum of the reduced final.
+ * tile of slots, column block), the rows of invalid slots (zeroed), the bias of a final row,
+ * and the fixed-order top-k sum of the reduced final.
  */
 #ifndef MOEFUSE_CPU_MOE_SLOTS_H
 #define MOEFUSE_CPU_MOE_SLOTS_H
@@ -43,9 +44,18 @@ void mf_slot_plan_item(const mf_slot_plan *p, int64_t E, int64_t w, int64_t *e,
 
 /*
  * out[m, :] = sum over valid j in order of topk_weights[m, j] * y[m, j, :], from 0 in f32,
- * rounded once; y holds the rows of slots from s0 on. acc: K floats of the caller's.
+ * rounded once, for the tokens m in [m0, m1); y holds the rows of slots from s0 on. acc: K
+ * floats of the calling thread's. Work-shared: every thread of the enclosing parallel region
+ * calls it (an orphaned omp for, with its closing barrier).
  */
-void mf_slot_reduce_token(const mf_moe_args *a, const mf_slot_plan *p, const float *y,
-                          int64_t m, int64_t s0, float *acc);
+void mf_slot_reduce_tokens(const mf_moe_args *a, const mf_slot_plan *p, const float *y,
+                           int64_t m0, int64_t m1, int64_t s0, float *acc);
+/* Zero t[s / k, s % k, :] (row_bytes) for each invalid slot s in [s0, s1): no expert writes
+ * it. Work-shared like mf_slot_reduce_tokens. */
+void mf_slot_zero_invalid(const mf_slot_plan *p, const moefuse_tensor *t, int64_t k, int64_t s0,
+                          int64_t s1, size_t row_bytes);
+/* dst[c] = src[c] + bias[e, r0 + c] for c < n; a plain copy when bias is absent. */
+void mf_slot_add_bias(float *dst, const float *src, const moefuse_tensor *bias, int64_t e,
+                      int64_t r0, int64_t n);
 
 #endif /* MOEFUSE_CPU_MOE_SLOTS_H */

@@ -33,6 +33,17 @@ static void row_input_args(mf_kargs *k, const mf_rows_args *a)
     mf_karg_int(k, a->row_scale.data != NULL);
 }
 
+/* The gated activation's options, as the act_quant and act_mul kernels take them. */
+static void act_args(mf_kargs *k, const moefuse_act_options *act)
+{
+    mf_karg_int(k, (int32_t)act->activation);
+    mf_karg_int(k, (int32_t)act->order);
+    mf_karg_float(k, act->limit);
+    mf_karg_float(k, act->alpha);
+    mf_karg_float(k, act->up_offset);
+    mf_karg_int(k, act->intermediate == MOEFUSE_ROUND_BF16);
+}
+
 /* Work-groups for a grid-stride walk over `items` items: at most 32 per compute unit on a
  * GPU (the rest of the items loop); on a CPU device (PoCL runs a work-group as a loop over
  * its work-items, barrier to barrier) more and shorter ones keep each group's memory close:
@@ -122,12 +133,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_long(&k, a->group);
     mf_karg_long(&k, a->groups);
     mf_karg_int(&k, a->activate);
-    mf_karg_int(&k, (int32_t)a->act.activation);
-    mf_karg_int(&k, (int32_t)a->act.order);
-    mf_karg_float(&k, a->act.limit);
-    mf_karg_float(&k, a->act.alpha);
-    mf_karg_float(&k, a->act.up_offset);
-    mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
+    act_args(&k, &a->act);
     mf_karg_operand(&k, &a->out, 2, true);
     mf_karg_operand(&k, &a->scales, 2, true);
     mf_karg_int(&k, (int32_t)layout);
@@ -185,12 +191,7 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
     row_input_args(&k, a);
     mf_karg_long(&k, a->rows);
     mf_karg_long(&k, a->hidden);
-    mf_karg_int(&k, (int32_t)a->act.activation);
-    mf_karg_int(&k, (int32_t)a->act.order);
-    mf_karg_float(&k, a->act.limit);
-    mf_karg_float(&k, a->act.alpha);
-    mf_karg_float(&k, a->act.up_offset);
-    mf_karg_int(&k, a->act.intermediate == MOEFUSE_ROUND_BF16);
+    act_args(&k, &a->act);
     mf_karg_operand(&k, &a->out, 2, true);
     const bool h8 = a->hidden % PER_LANE == 0;
     mf_karg_int(&k, h8 && chunks_aligned(&a->x, 2));
