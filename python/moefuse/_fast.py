@@ -1,4 +1,4 @@
-"""The compiled fast path for torch tensors: moefuse._fastcall (python/moefuse/_fastcall.c).
+"""The compiled fast path for torch tensors: moefuse._fastcall (python/moefuse/_fastcall*.c).
 
 ops.py offers each call whose first input is a torch tensor (torch.Tensor or nn.Parameter,
 CPU or CUDA) to `call.<op>`, which does in C what _tensors.py and _call.py do per call and
