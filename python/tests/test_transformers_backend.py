@@ -238,3 +238,17 @@ def test_fp8_model_as_transformers_fp8(device, tmp_path, calls):
     assert calls
     err = (got - want).abs().max().item() / want.abs().max().item()
     assert err < 6e-2, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_traces_under_torch_compile_in_one_graph(family):
+    model = _model(family, torch.float32, "cpu")
+    model.set_experts_implementation(mf_transformers.NAME)
+    mf_transformers.prepare(model)
+    experts = model.model.layers[1].mlp.experts
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(5, 64, generator=g), torch.rand(5, 2, generator=g)
+    ids = torch.randint(0, 4, (5, 2), generator=g)
+    compiled = torch.compile(lambda a, b, c: experts(a, b, c), backend="eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, ids, w), experts(x, ids, w))

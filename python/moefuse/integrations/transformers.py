@@ -24,6 +24,8 @@ module built with `use_experts_implementation`. This runs the module's whole lay
 """
 
 import torch
+from transformers import activations as hf_act
+from transformers.integrations import moe as hf_moe
 
 from .. import errors, torch_ops  # noqa: F401  (torch_ops registers torch.ops.moefuse)
 
@@ -37,8 +39,6 @@ def _unsupported(what):
 
 def _activation(module):
     """moe_forward's activation keywords for the module's gate (act(gate) * up by default)."""
-    from transformers.integrations import moe as hf_moe
-
     gate = getattr(type(module), "_apply_gate", None)
     if gate is not None and gate is not hf_moe._default_apply_gate:
         # gpt-oss: (clamp(up, -l, l) + 1) * g * sigmoid(alpha g), g = min(gate, l)
@@ -52,8 +52,6 @@ def _activation(module):
 
 def _act_fn_keywords(module):
     """The activation keyword for module.act_fn: silu, gelu (erf) or gelu's tanh form."""
-    from transformers import activations as hf_act
-
     act = getattr(module, "act_fn", None)
     if isinstance(act, (hf_act.SiLUActivation, torch.nn.SiLU)):
         return {"activation": "silu"}
@@ -175,8 +173,6 @@ def prepare(model):
 def register():
     """Registers NAME with transformers' experts interfaces, the FP8 one where this
     transformers has it (done on import)."""
-    from transformers.integrations import moe as hf_moe
-
     hf_moe.ExpertsInterface.register(NAME, experts_forward)
     try:
         from transformers.integrations import finegrained_fp8
