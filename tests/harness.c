@@ -61,6 +61,34 @@ void h_fill_simple_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t E
     tb_upload(wts);
 }
 
+void h_fill_random_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t Eg, int invalid,
+                           int64_t avoid)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t id = h_randint(0, Eg - 1);
+            if (avoid >= 0 && id == avoid) id = 0;
+            if (invalid) id = h_maybe_invalid_id(id, Eg, m, j);
+            tb_set(ids, m, j, 0, (double)id);
+            tb_set(wts, m, j, 0, h_unif(0.05, 1));
+        }
+    tb_upload(ids);
+    tb_upload(wts);
+}
+
+moefuse_act_options h_act_options(int act, int order, float limit, int rnd, float alpha,
+                                  float up_offset)
+{
+    moefuse_act_options a = {0};
+    a.activation = (moefuse_activation)act;
+    a.order = (moefuse_gate_order)order;
+    a.limit = limit;
+    a.intermediate = (moefuse_rounding)rnd;
+    a.alpha = alpha;
+    a.up_offset = up_offset;
+    return a;
+}
+
 int32_t h_map_entry(int64_t g, int64_t Eg, int64_t E)
 {
     int32_t e = g % 3 == 1 ? -1 : (int32_t)h_randint(0, E - 1);
@@ -421,6 +449,15 @@ static int backend_gate(const char *be)
     printf("FAIL: no context on backend %s (built: %s): %s: %s\n", be, moefuse_built_backends(),
            moefuse_status_name(st), msg);
     return EXIT_FAILURE;
+}
+
+TCase *h_add_tcase(Suite *s, const char *name, void (*setup)(void), double timeout)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, setup, h_teardown);
+    tcase_set_timeout(tc, timeout);
+    suite_add_tcase(s, tc);
+    return tc;
 }
 
 int h_run(Suite *s)

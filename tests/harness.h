@@ -83,6 +83,8 @@ void h_teardown(void);
  * is built but has no device, prints "SKIP: backend X unavailable: <why>" and
  * returns 77 (Meson's SKIP) without running anything. */
 int h_run(Suite *s);
+/* A test case of s, run between setup and h_teardown, each test within timeout seconds. */
+TCase *h_add_tcase(Suite *s, const char *name, void (*setup)(void), double timeout);
 
 /* call + canary check */
 #define CALL(expr) h_call((expr))
@@ -105,6 +107,14 @@ void h_scale_band(const double *P, const double *L, const double *U, int64_t G, 
 int64_t h_maybe_invalid_id(int64_t id, int64_t Eg, int64_t m, int64_t j);
 /* ids [M, k] = (m + j) % E with weights 0.5, uploaded: a valid routing, for a test that needs one. */
 void h_fill_simple_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t E);
+/* ids [M, k] drawn from [0, Eg) (avoid, when >= 0, drawn becomes 0), with invalid: then passed
+ * through h_maybe_invalid_id; weights from [0.05, 1]; both uploaded. Each slot draws its id, its
+ * invalid id, then its weight, so seeded runs keep their sequence. */
+void h_fill_random_routing(tbuf *ids, tbuf *wts, int64_t M, int64_t k, int64_t Eg, int invalid,
+                           int64_t avoid);
+/* The activation options of a test case's fields. */
+moefuse_act_options h_act_options(int act, int order, float limit, int rnd, float alpha,
+                                  float up_offset);
 /* expert_map[g] onto E local experts, drawn in order of g: -1 (not local) for every third id,
  * E (outside [0, E): invalid) for the last one when Eg > 2, else a random local expert. */
 int32_t h_map_entry(int64_t g, int64_t Eg, int64_t E);

@@ -69,8 +69,7 @@ static void run_cfg(cfg c)
         tb_upload(rs);
     }
     tbuf *out = tb_new2("out", c.dt, Tn, H, c.rp ? 3 : 0, 0);
-    moefuse_act_options o = {.activation = c.act, .order = c.order, .limit = c.limit,
-                             .intermediate = c.rnd, .alpha = c.alpha, .up_offset = c.up_offset};
+    moefuse_act_options o = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);
     moefuse_status st = CALL(moefuse_act_mul(g_ctx, T(x), T(rs), T(out), &o));
     HCHECK(st == MOEFUSE_OK, "act_mul: %s (%s)", moefuse_status_name(st), moefuse_last_error(g_ctx));
     size_t n = (size_t)(Tn * H + 1);

@@ -61,12 +61,7 @@ static void run(cfg c)
     tbuf *sc = h_new_scales("scales", c.L.layout, c.L.ue8m0 && c.L.layout != MOEFUSE_SCALE_PACKED_UE8M0, 0,
                             Tn, Gn, c.rp ? 2 : 0);
     moefuse_act_quant_options o = {0};
-    o.act.activation = c.act;
-    o.act.order = c.order;
-    o.act.limit = c.limit;
-    o.act.intermediate = c.rnd;
-    o.act.alpha = c.alpha;
-    o.act.up_offset = c.up_offset;
+    o.act = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);
     o.quant.group_size = c.G;
     o.quant.scale_layout = c.L.layout;
     o.quant.ue8m0 = c.L.ue8m0;

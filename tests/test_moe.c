@@ -79,15 +79,7 @@ static void run(cfg c)
     }
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, RP(1), 1);
     tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t id = h_randint(0, Eg - 1);
-            if (c.invalid) id = h_maybe_invalid_id(id, Eg, m, j);
-            tb_set(ids, m, j, 0, (double)id);
-            tb_set(wts, m, j, 0, h_unif(0.05, 1));
-        }
-    tb_upload(ids);
-    tb_upload(wts);
+    h_fill_random_routing(ids, wts, M, k, Eg, c.invalid, -1);
     tbuf *map = NULL;
     int32_t *mapv = NULL;
     if (c.use_map)
