@@ -33,8 +33,8 @@ NAME = "moefuse"
 
 
 def _unsupported(what):
-    return errors.UnsupportedError(errors.code_of("MOEFUSE_ERR_UNSUPPORTED"),
-                                   f"experts_implementation={NAME!r}: {what}")
+    return errors.make(errors.code_of("MOEFUSE_ERR_UNSUPPORTED"),
+                       f"experts_implementation={NAME!r}: {what}")
 
 
 def _activation(module):
@@ -108,10 +108,10 @@ def _routing(top_k_index, top_k_weights, experts):
         # a router that returns every expert's weight (DeepSeek-V2 style): the picked ones
         picked = torch.gather(top_k_weights, 1, top_k_index.clamp(max=experts - 1))
         return ids, picked.to(torch.float32)
-    raise errors.ShapeError(errors.code_of("MOEFUSE_ERR_SHAPE"),
-                            f"experts_implementation={NAME!r}: top_k_weights "
-                            f"{tuple(top_k_weights.shape)} is neither [tokens, k] = "
-                            f"{(tokens, k)} nor [tokens, experts]")
+    raise errors.make(errors.code_of("MOEFUSE_ERR_SHAPE"),
+                      f"experts_implementation={NAME!r}: top_k_weights "
+                      f"{tuple(top_k_weights.shape)} is neither [tokens, k] = {(tokens, k)} "
+                      "nor [tokens, experts]")
 
 
 def _fp8_activation(module):
