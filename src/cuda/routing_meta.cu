@@ -2,7 +2,7 @@
  * routing_metadata of the CUDA backend: integers only, so the CPU's bytes by construction
  * (docs/NUMERICS.md, "Routing metadata"); and the shared experts' slots the core asks for
  * (mf_k_moe_shared_routing). The metadata's three paths:
- *  - on sm_90, for E up to 1024 and up to 8192 slots, one launch of a cluster of 8 blocks
+ *  - on sm_90, for E up to 1024 and up to 32768 slots, one launch of a cluster of 8 blocks
  *    (mf_k_meta_cluster): the blocks share their counts through distributed shared memory, so
  *    the call costs about one launch (a launch costs the host about 3.5 us on the H200);
  *  - for E up to about 3000, two launches over spans of 2048 slots or more: the first counts
@@ -347,35 +347,35 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
  * tried first, ran 19.3 us at M = 64 on the H200, where this runs 5.8.)
  */
 #define MC_BLOCKS 8        /* a portable cluster size */
-/* One round of 32 slots a warp (S <= 8 x 32 x 32 = 8192): past that the span path's 16 and
- * more blocks win (H200, M = 4096, k = 8: 12.7 us against 17.3; M = 1024: 7.7 against 12.4) */
-#define MC_MAX_ROUNDS 1
+/* Up to four rounds of 32 slots a warp (S <= 8 x 32 x 32 x 4 = 32768), each lane's slots and
+ * peers kept in registers between the count and the place: one load and one set of ballots a
+ * slot. (The first version walked the slots twice: 17.3 us at M = 4096 on the H200 against
+ * the span path's 12.7, so it took one round only.) */
+#define MC_MAX_ROUNDS 4
 #define MC_MAX_E 1024      /* the warps' rows, 32 x E ints, in opt-in shared memory */
 #define MC_SMEM(E) ((size_t)((RM_WARPS + 3) * (E) + 1 + RM_WARPS + 1) * 4)
 
-typedef struct MetaCluster {
-    MetaParams p;
-    int64_t part; /* slots a warp takes: whole rounds of 32 */
-} MetaCluster;
-
 /*
- * Block r takes slots [r * 32 part, (r + 1) * 32 part), its warp w [w * part, (w + 1) * part):
- *  1. each warp counts its part into its row (32 lanes at a time, meta_peers);
+ * Block r takes slots [r * 32 R 32, (r + 1) * 32 R 32), its warp w the R rounds of 32 from
+ * (r * 32 + w) * 32 R:
+ *  1. each lane loads its R slots' experts at once, finds its peers in each round (the lanes
+ *     of the same expert, meta_peers) and the round's first of them adds their count to the
+ *     warp's row;
  *  2. the block's counts per expert; cluster barrier; each block reads every block's counts
  *     (distributed shared memory): the totals, and the slots of the blocks before its own;
  *  3. the padded totals scanned into offsets (every block the same); each warp's first position
  *     of each expert: its offset, the blocks before, the warps before;
- *  4. the slots again: a slot's place is its warp's next position plus its rank among the
- *     round's lanes of the same expert. Ascending in the slot; no atomic decides it.
+ *  4. the rounds again, from the registers: a slot's place is its warp's next position plus its
+ *     rank among its peers. Ascending in the slot; no atomic decides it.
  * A block leaves only after every block has read its counts (the last cluster barrier).
  */
-__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluster q)
+template <int R>
+__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaParams p)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     extern __shared__ int32_t sm[];
-    const MetaParams &p = q.p;
-    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk, part = q.part;
+    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk;
     int32_t *rows = sm;                   /* [RM_WARPS, E]: counts, then next positions */
     int32_t *cnt = rows + RM_WARPS * E;   /* [E]: this block's counts, read by the others */
     int32_t *tot = cnt + E;               /* [E]: every block's */
@@ -384,21 +384,29 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluste
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned r = cluster.block_rank();
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t wlo = ((int64_t)r * RM_WARPS + warp) * part;
-    const int64_t whi = wlo + part < S ? wlo + part : S;
+    const unsigned below = (1u << lane) - 1u;
+    const int64_t wlo = ((int64_t)r * RM_WARPS + warp) * (32 * R);
     int32_t *row = rows + warp * E;
     const int bits = meta_peer_bits(E);
     for (int64_t i = tid; i < RM_WARPS * E; i += RM_THREADS)
         rows[i] = 0;
     mf_pdl_wait(); /* the ids may come from the kernel before */
     mf_pdl_trigger();
-    __syncthreads();
-    for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
-        const int64_t s = s0 + lane;
-        const int e = s < whi ? meta_expert32(p, s) : -2;
-        const unsigned same = meta_peers(e, bits);
-        if (e >= 0 && (same & ((1u << lane) - 1u)) == 0u)
-            row[e] += __popc(same);
+    int ev[R]; /* the local expert of each round's slot: -1 invalid, -2 past the end */
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        const int64_t s = wlo + t * 32 + lane;
+        ev[t] = s < S ? meta_expert32(p, s) : -2;
+    }
+    unsigned peers[R];
+#pragma unroll
+    for (int t = 0; t < R; t++)
+        peers[t] = meta_peers(ev[t], bits);
+    __syncthreads(); /* the rows are zero */
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        if (ev[t] >= 0 && (peers[t] & below) == 0u)
+            row[ev[t]] += __popc(peers[t]);
         __syncwarp(); /* the next round's lanes may add to the same expert */
     }
     __syncthreads();
@@ -449,15 +457,14 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluste
         for (int64_t e = tid; e <= E; e += RM_THREADS)
             p.offsets[e] = off[e];
     if (p.order || p.position || p.mrow)
-        for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
-            const int64_t s = s0 + lane;
-            const int e = s < whi ? meta_expert32(p, s) : -2;
-            const unsigned same = meta_peers(e, bits);
-            const int rank = __popc(same & ((1u << lane) - 1u));
+#pragma unroll
+        for (int t = 0; t < R; t++) {
+            const int e = ev[t];
+            const int64_t s = wlo + t * 32 + lane;
             const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
             const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
             if (e >= 0) {
-                const int32_t pos = row[e] + rank;
+                const int32_t pos = row[e] + __popc(peers[t] & below);
                 if (p.order)
                     p.order[pos] = (int32_t)s;
                 if (p.position)
@@ -471,8 +478,8 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluste
                     p.mrow[at_w] = -1;
             }
             __syncwarp();
-            if (e >= 0 && rank == 0)
-                row[e] += __popc(same);
+            if (e >= 0 && (peers[t] & below) == 0u)
+                row[e] += __popc(peers[t]);
             __syncwarp();
         }
     if (p.order) { /* -1 in the padding of the experts e = r (mod blocks), a share of the tail */
@@ -485,6 +492,13 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaCluste
     }
     cluster.barrier_wait();
 #endif
+}
+
+/* The rounds of 32 slots a warp of the cluster path takes for S slots. */
+static int meta_cluster_rounds(int64_t S)
+{
+    const int64_t one = (int64_t)MC_BLOCKS * RM_WARPS * 32;
+    return S <= one ? 1 : S <= 2 * one ? 2 : 4;
 }
 
 /* The cluster path fits: sm_90 clusters, E <= MC_MAX_E, S <= MC_MAX_ROUNDS rounds a warp. */
@@ -605,16 +619,15 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
     p.mrow = a->masked_row.data ? (int32_t *)mf_cuda_base(&a->masked_row) : NULL;
     p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
     if (meta_cluster_fits(s, a)) {
-        MF_TRY(moe_ready_smem(ctx, s, "routing_metadata", mf_k_meta_cluster, MC_SMEM(MC_MAX_E),
-                              MC_SMEM(MC_MAX_E), &s->meta_smem_raised, 1u,
+        const int R = meta_cluster_rounds(p.rt.S);
+        void (*kern)(const MetaParams) = R == 1   ? mf_k_meta_cluster<1>
+                                         : R == 2 ? mf_k_meta_cluster<2>
+                                                  : mf_k_meta_cluster<4>;
+        MF_TRY(moe_ready_smem(ctx, s, "routing_metadata", kern, MC_SMEM(MC_MAX_E),
+                              MC_SMEM(MC_MAX_E), &s->meta_smem_raised, 1u << R,
                               "cudaFuncSetAttribute(mf_k_meta_cluster)"));
-        MetaCluster q;
-        q.p = p;
-        const int64_t warps = (int64_t)MC_BLOCKS * RM_WARPS;
-        q.part = ((p.rt.S + warps - 1) / warps + 31) / 32 * 32;
-        q.part = q.part > 0 ? q.part : 32;
-        mf_launch_pdl(mf_k_meta_cluster, dim3(MC_BLOCKS), RM_THREADS, MC_SMEM(p.rt.E), s->stream,
-                      s->pdl, q, MC_BLOCKS);
+        mf_launch_pdl(kern, dim3(MC_BLOCKS), RM_THREADS, MC_SMEM(p.rt.E), s->stream, s->pdl, p,
+                      MC_BLOCKS);
         return mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_cluster");
     }
     int64_t span, blocks;
