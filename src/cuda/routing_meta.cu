@@ -178,6 +178,103 @@ static __device__ int32_t meta_block_scan(int32_t x, int32_t *warp_sums, int32_t
     return warp_sums[warp] + inc - x;
 }
 
+/* The padded size of an expert's list of n slots. */
+static __device__ __forceinline__ int32_t meta_padded(const MetaParams &p, int32_t n)
+{
+    return (int32_t)((n + p.block - 1) / p.block * p.block);
+}
+
+/*
+ * The offsets, once each thread holds in `mine` the padded counts of its experts [e0, e1)
+ * (consecutive by thread): the block's scan of them; off[e] holds the slots of the blocks
+ * before this one on entry and the expert's offset on return (off[E] the total), and each of
+ * the `rows` histogram rows' counts becomes that row's first position. The block writes the
+ * offsets when `write` (one block of the grid). Ends with a barrier.
+ */
+static __device__ void meta_offsets(const MetaParams &p, int32_t *hist, int rows,
+                                    const int32_t *cnt, int32_t *off, int64_t e0, int64_t e1,
+                                    int32_t mine, int32_t *warp_sums, bool write)
+{
+    const int64_t E = p.rt.E;
+    int32_t total;
+    int32_t at = meta_block_scan(mine, warp_sums, &total);
+    for (int64_t e = e0; e < e1; e++) {
+        int32_t next = at + off[e];
+        off[e] = at;
+        for (int w = 0; w < rows; w++) {
+            const int32_t n = hist[w * E + e];
+            hist[w * E + e] = next;
+            next += n;
+        }
+        at += meta_padded(p, cnt[e]);
+    }
+    if (threadIdx.x == 0)
+        off[E] = total;
+    __syncthreads();
+    if (p.offsets && write)
+        for (int64_t e = threadIdx.x; e <= E; e += RM_THREADS)
+            p.offsets[e] = off[e];
+}
+
+/* Slot s's outputs: place pos in the list of local expert e, which starts at `first`;
+ * -1 for an invalid slot (e == -1); nothing for a lane past the end (e == -2). */
+static __device__ __forceinline__ void meta_place(const MetaParams &p, int64_t s, int e,
+                                                  int32_t pos, int32_t first)
+{
+    const uint32_t k = (uint32_t)p.rt.topk, m = (uint32_t)s / k, j = (uint32_t)s - m * k;
+    const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
+    if (e >= 0) {
+        if (p.order)
+            p.order[pos] = (int32_t)s;
+        if (p.position)
+            p.position[at_p] = pos;
+        if (p.mrow)
+            p.mrow[at_w] = pos - first;
+    } else if (e == -1) {
+        if (p.position)
+            p.position[at_p] = -1;
+        if (p.mrow)
+            p.mrow[at_w] = -1;
+    }
+}
+
+/*
+ * A warp places its slots [wlo, whi) 32 at a time: a slot's place is the warp's next position
+ * of its expert (row[e]) plus its rank among the round's lanes of the same expert, so the order
+ * is ascending in the slot and no atomic decides it.
+ */
+static __device__ void meta_place_walk(const MetaParams &p, int32_t *row, const int32_t *off,
+                                       int64_t wlo, int64_t whi, int bits)
+{
+    const int lane = (int)(threadIdx.x & 31);
+    for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
+        const int64_t s = s0 + lane;
+        const int e = s < whi ? meta_expert32(p, s) : -2;
+        const unsigned same = meta_peers(e, bits);
+        const int rank = __popc(same & ((1u << lane) - 1u));
+        if (e >= 0)
+            meta_place(p, s, e, row[e] + rank, off[e]);
+        else
+            meta_place(p, s, e, -1, 0);
+        __syncwarp();
+        if (e >= 0 && rank == 0)
+            row[e] += __popc(same);
+        __syncwarp();
+    }
+}
+
+/* -1 in order's padding of the experts e = part (mod parts) and in a share of the tail. */
+static __device__ void meta_fill_padding(const MetaParams &p, const int32_t *cnt,
+                                         const int32_t *off, int64_t part, int64_t parts)
+{
+    const int64_t E = p.rt.E, tid = threadIdx.x;
+    for (int64_t e = part + parts * tid; e < E; e += parts * RM_THREADS)
+        for (int64_t q = off[e] + cnt[e]; q < off[e + 1]; q++)
+            p.order[q] = -1;
+    for (int64_t q = off[E] + part * RM_THREADS + tid; q < p.length; q += parts * RM_THREADS)
+        p.order[q] = -1;
+}
+
 /*
  * Counts block b's span [b * span, (b + 1) * span) into rows of a shared [rows, E] histogram,
  * warp w's part [w * part, (w + 1) * part) into row w; rows == 1 gives the span's counts.
@@ -245,12 +342,12 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
     const int rows = q.rows;
     const int64_t span = q.span;
     const int32_t *sums = q.sums;
-    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk;
+    const int64_t E = p.rt.E, S = p.rt.S;
     int32_t *hist = sm;               /* [rows, E]: counts, then each row's next position */
     int32_t *cnt = hist + rows * E;   /* [E]: each expert's count */
     int32_t *off = cnt + E;           /* [E + 1] */
     int32_t *warp_sums = off + E + 1; /* [RM_WARPS + 1] */
-    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int64_t lo = (int64_t)blockIdx.x * span, hi = lo + span < S ? lo + span : S;
     const int64_t part = span / rows;
     const int bits = meta_peer_bits(E);
@@ -278,64 +375,14 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
             p.counts[e] = n;
         cnt[e] = n;
         off[e] = before; /* for now */
-        mine += (int32_t)((n + p.block - 1) / p.block * p.block);
+        mine += meta_padded(p, n);
     }
-    int32_t total;
-    int32_t at = meta_block_scan(mine, warp_sums, &total);
-    for (int64_t e = e0; e < e1; e++) {
-        int32_t next = at + off[e];
-        off[e] = at;
-        for (int w = 0; w < rows; w++) { /* each row's first position */
-            const int32_t n = hist[w * E + e];
-            hist[w * E + e] = next;
-            next += n;
-        }
-        at += (int32_t)((cnt[e] + p.block - 1) / p.block * p.block);
-    }
-    if (tid == 0)
-        off[E] = total;
-    __syncthreads();
-    if (p.offsets && blockIdx.x == 0)
-        for (int64_t e = tid; e <= E; e += RM_THREADS)
-            p.offsets[e] = off[e];
+    meta_offsets(p, hist, rows, cnt, off, e0, e1, mine, warp_sums, blockIdx.x == 0);
     const int64_t wlo = lo + warp * part, whi = wlo + part < hi ? wlo + part : hi;
     if (warp < rows && (p.order || p.position || p.mrow))
-        for (int64_t s0 = wlo; s0 < whi; s0 += 32) {
-            const int64_t s = s0 + lane;
-            const int e = s < whi ? meta_expert32(p, s) : -2;
-            const unsigned same = meta_peers(e, bits);
-            const int rank = __popc(same & ((1u << lane) - 1u));
-            const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
-            const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
-            if (e >= 0) {
-                const int32_t pos = hist[warp * E + e] + rank;
-                if (p.order)
-                    p.order[pos] = (int32_t)s;
-                if (p.position)
-                    p.position[at_p] = pos;
-                if (p.mrow)
-                    p.mrow[at_w] = pos - off[e];
-            } else if (e == -1) {
-                if (p.position)
-                    p.position[at_p] = -1;
-                if (p.mrow)
-                    p.mrow[at_w] = -1;
-            }
-            __syncwarp();
-            if (e >= 0 && rank == 0)
-                hist[warp * E + e] += __popc(same);
-            __syncwarp();
-        }
-    if (!p.order)
-        return;
-    /* -1 in the padding of the experts e = b (mod blocks) and in a share of the tail */
-    for (int64_t e = blockIdx.x + (int64_t)gridDim.x * tid; e < E;
-         e += (int64_t)gridDim.x * RM_THREADS)
-        for (int64_t q = off[e] + cnt[e]; q < off[e + 1]; q++)
-            p.order[q] = -1;
-    for (int64_t q = off[E] + (int64_t)blockIdx.x * RM_THREADS + tid; q < p.length;
-         q += (int64_t)gridDim.x * RM_THREADS)
-        p.order[q] = -1;
+        meta_place_walk(p, hist + warp * E, off, wlo, whi, bits);
+    if (p.order)
+        meta_fill_padding(p, cnt, off, blockIdx.x, gridDim.x);
 }
 
 /* ------------------------------ one launch in a cluster of blocks, E and S not too large */
@@ -375,7 +422,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaParams
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     extern __shared__ int32_t sm[];
-    const int64_t E = p.rt.E, S = p.rt.S, k = p.rt.topk;
+    const int64_t E = p.rt.E, S = p.rt.S;
     int32_t *rows = sm;                   /* [RM_WARPS, E]: counts, then next positions */
     int32_t *cnt = rows + RM_WARPS * E;   /* [E]: this block's counts, read by the others */
     int32_t *tot = cnt + E;               /* [E]: every block's */
@@ -434,62 +481,28 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaParams
     const int64_t per = (E + RM_THREADS - 1) / RM_THREADS;
     const int64_t e0 = tid * per < E ? tid * per : E, e1 = e0 + per < E ? e0 + per : E;
     int32_t mine = 0;
-    for (int64_t e = e0; e < e1; e++)
-        mine += (int32_t)((tot[e] + p.block - 1) / p.block * p.block);
-    int32_t total;
-    int32_t at = meta_block_scan(mine, warp_sums, &total);
     for (int64_t e = e0; e < e1; e++) {
-        int32_t next = at + off[e];
-        off[e] = at;
-        for (int w = 0; w < RM_WARPS; w++) { /* each warp's first position */
-            const int32_t n = rows[w * E + e];
-            rows[w * E + e] = next;
-            next += n;
-        }
+        mine += meta_padded(p, tot[e]);
         if (r == 0)
             p.counts[e] = tot[e];
-        at += (int32_t)((tot[e] + p.block - 1) / p.block * p.block);
     }
-    if (tid == 0)
-        off[E] = total;
-    __syncthreads();
-    if (p.offsets && r == 0)
-        for (int64_t e = tid; e <= E; e += RM_THREADS)
-            p.offsets[e] = off[e];
+    meta_offsets(p, rows, RM_WARPS, tot, off, e0, e1, mine, warp_sums, r == 0);
     if (p.order || p.position || p.mrow)
 #pragma unroll
         for (int t = 0; t < R; t++) {
             const int e = ev[t];
             const int64_t s = wlo + t * 32 + lane;
-            const uint32_t m = (uint32_t)s / (uint32_t)k, j = (uint32_t)s - m * (uint32_t)k;
-            const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
-            if (e >= 0) {
-                const int32_t pos = row[e] + __popc(peers[t] & below);
-                if (p.order)
-                    p.order[pos] = (int32_t)s;
-                if (p.position)
-                    p.position[at_p] = pos;
-                if (p.mrow)
-                    p.mrow[at_w] = pos - off[e];
-            } else if (e == -1) {
-                if (p.position)
-                    p.position[at_p] = -1;
-                if (p.mrow)
-                    p.mrow[at_w] = -1;
-            }
+            if (e >= 0)
+                meta_place(p, s, e, row[e] + __popc(peers[t] & below), off[e]);
+            else
+                meta_place(p, s, e, -1, 0);
             __syncwarp();
             if (e >= 0 && (peers[t] & below) == 0u)
                 row[e] += __popc(peers[t]);
             __syncwarp();
         }
-    if (p.order) { /* -1 in the padding of the experts e = r (mod blocks), a share of the tail */
-        for (int64_t e = r + (int64_t)MC_BLOCKS * tid; e < E; e += (int64_t)MC_BLOCKS * RM_THREADS)
-            for (int64_t i = off[e] + tot[e]; i < off[e + 1]; i++)
-                p.order[i] = -1;
-        for (int64_t i = off[E] + (int64_t)r * RM_THREADS + tid; i < p.length;
-             i += (int64_t)MC_BLOCKS * RM_THREADS)
-            p.order[i] = -1;
-    }
+    if (p.order)
+        meta_fill_padding(p, tot, off, r, MC_BLOCKS);
     cluster.barrier_wait();
 #endif
 }
