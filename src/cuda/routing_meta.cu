@@ -394,11 +394,12 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
  * tried first, ran 19.3 us at M = 64 on the H200, where this runs 5.8.)
  */
 #define MC_BLOCKS 8        /* a portable cluster size */
-/* Up to four rounds of 32 slots a warp (S <= 8 x 32 x 32 x 4 = 32768), each lane's slots and
+/* Up to two rounds of 32 slots a warp (S <= 8 x 32 x 32 x 2 = 16384), each lane's slots and
  * peers kept in registers between the count and the place: one load and one set of ballots a
- * slot. (The first version walked the slots twice: 17.3 us at M = 4096 on the H200 against
- * the span path's 12.7, so it took one round only.) */
-#define MC_MAX_ROUNDS 4
+ * slot. On the H200, DeepSeek-V3's E = 256, k = 8: M = 2048 (two rounds) 8.7 us, where the spans
+ * take 12.3; M = 4096 at four rounds took 13.4 us against the spans' 12.7 (8 SMs walk 32768
+ * slots), so past two rounds the spans do. */
+#define MC_MAX_ROUNDS 2
 #define MC_MAX_E 1024      /* the warps' rows, 32 x E ints, in opt-in shared memory */
 #define MC_SMEM(E) ((size_t)((RM_WARPS + 3) * (E) + 1 + RM_WARPS + 1) * 4)
 
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaParams
 static int meta_cluster_rounds(int64_t S)
 {
     const int64_t one = (int64_t)MC_BLOCKS * RM_WARPS * 32;
-    return S <= one ? 1 : S <= 2 * one ? 2 : 4;
+    return S <= one ? 1 : 2;
 }
 
 /* The cluster path fits: sm_90 clusters, E <= MC_MAX_E, S <= MC_MAX_ROUNDS rounds a warp. */
@@ -633,9 +634,7 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
     p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
     if (meta_cluster_fits(s, a)) {
         const int R = meta_cluster_rounds(p.rt.S);
-        void (*kern)(const MetaParams) = R == 1   ? mf_k_meta_cluster<1>
-                                         : R == 2 ? mf_k_meta_cluster<2>
-                                                  : mf_k_meta_cluster<4>;
+        void (*kern)(const MetaParams) = R == 1 ? mf_k_meta_cluster<1> : mf_k_meta_cluster<2>;
         MF_TRY(moe_ready_smem(ctx, s, "routing_metadata", kern, MC_SMEM(MC_MAX_E),
                               MC_SMEM(MC_MAX_E), &s->meta_smem_raised, 1u << R,
                               "cudaFuncSetAttribute(mf_k_meta_cluster)"));
