@@ -1,7 +1,10 @@
 """experts_implementation="moefuse" in Hugging Face transformers (moefuse.integrations.transformers):
-small random models of five MoE families give eager's logits and eager's greedy tokens. Skipped,
+small random models of five MoE families give eager's logits and greedy tokens in f32, and in bf16
+each experts call is closer to its f32 value than eager's is. Skipped,
 with the reason, without torch or without a transformers that takes registered experts backends.
 """
+
+import copy
 
 import pytest
 
@@ -103,25 +106,55 @@ def _logits(model, ids, impl):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_logits_as_eager(family, dtype, device, calls):
-    model = _model(family, dtype, device)
+def test_logits_as_eager(family, device, calls):
+    model = _model(family, torch.float32, device)
     ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(7)).to(device)
     want = _logits(model, ids, "eager")
     assert not calls
     got = _logits(model, ids, mf_transformers.NAME)
     assert len(calls) == sum(1 for m in model.modules() if hasattr(m, "gate_up_proj"))
-    assert torch.isfinite(got).all()
-    # f32: both sum in f32 (in other orders); bf16: eager rounds h and each expert's output to
-    # bf16, moefuse keeps f32 until the layer's output
-    tol = 2e-4 if dtype == torch.float32 else 4e-2
+    # both sum in f32, in other orders
     err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
-    assert err < tol, f"{family} {dtype}: relative error {err:.2e}"
+    assert err < 2e-4, f"{family}: relative error {err:.2e}"
     # the moefuse call left the weights' values alone (a transposed layout is laid out in place:
     # eager's GEMMs may then sum in another order, so its result is equal up to rounding)
     again = _logits(model, ids, "eager")
-    assert (again - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1e-6) * \
-        (1 if dtype == torch.float32 else 1e3)
+    assert (again - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_bf16_experts_closer_to_f32_than_eager(family, device, calls):
+    """bf16, layer by layer: each experts call of an eager run, on the same inputs, through
+    moefuse, against the same call in f32 on the same bf16 values. (Whole-model bf16 logits
+    cannot be compared: one layer's rounding can flip the next layer's top-k, and then the two
+    runs take other experts.) Both round h to bf16; eager also rounds the gate-up product and each
+    expert's output, and sums the experts in bf16, where moefuse keeps f32 until the output."""
+    model = _model(family, torch.bfloat16, device)
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(7)).to(device)
+    seen = []
+
+    def keep(module, args, output):
+        seen.append((module, [a.detach().clone() for a in args], output.detach().clone()))
+
+    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+    hooks = [m.register_forward_hook(keep) for m in experts]
+    try:
+        _logits(model, ids, "eager")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) == len(experts) and not calls
+    for module, (x, top_k, weights), eager_out in seen:
+        with torch.no_grad():
+            got = mf_transformers.experts_forward(module, x, top_k, weights)
+            f32 = copy.deepcopy(module).float()
+            want = f32(x.float(), top_k, weights.float())
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        scale = max(want.norm().item(), 1e-6)  # relative 2-norms: steadier than one element
+        err = (got.float() - want).norm().item() / scale
+        eager_err = (eager_out.float() - want).norm().item() / scale
+        assert err <= eager_err, f"{family}: moefuse {err:.2e} > eager {eager_err:.2e}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -233,7 +266,10 @@ def test_fp8_model_as_transformers_fp8(device, tmp_path, calls):
     fp8 = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, quantization_config=quant, dtype=torch.bfloat16, device_map=device).eval()
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(11)).to(device)
-    want = _logits(fp8, ids, "grouped_mm")
+    try:
+        want = _logits(fp8, ids, "grouped_mm")
+    except ImportError as e:  # its FP8 linears load their kernels from the hub
+        pytest.skip(f"transformers' own FP8 model does not run here: {e}")
     got = _logits(fp8, ids, mf_transformers.NAME)
     assert calls
     err = (got - want).abs().max().item() / want.abs().max().item()
