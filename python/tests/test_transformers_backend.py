@@ -276,6 +276,45 @@ def test_fp8_model_as_transformers_fp8(device, tmp_path, calls):
     assert err < 6e-2, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("device", [p for p in DEVICES if p != "cpu"])
+def test_fp8_experts_as_transformers_dequantized(device, tmp_path):
+    """The FP8 checkpoint transformers writes (experts only in FP8, so that nothing else needs its
+    hub kernels), read by moefuse's FP8 experts, against the same checkpoint loaded by
+    transformers with dequantize=True, its own reading of the blocks: each experts call of the
+    dequantized model's eager run, on its inputs, in f32. moefuse also quantizes x and h to FP8."""
+    model = _model("qwen3_moe", torch.bfloat16, "cpu", hidden_size=256, moe_intermediate_size=128,
+                   intermediate_size=256, head_dim=64)
+    model.save_pretrained(tmp_path / "bf16")
+    quant = transformers.FineGrainedFP8Config(weight_block_size=(128, 128),
+                                              modules_to_not_convert=["self_attn", "gate", "lm_head"])
+    fp8 = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "bf16", quantization_config=quant, dtype=torch.bfloat16, device_map=device)
+    fp8.save_pretrained(tmp_path / "fp8")
+    deq = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "fp8", quantization_config=transformers.FineGrainedFP8Config(dequantize=True),
+        dtype=torch.bfloat16, device_map=device).eval()
+    quantized = [m for m in fp8.modules() if hasattr(m, "gate_up_proj")]
+    assert quantized and all(m.gate_up_proj.dtype == torch.float8_e4m3fn for m in quantized)
+    experts = [m for m in deq.modules() if hasattr(m, "gate_up_proj")]
+    assert len(experts) == len(quantized) and experts[0].gate_up_proj.dtype == torch.bfloat16
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, a, o: seen.append((m, [x.detach() for x in a])))
+             for m in experts]
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(11)).to(device)
+    try:
+        _logits(deq, ids, "eager")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) == len(experts)
+    for (module, (x, top_k, weights)), q in zip(seen, quantized):
+        with torch.no_grad():
+            got = mf_transformers.fp8_experts_forward(q, x, top_k, weights).float()
+            want = copy.deepcopy(module).float()(x.float(), top_k, weights.float())
+        err = (got - want).norm().item() / want.norm().item()
+        assert err < 6e-2, f"relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_traces_under_torch_compile_in_one_graph(family):
     model = _model(family, torch.float32, "cpu")
