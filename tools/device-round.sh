@@ -139,7 +139,7 @@ for stage in "$@"; do
         ;;
     numerics-cuda)
         gcc -O2 -std=c11 -ffp-contract=off -fno-fast-math -fopenmp -Iinclude -Isrc \
-            src/cuda/tools/check_numerics.c src/cuda/tools/check_numerics_ref.c -lm \
+            src/cuda/tools/check_numerics.c -lm \
             -o "$build/check_numerics" && "$build/check_numerics" >"$out/check_numerics.txt" 2>&1
         note "check_numerics (host): rc=$?, $(tail -1 "$out/check_numerics.txt")"
         nvcc -O2 -std=c++17 --fmad=false -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \

@@ -114,12 +114,12 @@ static inline float mf_group_scale(const mf_row_plan *p, float amax, uint8_t *ue
 /* Code of one element (step 5): finite values are divided by the scale, once. */
 static inline uint8_t mf_e4m3_code(float v, float s)
 {
-    return isfinite(v) ? mf_f32_to_e4m3(v / s) : mf_f32_to_e4m3(v);
+    return (uint8_t)(isfinite(v) ? mf_f32_to_e4m3(v / s) : mf_f32_to_e4m3(v));
 }
 
 static inline int8_t mf_i8_code(float v, float s)
 {
-    return isfinite(v) ? mf_f32_to_i8(v / s) : mf_f32_to_i8(v);
+    return (int8_t)(isfinite(v) ? mf_f32_to_i8(v / s) : mf_f32_to_i8(v));
 }
 
 #endif /* MOEFUSE_CPU_ROWS_ISA_H */

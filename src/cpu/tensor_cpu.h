@@ -71,11 +71,11 @@ static inline void mf_store_row(void *restrict dst, const float *restrict src, m
     } else if (dt == MOEFUSE_BF16) {
         uint16_t *d = (uint16_t *)dst;
         for (int64_t i = 0; i < n; i++)
-            d[i] = mf_f32_to_bf16(src[i]);
+            d[i] = (uint16_t)mf_f32_to_bf16(src[i]);
     } else {
         uint16_t *d = (uint16_t *)dst;
         for (int64_t i = 0; i < n; i++)
-            d[i] = mf_f32_to_f16(src[i]);
+            d[i] = (uint16_t)mf_f32_to_f16(src[i]);
     }
 }
 

@@ -1,10 +1,10 @@
 /*
- * Number formats of docs/NUMERICS.md for the CUDA backend, bit exact with the
- * CPU reference (src/cpu/numerics.h); the activations and exp are the shared
- * text of src/numerics/, plus the device's branch-free fast paths below:
- * every rounding is integer code on the bits or one IEEE operation, so the
- * results do not depend on the compiler. The build passes --fmad=false: no
- * a * b + c is contracted unless written as fmaf.
+ * Number formats of docs/NUMERICS.md for the CUDA backend: the conversions, the activations
+ * and exp are the shared text of src/numerics/ (the CPU and OpenCL backends compile the same),
+ * plus the device's branch-free fast paths below, each proved equal to the shared text
+ * (tools/device_check.cu): every rounding is integer code on the bits or one IEEE operation,
+ * so the results do not depend on the compiler. The build passes --fmad=false: no a * b + c
+ * is contracted unless written as fmaf.
  *
  * Everything here is __host__ __device__ and also compiles as plain C (gcc,
  * -ffp-contract=off), so the host program src/cuda/tools/check_numerics.c
@@ -14,6 +14,7 @@
 #define MOEFUSE_CUDA_NUMERICS_CUH
 
 #include "numerics/mf_activation.h"
+#include "numerics/mf_convert.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -37,158 +38,6 @@
 #define MF_LAYOUT_ROW 0
 #define MF_LAYOUT_COL 1
 #define MF_LAYOUT_PACKED 2
-
-/* ------------------------------------------------------------------ bf16 */
-
-MF_HD float mf_bf16_to_f32(uint32_t h) { return mf_bits_f32((h & 0xFFFFu) << 16); }
-
-MF_HD uint32_t mf_f32_to_bf16(float f)
-{
-    uint32_t u = mf_f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return ((u >> 16) & 0x8000u) | 0x7FC0u;
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return u >> 16;
-}
-
-MF_HD float mf_round_bf16(float f) { return mf_bf16_to_f32(mf_f32_to_bf16(f)); }
-
-/* ------------------------------------------------------------------- f16 */
-
-MF_HD float mf_f16_to_f32(uint32_t h)
-{
-    uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0x1Fu)
-        return mf_bits_f32(sign | 0x7F800000u | (m << 13));
-    if (e != 0u)
-        return mf_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-    float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
-    return sign ? -v : v;
-}
-
-/* Round to nearest even of m >> shift (shift in 1..31). */
-MF_HD uint32_t mf_round_shift(uint32_t m, uint32_t shift)
-{
-    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (r & 1u)))
-        r++;
-    return r;
-}
-
-MF_HD uint32_t mf_f32_to_f16(float f)
-{
-    uint32_t u = mf_f32_bits(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t ax = u & 0x7FFFFFFFu;
-    if (ax > 0x7F800000u)
-        return sign | 0x7E00u;
-    if (ax >= 0x47800000u) /* >= 2^16 (or Inf): overflow */
-        return sign | 0x7C00u;
-    if (ax >= 0x38800000u) { /* normal half; the carry may reach Inf, as IEEE does */
-        uint32_t v = ax - 0x38000000u;
-        v = (v + 0xFFFu + ((v >> 13) & 1u)) >> 13;
-        return sign | v;
-    }
-    uint32_t e = ax >> 23;
-    if (e < 102u) /* below 2^-25: rounds to zero */
-        return sign;
-    return sign | mf_round_shift((ax & 0x7FFFFFu) | 0x800000u, 126u - e);
-}
-
-/* --------------------------------------------------------------- f8 e4m3 */
-
-MF_HD float mf_e4m3_to_f32(uint32_t b)
-{
-    uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
-    if ((b & 0x7Fu) == 0x7Fu)
-        return mf_bits_f32((b & 0x80u) ? 0xFFC00000u : 0x7FC00000u);
-    float v = e == 0u ? (float)m * 0.001953125f : mf_bits_f32(((e + 120u) << 23) | (m << 20));
-    return (b & 0x80u) ? -v : v;
-}
-
-/* RNE, saturation to +-448 (Inf included), NaN -> 0x7F | sign: integer code. */
-MF_HD uint32_t mf_f32_to_e4m3(float f)
-{
-    uint32_t u = mf_f32_bits(f);
-    uint32_t sign = (u >> 24) & 0x80u;
-    uint32_t ax = u & 0x7FFFFFFFu;
-    if (ax > 0x7F800000u) /* NaN */
-        return sign | 0x7Fu;
-    if (ax > 0x43E00000u) /* > 448, Inf included: saturate */
-        return sign | 0x7Eu;
-    if (ax >= 0x3C800000u) { /* normal e4m3 (>= 2^-6) */
-        uint32_t v = ax - 0x3C000000u;
-        v = (v + 0x7FFFFu + ((v >> 20) & 1u)) >> 20;
-        return sign | v;
-    }
-    uint32_t e = ax >> 23;
-    if (e < 117u) /* below 2^-10, zero included: rounds to zero */
-        return sign;
-    return sign | mf_round_shift((ax & 0x7FFFFFu) | 0x800000u, 141u - e);
-}
-
-/* -------------------------------------------------------------------- i8 */
-
-/* Round half to even, clamp to [-127, 127], NaN -> 0 (as two's complement byte). */
-MF_HD uint32_t mf_f32_to_i8(float f)
-{
-    if (mf_is_nan(f))
-        return 0u;
-    if (f >= 127.0f)
-        return 127u;
-    if (f <= -127.0f)
-        return (uint32_t)(uint8_t)(int8_t)-127;
-    float fl = floorf(f);
-    float d = f - fl; /* exact: |f| < 2^7 */
-    int r = (int)fl;
-    if (d > 0.5f || (d == 0.5f && (r & 1)))
-        r++;
-    return (uint32_t)(uint8_t)(int8_t)r;
-}
-
-/* ----------------------------------------------------------------- UE8M0 */
-
-/* Biased exponent e (1..254) of s rounded up to a power of two. */
-MF_HD uint32_t mf_ue8m0_exponent(float s)
-{
-    uint32_t b = mf_f32_bits(s);
-    uint32_t e = ((b >> 23) & 0xFFu) + ((b & 0x7FFFFFu) != 0u ? 1u : 0u);
-    e = e < 1u ? 1u : e;
-    return e > 254u ? 254u : e;
-}
-
-/* Value of a stored exponent byte: 2^(e-127); 255 is NaN, 0 is 2^-127. */
-MF_HD float mf_ue8m0_read(uint32_t e)
-{
-    if (e == 255u)
-        return mf_bits_f32(0x7FC00000u);
-    if (e == 0u)
-        return mf_bits_f32(0x00400000u);
-    return mf_bits_f32(e << 23);
-}
-
-/* -------------------------------------------------------- x86 NaN rules */
-
-/*
- * The CPU reference runs on x86-64 (SSE): an operation with a NaN operand
- * returns the first NaN operand, quieted (sign and payload kept); an invalid
- * operation (0 * Inf, Inf / Inf) returns the default NaN 0xFFC00000, sign
- * SET. The GPU returns a canonical positive NaN instead, which would turn
- * the f8 code 0xFF into 0x7F. These rebuild the x86 bits (as numerics.cl).
- */
-MF_HD float mf_nan_of(float r, float x, float y)
-{
-    if (!mf_is_nan(r))
-        return r;
-    if (mf_is_nan(x))
-        return mf_quiet(x);
-    if (mf_is_nan(y))
-        return mf_quiet(y);
-    return mf_bits_f32(0xFFC00000u);
-}
-
-MF_HD float mf_mul(float x, float y) { return mf_nan_of(x * y, x, y); }
 
 /* ------------------------------------------------- device fast paths */
 

@@ -1,5 +1,5 @@
 /*
- * The one dialect the shared numerics (mf_exp.h, mf_erf_tanh.h,
+ * The one dialect the shared numerics (mf_convert.h, mf_exp.h, mf_erf_tanh.h,
  * mf_activation.h) are written in: plain C11, CUDA C++ (host and device) and
  * OpenCL C 1.2 all compile it, so every backend runs the same text and gets
  * the same bits. Only IEEE f32 operations (+ - * / correctly rounded, fmaf
@@ -26,6 +26,7 @@ MF_FN mf_u32 mf_f32_bits(float f) { return as_uint(f); }
 MF_FN float mf_bits_f32(mf_u32 u) { return as_float(u); }
 #define mf_fmaf(a, b, c) fma((a), (b), (c))
 #define mf_fabsf(a) fabs(a)
+#define mf_floorf(a) floor(a)
 #else
 #include <math.h>
 #include <stdint.h>
@@ -60,6 +61,7 @@ MF_FN float mf_bits_f32(mf_u32 u)
 }
 #define mf_fmaf(a, b, c) fmaf((a), (b), (c))
 #define mf_fabsf(a) fabsf(a)
+#define mf_floorf(a) floorf(a)
 #endif
 
 /* Bit tests, immune to any finite-math assumption. */

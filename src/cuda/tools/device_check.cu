@@ -66,7 +66,7 @@ __global__ void k_conv(unsigned long long *bad, uint32_t *first)
             if (atomicAdd(&bad[0], 1ull) < 4)
                 first[0] = (uint32_t)b;
         }
-        if (!mf_is_nan(f) && fast_i8(f) != mf_f32_to_i8(f)) {
+        if (!mf_is_nan(f) && fast_i8(f) != ((uint32_t)mf_f32_to_i8(f) & 0xFFu)) {
             if (atomicAdd(&bad[1], 1ull) < 4)
                 first[1] = (uint32_t)b;
         }

@@ -82,7 +82,7 @@ inline uchar mf_fp8_code(float h, float s)
 {
     if (mf_is_nan(h))
         return (uchar)(((as_uint(h) >> 24) & 0x80u) | 0x7Fu);
-    return mf_f32_to_e4m3(h / s);
+    return (uchar)mf_f32_to_e4m3(h / s);
 }
 
 /*
