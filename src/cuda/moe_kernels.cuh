@@ -46,6 +46,20 @@ static __device__ unsigned long long moe_timing[4][8]; /* [kind][phase], [kind][
 #endif
 
 /*
+ * The grid of a GEMM kernel: direct routing takes blocks x (p->split of the depth) x one row a
+ * touched expert (at most S of them); listed tiles one block a tile, up to INT_MAX.
+ */
+static inline dim3 moe_grid(const MoeGemm *p)
+{
+    if (p->rt.direct) {
+        const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
+        const int64_t split = p->split > 1 ? p->split : 1;
+        return dim3((unsigned)(p->nblk * split), (unsigned)(ranks > 0 ? ranks : 1));
+    }
+    return dim3((unsigned)(p->lin_bound < INT_MAX ? p->lin_bound : INT_MAX));
+}
+
+/*
  * Launch a GEMM kernel on s->stream: with programmatic stream serialization
  * when p->pdl (sm_90: it may start before the previous kernel ends and waits
  * for it with griddepcontrol.wait where it needs its results), in clusters of

@@ -248,14 +248,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                           smem_bit(cfg, F16, GATE), "cudaFuncSetAttribute(moe_mma_kernel)"));
     if (!p)
         return MOEFUSE_OK; /* only made ready */
-    dim3 grid;
-    if (p->rt.direct) {
-        const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
-        const int64_t split = p->split > 1 ? p->split : 1;
-        grid = dim3((unsigned)(p->nblk * split), (unsigned)(ranks > 0 ? ranks : 1));
-    } else {
-        grid = dim3((unsigned)(p->lin_bound < INT_MAX ? p->lin_bound : INT_MAX));
-    }
+    const dim3 grid = moe_grid(p);
     moe_launch(kern, grid, WM * WN * 32, smem, s->stream, p);
     return mf_cuda_launched(ctx, op, GATE ? "moe_mma_kernel (gate)" : "moe_mma_kernel (final)");
 }

@@ -137,13 +137,7 @@ __global__ void __launch_bounds__(256, 3) moe_simt_kernel(const __grid_constant_
 template <int BM, bool GATE>
 static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op, const MoeGemm *p)
 {
-    dim3 grid;
-    if (p->rt.direct) {
-        const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
-        grid = dim3((unsigned)p->nblk, (unsigned)(ranks > 0 ? ranks : 1));
-    } else {
-        grid = dim3((unsigned)(p->lin_bound < INT_MAX ? p->lin_bound : INT_MAX));
-    }
+    const dim3 grid = moe_grid(p);
     moe_simt_kernel<BM, GATE><<<grid, 256, 0, s->stream>>>(*p);
     return mf_cuda_launched(ctx, op, GATE ? "moe_simt_kernel (gate)" : "moe_simt_kernel (final)");
 }

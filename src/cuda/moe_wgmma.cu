@@ -146,13 +146,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                           "cudaFuncSetAttribute(moe_wgmma_kernel)"));
     if (!p)
         return MOEFUSE_OK; /* only made ready */
-    dim3 grid;
-    if (p->rt.direct) {
-        const int64_t ranks = p->rt.E < p->rt.S ? p->rt.E : p->rt.S;
-        grid = dim3((unsigned)p->nblk, (unsigned)(ranks > 0 ? ranks : 1));
-    } else {
-        grid = dim3((unsigned)(p->lin_bound < INT_MAX ? p->lin_bound : INT_MAX));
-    }
+    const dim3 grid = moe_grid(p);
     moe_launch(kern, grid, WG_THREADS, WG_SMEM, s->stream, p);
     return mf_cuda_launched(ctx, op, GATE ? "moe_wgmma_kernel (gate)" : "moe_wgmma_kernel (final)");
 }

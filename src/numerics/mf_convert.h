@@ -131,8 +131,9 @@ MF_FN mf_i32 mf_f32_to_i8(float f)
 MF_FN mf_u32 mf_ue8m0_exponent(float s)
 {
     const mf_u32 b = mf_f32_bits(s);
-    const mf_u32 e = ((b >> 23) & 0xFFu) + ((b & 0x7FFFFFu) != 0u ? 1u : 0u);
-    return e < 1u ? 1u : e > 254u ? 254u : e;
+    mf_u32 e = ((b >> 23) & 0xFFu) + ((b & 0x7FFFFFu) != 0u ? 1u : 0u);
+    e = e < 1u ? 1u : e;
+    return e > 254u ? 254u : e;
 }
 
 /* A stored exponent byte's value, 2^(e - 127): 255 is NaN, 0 is 2^-127 (subnormal). */
