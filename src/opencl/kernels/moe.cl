@@ -66,18 +66,35 @@ inline void mf_stage(__local float *buf, __global const uchar *a, int adt, long 
 }
 
 /*
+ * The argument lists of the gate and final kernels, here and in moe_gemv.cl: ops_moe.c fills
+ * them with the same calls for both (this file's kernels take a local buffer and its length
+ * after them), so they are written once.
+ */
+#define MF_MOE_GATE_PARAMS                                                                     \
+    __global const uchar *x, long xo, long xs0, int xdt,                                       \
+    __global const uchar *w1, long wo, long ws0, long ws1,                                     \
+    __global const uchar *b1, long bo, long bs0, int bdt, int has_b,                           \
+    __global const int *ids, long io, long is0,                                                \
+    __global const int *map, long mo, long ms0, int has_map,                                   \
+    long topk, long kdim, long idim, long experts, long global_experts,                        \
+    int act, int order, float limit, float alpha, float beta,                                  \
+    __global uchar *h, long ho, long hs0, long hs1, int hdt
+
+#define MF_MOE_FINAL_PARAMS                                                                    \
+    __global const uchar *hp, long ho, long hs0, long hs1, int hdt,                            \
+    __global const uchar *w2, long wo, long ws0, long ws1,                                     \
+    __global const uchar *b2, long bo, long bs0, int bdt, int has_b,                           \
+    __global const int *ids, long io, long is0,                                                \
+    __global const float *tw, long two, long tws0,                                             \
+    __global const int *map, long mo, long ms0, int has_map,                                   \
+    long topk, long kdim, long idim, long experts, long global_experts,                        \
+    int reduce, __global uchar *out, long oo, long os0, long os1, int odt
+
+/*
  * Gate: global (round_up(I, wg), M * k). Column i of slot (m, j) needs the
  * gate row and the up row of w1[e].
  */
-__kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
-                          __global const uchar *w1, long wo, long ws0, long ws1,
-                          __global const uchar *b1, long bo, long bs0, int bdt, int has_b,
-                          __global const int *ids, long io, long is0,
-                          __global const int *map, long mo, long ms0, int has_map,
-                          long topk, long kdim, long idim, long experts, long global_experts,
-                          int act, int order, float limit, float alpha, float beta,
-                          __global uchar *h, long ho, long hs0, long hs1, int hdt,
-                          __local float *xs, long chunk)
+__kernel void mf_moe_gate(MF_MOE_GATE_PARAMS, __local float *xs, long chunk)
 {
     const long slot = (long)get_group_id(1);
     const long m = slot / topk, j = slot % topk;
@@ -113,9 +130,13 @@ __kernel void mf_moe_gate(__global const uchar *x, long xo, long xs0, int xdt,
                              mf_gate_fn_of(act, alpha, limit, beta)));
 }
 
-/* y[r] of slot (m, j) with expert e: h[m, j] @ w2[e, r]^T (+ b2[e, r]). */
-inline float mf_final_dot(__local float *hsl, __global const uchar *hp, long hbase, int hdt,
-                          __global const uchar *w2, long wbase, long idim, long chunk, int live)
+/*
+ * y[r] of slot (m, j) with expert e: h[m, j] @ w2[e, r]^T (row wbase), plus b2[e, r] (element
+ * bidx) when has_b. Every work-item calls it (barriers); only a live one's result is y.
+ */
+inline float mf_final_y(__local float *hsl, __global const uchar *hp, long hbase, int hdt,
+                        __global const uchar *w2, long wbase, __global const uchar *b2, int bdt,
+                        long bidx, int has_b, long idim, long chunk, int live)
 {
     float acc = 0.0f;
     for (long k0 = 0; k0 < idim; k0 += chunk) {
@@ -127,6 +148,8 @@ inline float mf_final_dot(__local float *hsl, __global const uchar *hp, long hba
                 acc = fma(hsl[c], mf_load(w2, hdt, wbase + k0 + c), acc);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+    if (live && has_b) /* a dead item's r is past K: no b2 element there */
+        acc = acc + mf_load(b2, bdt, bidx);
     return acc;
 }
 
@@ -134,15 +157,7 @@ inline float mf_final_dot(__local float *hsl, __global const uchar *hp, long hba
  * Final: global (round_up(K, wg), M) when reduce (out [M, K]), else
  * (round_up(K, wg), M * k) (out [M, k, K], y un-reduced).
  */
-__kernel void mf_moe_final(__global const uchar *hp, long ho, long hs0, long hs1, int hdt,
-                           __global const uchar *w2, long wo, long ws0, long ws1,
-                           __global const uchar *b2, long bo, long bs0, int bdt, int has_b,
-                           __global const int *ids, long io, long is0,
-                           __global const float *tw, long two, long tws0,
-                           __global const int *map, long mo, long ms0, int has_map,
-                           long topk, long kdim, long idim, long experts, long global_experts,
-                           int reduce, __global uchar *out, long oo, long os0, long os1, int odt,
-                           __local float *hsl, long chunk)
+__kernel void mf_moe_final(MF_MOE_FINAL_PARAMS, __local float *hsl, long chunk)
 {
     const long r = (long)get_global_id(0);
     const int live = r < kdim;
@@ -157,13 +172,10 @@ __kernel void mf_moe_final(__global const uchar *hp, long ho, long hs0, long hs1
                 mf_store(out, odt, oidx, 0.0f);
             return;
         }
-        float y = mf_final_dot(hsl, hp, ho + m * hs0 + j * hs1, hdt, w2, wo + e * ws0 + r * ws1,
-                               idim, chunk, live);
-        if (!live)
-            return;
-        if (has_b)
-            y = y + mf_load(b2, bdt, bo + e * bs0 + r);
-        mf_store(out, odt, oidx, y);
+        const float y = mf_final_y(hsl, hp, ho + m * hs0 + j * hs1, hdt, w2, wo + e * ws0 + r * ws1,
+                                   b2, bdt, bo + e * bs0 + r, has_b, idim, chunk, live);
+        if (live)
+            mf_store(out, odt, oidx, y);
         return;
     }
     const long m = (long)get_group_id(1);
@@ -173,12 +185,10 @@ __kernel void mf_moe_final(__global const uchar *hp, long ho, long hs0, long hs1
                                       global_experts);
         if (e < 0)
             continue; /* same decision for the whole work-group */
-        float y = mf_final_dot(hsl, hp, ho + m * hs0 + j * hs1, hdt, w2, wo + e * ws0 + r * ws1,
-                               idim, chunk, live);
+        const float y = mf_final_y(hsl, hp, ho + m * hs0 + j * hs1, hdt, w2, wo + e * ws0 + r * ws1,
+                                   b2, bdt, bo + e * bs0 + r, has_b, idim, chunk, live);
         if (!live)
             continue;
-        if (has_b)
-            y = y + mf_load(b2, bdt, bo + e * bs0 + r);
         const float prod = tw[two + m * tws0 + j] * y;
         acc = acc + prod;
     }

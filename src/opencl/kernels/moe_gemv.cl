@@ -9,7 +9,7 @@
  * chain over its own elements in order; the 32 partials are then added in a
  * fixed tree. The order depends on the sizes only: results are reproducible
  * run to run (NUMERICS.md), though not the bits of the other two paths.
- * mf_slot_expert and the argument lists are moe.cl's.
+ * mf_slot_expert and the argument lists (MF_MOE_GATE_PARAMS, MF_MOE_FINAL_PARAMS) are moe.cl's.
  */
 #define MF_GV_LANES 32
 #define MF_GV_TEAMS 8
@@ -82,14 +82,7 @@ inline float2 mf_gv_reduce(__local float2 *part, float2 mine, int lid, int lane)
 
 /* Gate: global (ceil(I / 8) * 256, M * k), local (256, 1); moe.cl's mf_moe_gate otherwise. */
 __kernel __attribute__((reqd_work_group_size(MF_GV_LANES * MF_GV_TEAMS, 1, 1)))
-void mf_moe_gate_gemv(__global const uchar *x, long xo, long xs0, int xdt,
-                      __global const uchar *w1, long wo, long ws0, long ws1,
-                      __global const uchar *b1, long bo, long bs0, int bdt, int has_b,
-                      __global const int *ids, long io, long is0,
-                      __global const int *map, long mo, long ms0, int has_map,
-                      long topk, long kdim, long idim, long experts, long global_experts,
-                      int act, int order, float limit, float alpha, float beta,
-                      __global uchar *h, long ho, long hs0, long hs1, int hdt)
+void mf_moe_gate_gemv(MF_MOE_GATE_PARAMS)
 {
     __local float2 part[MF_GV_LANES * MF_GV_TEAMS];
     const int lid = (int)get_local_id(0), lane = lid % MF_GV_LANES;
@@ -122,14 +115,7 @@ void mf_moe_gate_gemv(__global const uchar *x, long xo, long xs0, int xdt,
  * in j order by each team's first work-item), else (ceil(K / 8) * 256, M * k).
  */
 __kernel __attribute__((reqd_work_group_size(MF_GV_LANES * MF_GV_TEAMS, 1, 1)))
-void mf_moe_final_gemv(__global const uchar *hp, long ho, long hs0, long hs1, int hdt,
-                       __global const uchar *w2, long wo, long ws0, long ws1,
-                       __global const uchar *b2, long bo, long bs0, int bdt, int has_b,
-                       __global const int *ids, long io, long is0,
-                       __global const float *tw, long two, long tws0,
-                       __global const int *map, long mo, long ms0, int has_map,
-                       long topk, long kdim, long idim, long experts, long global_experts,
-                       int reduce, __global uchar *out, long oo, long os0, long os1, int odt)
+void mf_moe_final_gemv(MF_MOE_FINAL_PARAMS)
 {
     __local float2 part[MF_GV_LANES * MF_GV_TEAMS];
     const int lid = (int)get_local_id(0), lane = lid % MF_GV_LANES;

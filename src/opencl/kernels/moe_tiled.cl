@@ -14,7 +14,10 @@
 #define MF_TK 16 /* depth of one staged slab */
 #define MF_TH 32 /* gate: h columns per work-group (64 weight rows: gate and up) */
 #define MF_TN 64 /* final: output columns per work-group */
-/* work-group 16 x 16: rows ty + 16 i (i < 4), columns tx + 16 jj */
+/* work-group 16 x 16: rows ty + 16 i (i < 4), columns tx + 16 jj (jj < 4) of MF_TN */
+#if 2 * MF_TH != MF_TN
+#error "the gate's tile (gate and up columns) is mf_tile_gemm's MF_TN wide"
+#endif
 
 /*
  * Routing in three steps over slots [s0, s1): count the valid slots of each
@@ -84,18 +87,64 @@ __kernel void mf_moe_zero_invalid(__global const int *ids, long io, long is0,
     mf_store(out, odt, oo + m * os0 + j * os1 + col, 0.0f);
 }
 
-/* Tile `tile` of the route: its expert, first list entry and slot count; false past the end. */
-inline int mf_tile_of(__global const long *route, long experts, long tile, long *e, long *first,
-                      long *n)
+/*
+ * This work-group's tile of the route (tile get_group_id(1)): its expert *e, and its slots
+ * staged in rows, -1 past the tile's count (the kernels tell real rows by s >= 0). False past
+ * the last tile, before the barrier: the tile is uniform, so the whole work-group leaves.
+ */
+inline int mf_tile_begin(__global const long *route, long experts, __local long *rows, int lid,
+                         long *e)
 {
     __global const long *offs = route, *tiles = route + experts + 1;
+    __global const long *list = route + 2 * experts + 2;
+    const long tile = (long)get_group_id(1);
     if (tile >= tiles[experts])
         return 0;
     *e = mf_find_expert(tiles, experts, tile);
-    *first = offs[*e] + (tile - tiles[*e]) * MF_TM;
-    const long left = offs[*e + 1] - *first;
-    *n = left < MF_TM ? left : MF_TM;
+    const long first = offs[*e] + (tile - tiles[*e]) * MF_TM;
+    const long left = offs[*e + 1] - first;
+    const long n = left < MF_TM ? left : MF_TM;
+    if (lid < MF_TM)
+        rows[lid] = lid < n ? list[first + lid] : -1;
+    barrier(CLK_LOCAL_MEM_FENCE);
     return 1;
+}
+
+/*
+ * The GEMM of one tile, for both kernels: acc[i][jj] = the fma chain over k = 0 .. depth - 1, in
+ * order, of A[tile row ty + 16 i, k] * B[tile column tx + 16 jj, k]. Work-item lid stages
+ * elements lid + 256 q (q < 4) of each MF_TK-deep slab: tile row / column (lid + 256 q) / MF_TK
+ * of A (offset arow[q] of its k = 0) and of B (weight row brow[q]); -1 stages zeros (a row
+ * past the tile, a column past the output).
+ */
+inline void mf_tile_gemm(__local float (*as)[MF_TM], __local float (*bs)[MF_TN],
+                         __global const uchar *a, const long *arow, __global const uchar *w,
+                         const long *brow, int dt, long depth, int tx, int ty, int lid,
+                         float (*acc)[4])
+{
+    for (int i = 0; i < 4; i++)
+        for (int jj = 0; jj < 4; jj++)
+            acc[i][jj] = 0.0f;
+    for (long k0 = 0; k0 < depth; k0 += MF_TK) {
+        const int kn = depth - k0 < MF_TK ? (int)(depth - k0) : MF_TK;
+        for (int q = 0; q < 4; q++) {
+            const int idx = lid + 256 * q, r = idx / MF_TK, kk = idx % MF_TK;
+            as[kk][r] = (arow[q] >= 0 && kk < kn) ? mf_load(a, dt, arow[q] + k0 + kk) : 0.0f;
+            bs[kk][r] = (brow[q] >= 0 && kk < kn) ? mf_load(w, dt, brow[q] + k0 + kk) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < kn; kk++) { /* only real k: the chains match the CPU's */
+            float av[4], bv[4];
+            for (int i = 0; i < 4; i++)
+                av[i] = as[kk][ty + 16 * i];
+            for (int jj = 0; jj < 4; jj++)
+                bv[jj] = bs[kk][tx + 16 * jj];
+            for (int i = 0; i < 4; i++)
+                for (int jj = 0; jj < 4; jj++)
+                    acc[i][jj] = fma(av[i], bv[jj], acc[i][jj]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
 }
 
 __kernel __attribute__((reqd_work_group_size(16, 16, 1)))
@@ -107,66 +156,37 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
                        __global uchar *h, long ho, long hs0, long hs1, int hdt)
 {
     __local float as[MF_TK][MF_TM];
-    __local float bs[MF_TK][2 * MF_TH];
+    __local float bs[MF_TK][MF_TN];
     __local long rows[MF_TM];
     const int tx = (int)get_local_id(0), ty = (int)get_local_id(1), lid = ty * 16 + tx;
-    long e, first, n;
-    if (!mf_tile_of(route, experts, (long)get_group_id(1), &e, &first, &n))
-        return; /* the whole work-group: tile is uniform */
+    long e;
+    if (!mf_tile_begin(route, experts, rows, lid, &e))
+        return;
     const long i0 = (long)get_group_id(0) * MF_TH;
     const long grow = mf_gate_at(order, idim), urow = mf_up_at(order, idim);
     const long step = mf_gate_step(order);
-    __global const long *list = route + 2 * experts + 2;
-    if (lid < MF_TM)
-        rows[lid] = lid < n ? list[first + lid] : -1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float ag[4][2], au[4][2];
-    for (int i = 0; i < 4; i++)
-        for (int jj = 0; jj < 2; jj++)
-            ag[i][jj] = au[i][jj] = 0.0f;
-    for (long k0 = 0; k0 < kdim; k0 += MF_TK) {
-        const int kn = kdim - k0 < MF_TK ? (int)(kdim - k0) : MF_TK;
-        for (int q = 0; q < 4; q++) {
-            const int idx = lid + 256 * q, r = idx / MF_TK, kk = idx % MF_TK;
-            const long s = rows[r];
-            as[kk][r] = (s >= 0 && kk < kn) ? mf_load(x, xdt, xo + (s / topk) * xs0 + k0 + kk)
-                                            : 0.0f;
-            const int c = idx / MF_TK; /* 0..63: gate columns, then up columns */
-            const long col = i0 + (c % MF_TH);
-            const long wrow = (c < MF_TH ? grow : urow) + col * step;
-            bs[kk][c] = (col < idim && kk < kn)
-                            ? mf_load(w1, xdt, wo + e * ws0 + wrow * ws1 + k0 + kk)
-                            : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < kn; kk++) { /* only real k: the chains match the CPU's */
-            float a[4], bg[2], bu[2];
-            for (int i = 0; i < 4; i++)
-                a[i] = as[kk][ty + 16 * i];
-            for (int jj = 0; jj < 2; jj++) {
-                bg[jj] = bs[kk][tx + 16 * jj];
-                bu[jj] = bs[kk][MF_TH + tx + 16 * jj];
-            }
-            for (int i = 0; i < 4; i++)
-                for (int jj = 0; jj < 2; jj++) {
-                    ag[i][jj] = fma(a[i], bg[jj], ag[i][jj]);
-                    au[i][jj] = fma(a[i], bu[jj], au[i][jj]);
-                }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+    long arow[4], brow[4];
+    for (int q = 0; q < 4; q++) {
+        const int c = (lid + 256 * q) / MF_TK; /* tile row; column 0..63: gate, then up */
+        const long s = rows[c], col = i0 + (c % MF_TH);
+        const long wrow = (c < MF_TH ? grow : urow) + col * step;
+        arow[q] = s >= 0 ? xo + (s / topk) * xs0 : -1;
+        brow[q] = col < idim ? wo + e * ws0 + wrow * ws1 : -1;
     }
+    float acc[4][4]; /* columns jj < 2: gate, jj + 2: up of the same h column */
+    mf_tile_gemm(as, bs, x, arow, w1, brow, xdt, kdim, tx, ty, lid, acc);
     for (int i = 0; i < 4; i++) {
-        const int r = ty + 16 * i;
-        if (r >= n)
-            continue;
-        const long s = rows[r], m = s / topk, j = s % topk;
+        const long s = rows[ty + 16 * i];
+        if (s < 0)
+            continue; /* past the tile's slots */
+        const long m = s / topk, j = s % topk;
         for (int jj = 0; jj < 2; jj++) {
             const long col = i0 + tx + 16 * jj;
             if (col >= idim)
                 continue;
             mf_store(h, hdt, ho + m * hs0 + j * hs1 + col,
-                     mf_gate_out(ag[i][jj], au[i][jj], b1, bdt, bo + e * bs0, has_b, grow, urow,
-                                 step, col, mf_gate_fn_of(act, alpha, limit, beta)));
+                     mf_gate_out(acc[i][jj], acc[i][jj + 2], b1, bdt, bo + e * bs0, has_b, grow,
+                                 urow, step, col, mf_gate_fn_of(act, alpha, limit, beta)));
         }
     }
 }
@@ -188,49 +208,24 @@ void mf_moe_final_tiled(__global const uchar *hp, long ho, long hs0, long hs1, i
     __local float bs[MF_TK][MF_TN];
     __local long rows[MF_TM];
     const int tx = (int)get_local_id(0), ty = (int)get_local_id(1), lid = ty * 16 + tx;
-    long e, first, n;
-    if (!mf_tile_of(route, experts, (long)get_group_id(1), &e, &first, &n))
+    long e;
+    if (!mf_tile_begin(route, experts, rows, lid, &e))
         return;
     const long r0 = (long)get_group_id(0) * MF_TN;
-    __global const long *list = route + 2 * experts + 2;
-    if (lid < MF_TM)
-        rows[lid] = lid < n ? list[first + lid] : -1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int jj = 0; jj < 4; jj++)
-            acc[i][jj] = 0.0f;
-    for (long k0 = 0; k0 < idim; k0 += MF_TK) {
-        const int kn = idim - k0 < MF_TK ? (int)(idim - k0) : MF_TK;
-        for (int q = 0; q < 4; q++) {
-            const int idx = lid + 256 * q, r = idx / MF_TK, kk = idx % MF_TK;
-            const long s = rows[r];
-            as[kk][r] = (s >= 0 && kk < kn)
-                            ? mf_load(hp, hdt, ho + (s / topk) * hs0 + (s % topk) * hs1 + k0 + kk)
-                            : 0.0f;
-            const long col = r0 + r; /* r is 0..63 here too: the weight row */
-            bs[kk][r] = (col < kdim && kk < kn)
-                            ? mf_load(w2, hdt, wo + e * ws0 + col * ws1 + k0 + kk)
-                            : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < kn; kk++) {
-            float a[4], b[4];
-            for (int i = 0; i < 4; i++)
-                a[i] = as[kk][ty + 16 * i];
-            for (int jj = 0; jj < 4; jj++)
-                b[jj] = bs[kk][tx + 16 * jj];
-            for (int i = 0; i < 4; i++)
-                for (int jj = 0; jj < 4; jj++)
-                    acc[i][jj] = fma(a[i], b[jj], acc[i][jj]);
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+    long arow[4], brow[4];
+    for (int q = 0; q < 4; q++) {
+        const int c = (lid + 256 * q) / MF_TK; /* tile row; column: the weight row r0 + c */
+        const long s = rows[c], col = r0 + c;
+        arow[q] = s >= 0 ? ho + (s / topk) * hs0 + (s % topk) * hs1 : -1;
+        brow[q] = col < kdim ? wo + e * ws0 + col * ws1 : -1;
     }
+    float acc[4][4];
+    mf_tile_gemm(as, bs, hp, arow, w2, brow, hdt, idim, tx, ty, lid, acc);
     for (int i = 0; i < 4; i++) {
-        const int r = ty + 16 * i;
-        if (r >= n)
-            continue;
-        const long s = rows[r], m = s / topk, j = s % topk;
+        const long s = rows[ty + 16 * i];
+        if (s < 0)
+            continue; /* past the tile's slots */
+        const long m = s / topk, j = s % topk;
         for (int jj = 0; jj < 4; jj++) {
             const long col = r0 + tx + 16 * jj;
             if (col >= kdim)

@@ -5,57 +5,8 @@
  * MOEFUSE_ROUTER_MAX_GROUPS = 64 groups), and the ranking is a strict total order, so the j-th
  * pick is the best candidate ranking after pick j - 1 and nothing needs marking as taken.
  */
-typedef struct mf_route_row {
-    __global const uchar *l, *lb, *cb; /* logits; the logit and choice biases (has_*) */
-    long base, lbo, cbo;
-    int dt, lbdt, cbdt, has_lb, has_cb;
-    int scoring;    /* 0 softmax, 1 sigmoid, 2 softmax after the choice */
-    int mode;       /* softmax over the row: 0 all NaN, 1 +-Inf shares, 2 exp */
-    float mx, sum, share;
-} mf_route_row;
 
-/* The logit of expert i, plus its bias. */
-inline float mf_route_logit(const mf_route_row *r, long i)
-{
-    float v = mf_load(r->l, r->dt, r->base + i);
-    if (r->has_lb)
-        v = v + mf_load(r->lb, r->lbdt, r->lbo + i);
-    return v;
-}
-
-/* The score of a logit: what the weights come from (NUMERICS.md step 2). */
-inline float mf_route_score(const mf_route_row *r, __local const float *tab, float l)
-{
-    if (r->scoring == 1)
-        return mf_is_nan(l) ? 0.0f : 1.0f / (1.0f + mf_exp_local(-l, tab));
-    if (r->scoring == 2)
-        return l;
-    if (mf_is_nan(l) || r->mode == 0)
-        return 0.0f;
-    if (r->mode == 1)
-        return l == r->mx ? r->share : 0.0f;
-    return mf_exp_local(l - r->mx, tab) / r->sum;
-}
-
-/* Expert i's choice score; *bad when it is unranked (a NaN logit or choice score). */
-inline float mf_route_choice(const mf_route_row *r, __local const float *tab, long i, int *bad)
-{
-    const float l = mf_route_logit(r, i);
-    const float s = mf_route_score(r, tab, l);
-    const float c = r->has_cb ? s + mf_load(r->cb, r->cbdt, r->cbo + i) : s;
-    *bad = mf_is_nan(l) || mf_is_nan(c);
-    return c;
-}
-
-/* Does (a, ca) rank ahead of (b, cb)? Ranked first, then the larger score, then the lower index. */
-inline int mf_route_ahead(int bad_a, float ca, long a, int bad_b, float cb, long b)
-{
-    if (bad_a != bad_b)
-        return !bad_a;
-    if (!bad_a && ca != cb)
-        return ca > cb;
-    return a < b;
-}
+/* mf_route_row, its scores, the ranking and the picks are topk.cl's. */
 
 /* The first-ranked expert of [lo, lo + n) other than `skip`; -1 when there is none. */
 inline long mf_route_first(const mf_route_row *r, __local const float *tab, long lo, long n,
@@ -76,40 +27,6 @@ inline long mf_route_first(const mf_route_row *r, __local const float *tab, long
     return best;
 }
 
-/* Softmax over the row's logits, as topk_softmax forms it (the maximum, the mode, the sum). */
-inline void mf_route_softmax_setup(mf_route_row *r, __local const float *tab, long experts)
-{
-    int any = 0;
-    r->mx = -INFINITY;
-    r->sum = 0.0f;
-    r->share = 0.0f;
-    for (long i = 0; i < experts; i++) {
-        const float v = mf_route_logit(r, i);
-        if (!mf_is_nan(v)) {
-            if (!any || v > r->mx)
-                r->mx = v;
-            any = 1;
-        }
-    }
-    if (!any) {
-        r->mode = 0;
-    } else if (!mf_is_finite(r->mx)) {
-        long cnt = 0;
-        for (long i = 0; i < experts; i++)
-            cnt += mf_route_logit(r, i) == r->mx;
-        r->share = 1.0f / (float)cnt;
-        r->mode = 1;
-    } else {
-        float sum = 0.0f;
-        for (long i = 0; i < experts; i++) {
-            const float v = mf_route_logit(r, i);
-            sum = sum + (mf_is_nan(v) ? 0.0f : mf_exp_local(v - r->mx, tab));
-        }
-        r->sum = sum;
-        r->mode = 2;
-    }
-}
-
 __kernel void mf_topk_route(__global const uchar *logits, long lo, long ls0, int ldt,
                             __global const uchar *lbias, long lbo, int lbdt,
                             __global const uchar *cbias, long cbo, int cbdt,
@@ -123,10 +40,7 @@ __kernel void mf_topk_route(__global const uchar *logits, long lo, long ls0, int
     const long m = (long)get_global_id(0);
     if (m >= tokens)
         return;
-    mf_route_row r;
-    r.l = logits;
-    r.base = lo + m * ls0;
-    r.dt = ldt;
+    mf_route_row r = mf_route_row_of(logits, lo + m * ls0, ldt);
     r.lb = lbias;
     r.lbo = lbo;
     r.lbdt = lbdt;
@@ -136,7 +50,6 @@ __kernel void mf_topk_route(__global const uchar *logits, long lo, long ls0, int
     r.cbdt = cbdt;
     r.has_cb = has_cb;
     r.scoring = scoring;
-    r.mode = 2;
     if (scoring == 0)
         mf_route_softmax_setup(&r, tab, experts);
 
@@ -182,32 +95,14 @@ __kernel void mf_topk_route(__global const uchar *logits, long lo, long ls0, int
     }
 
     /* the k picks among the kept groups' experts */
-    int prev_bad = 0;
-    float prev_c = 0.0f;
-    long prev = -1;
+    int bad = 0;
+    float c = 0.0f;
+    long pick = -1;
     for (long j = 0; j < topk; j++) {
-        long best = -1;
-        int best_bad = 0;
-        float best_c = 0.0f;
-        for (long i = 0; i < experts; i++) {
-            if (!((keep >> (i / per)) & 1ul))
-                continue;
-            int b;
-            const float c = mf_route_choice(&r, tab, i, &b);
-            if (prev >= 0 && !mf_route_ahead(prev_bad, prev_c, prev, b, c, i))
-                continue; /* ranks at or ahead of the previous pick: taken already */
-            if (best < 0 || mf_route_ahead(b, c, i, best_bad, best_c, best)) {
-                best = i;
-                best_bad = b;
-                best_c = c;
-            }
-        }
-        ids[io + m * is0 + j] = best < 0 ? -1 : (int)best;
+        pick = mf_route_pick(&r, tab, keep, groups, per, pick, &bad, &c);
+        ids[io + m * is0 + j] = pick < 0 ? -1 : (int)pick;
         w[wo + m * ws0 + j] =
-            best < 0 ? 0.0f : mf_route_score(&r, tab, mf_route_logit(&r, best));
-        prev = best;
-        prev_bad = best_bad;
-        prev_c = best_c;
+            pick < 0 ? 0.0f : mf_route_score(&r, tab, mf_route_logit(&r, pick));
     }
     __global float *wr = w + wo + m * ws0;
     __global const int *ir = ids + io + m * is0;
