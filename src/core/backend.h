@@ -291,6 +291,10 @@ extern const moefuse_backend_i mf_backend_opencl;
             return mf_status_;                                                                   \
     } while (0)
 
+/* A rank-2 tensor as rank 3 with a leading unit dimension (stride 0); any other as it is: the
+ * masked layout's [E, T, K] read by the code of both layouts. */
+moefuse_tensor mf_tensor_lift3(const moefuse_tensor *t);
+
 /* Record a formatted error message on ctx (printf-style) and return `status`. */
 moefuse_status mf_error(moefuse_context *ctx, moefuse_status status, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -115,3 +115,14 @@ const char *mf_shape_str(char *buf, size_t size, int32_t rank, const int64_t *sh
         snprintf(buf + used, size - used, "]");
     return buf;
 }
+
+moefuse_tensor mf_tensor_lift3(const moefuse_tensor *t)
+{
+    moefuse_tensor r = *t;
+    if (t->rank == 2) {
+        r.rank = 3;
+        r.shape[0] = 1, r.shape[1] = t->shape[0], r.shape[2] = t->shape[1];
+        r.stride[0] = 0, r.stride[1] = t->stride[0], r.stride[2] = t->stride[1];
+    }
+    return r;
+}

@@ -118,18 +118,6 @@ static int pick_bm(int gate, int64_t per_expert)
     return 64;
 }
 
-/* A rank-2 tensor as rank 3 with a leading unit dimension. */
-static moefuse_tensor lift(const moefuse_tensor *t)
-{
-    moefuse_tensor r = *t;
-    if (t->rank == 2) {
-        r.rank = 3;
-        r.shape[0] = 1, r.shape[1] = t->shape[0], r.shape[2] = t->shape[1];
-        r.stride[0] = 0, r.stride[1] = t->stride[0], r.stride[2] = t->stride[1];
-    }
-    return r;
-}
-
 /* Rows of the A operand's scales: x's tokens (routed gate), slots (routed final), Tmax. */
 static int64_t a_rows(const mf_moe_args *a, const fp8_plan *pl)
 {
@@ -199,7 +187,7 @@ static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *
         /* x's codes [blocks, T, K] and row-major f32 scales [blocks, T, K / 128] */
         const int64_t T = M, groups = K / FP8_BLOCK; /* T: M routed, Tmax masked */
         mf_rows_args *q = &pl->q;
-        q->x = lift(&a->x);
+        q->x = mf_tensor_lift3(&a->x);
         if (a->masked)
             q->counts = a->counts; /* the valid rows only; routed: absent (data NULL) */
         q->experts = pl->blocks;

@@ -44,6 +44,18 @@ static __device__ __forceinline__ uint32_t i8code(float d)
     return (uint32_t)__float2int_rn(c) & 0xFFu;
 }
 
+/* Eight quotients' codes (e4m3 or i8), packed in two words in their order. */
+static __device__ __forceinline__ void pack8(int fp8, const float d[8], uint32_t w[2])
+{
+    if (fp8) {
+        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
+        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
+    } else {
+        w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
+        w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
+    }
+}
+
 /*
  * Codes of 8 finite values of h with scale s (y = 1/s, s in the range of
  * mf_div_scale): q = h / s, correctly rounded. The 8 bytes go to w[2].
@@ -55,13 +67,7 @@ static __device__ __forceinline__ void codes8(int fp8, const float h[8], float s
 #pragma unroll
     for (int i = 0; i < 8; i++)
         d[i] = mf_div_scale(h[i], s, y);
-    if (fp8) {
-        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
-        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
-    } else {
-        w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
-        w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
-    }
+    pack8(fp8, d, w);
 }
 
 /*
@@ -76,13 +82,7 @@ static __device__ __forceinline__ void codes8_pow2(int fp8, const float h[8], fl
 #pragma unroll
     for (int i = 0; i < 8; i++)
         d[i] = h[i] * y;
-    if (fp8) {
-        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
-        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
-    } else {
-        w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
-        w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
-    }
+    pack8(fp8, d, w);
 }
 
 /* Code of one value of h: NaN (with the CPU's bits), +-Inf, finite with either division. */

@@ -19,17 +19,6 @@ typedef struct fp8_x_plan {
     size_t codes_bytes, off_scales, bytes;
 } fp8_x_plan;
 
-static moefuse_tensor lift(const moefuse_tensor *t)
-{
-    moefuse_tensor r = *t;
-    if (t->rank == 2) {
-        r.rank = 3;
-        r.shape[0] = 1, r.shape[1] = t->shape[0], r.shape[2] = t->shape[1];
-        r.stride[0] = 0, r.stride[1] = t->stride[0], r.stride[2] = t->stride[1];
-    }
-    return r;
-}
-
 static fp8_x_plan plan_x(const mf_moe_args *a)
 {
     fp8_x_plan x;
@@ -39,7 +28,7 @@ static fp8_x_plan plan_x(const mf_moe_args *a)
         return x;
     const int64_t blocks = a->masked ? a->experts : 1, T = a->tokens, K = a->model_dim;
     mf_rows_args *q = &x.q;
-    q->x = lift(&a->x);
+    q->x = mf_tensor_lift3(&a->x);
     /* counts, row_scale, expert_scale stay absent (zeroed): every row is quantized, the
      * masked rows past n[e] unread, and quant takes no scratch of its own */
     q->experts = blocks;
