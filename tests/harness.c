@@ -145,6 +145,12 @@ double h_rel_err_floor(const double *got, const double *ref, size_t n, double fl
 
 moefuse_tensor *T(tbuf *tb) { return tb ? &tb->t : NULL; }
 
+const moefuse_dtype FLOATS[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
+const lay LAYS[5] = {
+    {MOEFUSE_SCALE_ROW_MAJOR, 0},    {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
+    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
+};
+
 static size_t esz(moefuse_dtype dt)
 {
     switch (dt) {
@@ -294,6 +300,13 @@ void tb_fill_unif(tbuf *tb, double a, double b)
     for (int64_t i = 0; i < s0; i++)
         for (int64_t j = 0; j < s1; j++)
             for (int64_t k = 0; k < s2; k++) tb_set(tb, i, j, k, h_unif(a, b));
+}
+
+tbuf *tb_upload_unif(tbuf *tb, double a, double b)
+{
+    tb_fill_unif(tb, a, b);
+    tb_upload(tb);
+    return tb;
 }
 
 void tb_upload(tbuf *tb)
@@ -454,7 +467,8 @@ static int backend_gate(const char *be)
 TCase *h_add_tcase(Suite *s, const char *name, void (*setup)(void), double timeout)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_checked_fixture(tc, setup, h_teardown);
+    if (setup)
+        tcase_add_checked_fixture(tc, setup, h_teardown);
     tcase_set_timeout(tc, timeout);
     suite_add_tcase(s, tc);
     return tc;
@@ -656,6 +670,12 @@ tbuf *h_new_scales(const char *name, int layout, int ue8m0, int64_t E, int64_t T
     else { a = (Gn + 3) / 4; b = Ta; dt = MOEFUSE_I32; }
     if (E > 0) return tb_new3(name, dt, E, a, b, row_pad, 0);
     return tb_new2(name, dt, a, b, row_pad, 0);
+}
+
+tbuf *h_new_scales_of(const char *name, lay L, int64_t E, int64_t T, int64_t Gn, int64_t row_pad)
+{
+    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
+    return h_new_scales(name, L.layout, u8, E, T, Gn, row_pad);
 }
 
 void h_ref_act(tbuf *x, int64_t e, int64_t Tn, int64_t H, tbuf *rs, double es, const or_act_opt *o,

@@ -53,6 +53,8 @@ void *tb_el(tbuf *tb, int64_t i0, int64_t i1, int64_t i2); /* unused indices 0 *
 double tb_get(tbuf *tb, int64_t i0, int64_t i1, int64_t i2);
 void tb_set(tbuf *tb, int64_t i0, int64_t i1, int64_t i2, double v); /* rounds to dtype */
 void tb_fill_unif(tbuf *tb, double a, double b);
+/* tb_fill_unif, then tb_upload: an input of uniform values in one line; returns tb */
+tbuf *tb_upload_unif(tbuf *tb, double a, double b);
 /* writes the host bytes to the buffer, and to the twin's buffer when tb has one */
 void tb_upload(tbuf *tb);
 /* The same tensor in another context: same shape, strides, pads and bytes
@@ -75,6 +77,16 @@ double h_gemm_floor(moefuse_dtype dt);
 double h_rel_err_floor(const double *got, const double *ref, size_t n, double floor);
 moefuse_tensor *T(tbuf *tb);     /* &tb->t, NULL-safe */
 
+/* The float dtypes of x, h and outputs, in the order the tests loop over them. */
+extern const moefuse_dtype FLOATS[3];
+
+/* A scale layout: row- or column-major f32 scales (ue8m0: powers of two), or packed ue8m0. */
+typedef struct {
+    int layout, ue8m0;
+} lay;
+/* all five: row, column, row ue8m0, column ue8m0, packed */
+extern const lay LAYS[5];
+
 /* fixtures */
 void h_setup(void);
 void h_setup_cross(void); /* h_setup, plus g_ref on the cpu backend */
@@ -83,7 +95,8 @@ void h_teardown(void);
  * is built but has no device, prints "SKIP: backend X unavailable: <why>" and
  * returns 77 (Meson's SKIP) without running anything. */
 int h_run(Suite *s);
-/* A test case of s, run between setup and h_teardown, each test within timeout seconds. */
+/* A test case of s, run between setup and h_teardown, each test within timeout seconds
+ * (setup NULL: no fixture, for tests that make and destroy their own contexts). */
 TCase *h_add_tcase(Suite *s, const char *name, void (*setup)(void), double timeout);
 
 /* call + canary check */
@@ -132,14 +145,16 @@ void h_fill_dequant_scales(tbuf *sc, int layout, int ue, int64_t Tn, int64_t Gn)
 /* padding rows T..Ta-1; unused packed bytes of the rows 0..Tn-1 */
 void h_check_scale_padding(tbuf *sc, int layout, int64_t e, int64_t Tn, int64_t T, int64_t Gn);
 
-int h_have_openmp(void);
-
-#endif
-
 /* scale tensor for a layout: E == 0 -> 2-D. f32, u8 (ue8m0) or i32 (packed) */
 tbuf *h_new_scales(const char *name, int layout, int ue8m0, int64_t E, int64_t T, int64_t Gn,
                    int64_t row_pad);
+/* h_new_scales for the layout L: u8 exponents where L is ue8m0 but not packed */
+tbuf *h_new_scales_of(const char *name, lay L, int64_t E, int64_t T, int64_t Gn, int64_t row_pad);
 /* per-element oracle for act rows: x rows [T, 2H] (3-D with e >= 0), row_scale
  * optional tbuf (1-D [T] or 2-D [E,Tmax]), es expert factor; fills [T*H] arrays */
 void h_ref_act(tbuf *x, int64_t e, int64_t Tn, int64_t H, tbuf *rs, double es, const or_act_opt *o,
                double *hp, double *hlo, double *hhi);
+
+int h_have_openmp(void);
+
+#endif

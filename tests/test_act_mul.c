@@ -63,11 +63,8 @@ static void run_cfg(cfg c)
         put_specials(x, &c);
     tb_upload(x);
     tbuf *rs = NULL;
-    if (c.use_rs) {
-        rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-        tb_fill_unif(rs, 0.1, 3);
-        tb_upload(rs);
-    }
+    if (c.use_rs)
+        rs = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, Tn, 1), 0.1, 3);
     tbuf *out = tb_new2("out", c.dt, Tn, H, c.rp ? 3 : 0, 0);
     moefuse_act_options o = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);
     moefuse_status st = CALL(moefuse_act_mul(g_ctx, T(x), T(rs), T(out), &o));
@@ -126,30 +123,27 @@ END_TEST
 
 START_TEST(t_dtypes_acts)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int a = 0; a < 4; a++)
-            for (int ord = 0; ord < 3; ord++) run(dts[d], 7, 70, a, ord, 0, 0, ord & 1, 1, 0);
+            for (int ord = 0; ord < 3; ord++) run(FLOATS[d], 7, 70, a, ord, 0, 0, ord & 1, 1, 0);
 }
 END_TEST
 
 START_TEST(t_limit_round)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int a = 0; a < 4; a++) {
-            run(dts[d], 5, 64, a, 0, 2.5f, 0, 1, 0, 0);
-            run(dts[d], 5, 64, a, 1, 0, MOEFUSE_ROUND_BF16, 1, 0, 0);
-            run(dts[d], 5, 64, a, 2, 1.0f, MOEFUSE_ROUND_BF16, 0, 1, 0);
+            run(FLOATS[d], 5, 64, a, 0, 2.5f, 0, 1, 0, 0);
+            run(FLOATS[d], 5, 64, a, 1, 0, MOEFUSE_ROUND_BF16, 1, 0, 0);
+            run(FLOATS[d], 5, 64, a, 2, 1.0f, MOEFUSE_ROUND_BF16, 0, 1, 0);
         }
 }
 END_TEST
 
 START_TEST(t_nonfinite)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
-        for (int a = 0; a < 4; a++) run(dts[d], 2, 32, a, a % 3, 0, 0, 0, 0, 1);
+        for (int a = 0; a < 4; a++) run(FLOATS[d], 2, 32, a, a % 3, 0, 0, 0, 0, 1);
 }
 END_TEST
 
@@ -160,12 +154,11 @@ END_TEST
  */
 START_TEST(t_gpt_oss)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     const float alphas[3] = {0.0f, 1.702f, 0.5f}, offsets[4] = {1.0f, 0.0f, -1.0f, 0.25f};
     for (int d = 0; d < 3; d++)
         for (int ord = 0; ord < 3; ord++)
             for (int v = 0; v < 4; v++) {
-                cfg c = base(dts[d], 6, 80);
+                cfg c = base(FLOATS[d], 6, 80);
                 c.act = MOEFUSE_ACT_SILU_ALPHA;
                 c.alpha = alphas[v % 3];
                 c.up_offset = offsets[v];
@@ -183,11 +176,10 @@ END_TEST
 /* The up offset with the other activations, and the edge values of every activation. */
 START_TEST(t_up_offset)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int a = 0; a < 3; a++)
             for (int ord = 0; ord < 3; ord++) {
-                cfg c = base(dts[d], 3, 48);
+                cfg c = base(FLOATS[d], 3, 48);
                 c.act = a;
                 c.order = ord;
                 c.up_offset = ord == 1 ? -2.5f : 1.0f;
@@ -203,13 +195,12 @@ END_TEST
  * dense and padded. The canary after the last row catches a write past the end. */
 START_TEST(t_row_widths)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     const int64_t Hs[] = {4, 12, 228, 1028, 1, 7, 261};
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < 7; i++)
             for (int rp = 0; rp < 2; rp++) {
-                run(dts[d], 3, Hs[i], 0, 0, 0, 0, 0, rp, 0);
-                run(dts[d], 3, Hs[i], MOEFUSE_ACT_SILU_ALPHA, MOEFUSE_GATE_INTERLEAVED, 7.0f, 0,
+                run(FLOATS[d], 3, Hs[i], 0, 0, 0, 0, 0, rp, 0);
+                run(FLOATS[d], 3, Hs[i], MOEFUSE_ACT_SILU_ALPHA, MOEFUSE_GATE_INTERLEAVED, 7.0f, 0,
                     0, rp, 0);
             }
 }
@@ -218,9 +209,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("act_mul");
-    TCase *tc = tcase_create("act_mul");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "act_mul", h_setup, 120);
     tcase_add_test(tc, t_T_values);
     tcase_add_test(tc, t_dtypes_acts);
     tcase_add_test(tc, t_limit_round);
@@ -228,6 +217,5 @@ int main(void)
     tcase_add_test(tc, t_gpt_oss);
     tcase_add_test(tc, t_up_offset);
     tcase_add_test(tc, t_row_widths);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -4,12 +4,6 @@
 
 #include "harness.h"
 
-typedef struct { int layout, ue8m0; } lay;
-static const lay LAYS[] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0}, {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
-    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
-
 typedef struct {
     moefuse_dtype xdt, qdt;
     int64_t Tn, H, G;
@@ -52,14 +46,10 @@ static void run(cfg c)
     }
     tb_upload(x);
     tbuf *rs = NULL;
-    if (c.use_rs) {
-        rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-        tb_fill_unif(rs, 0.05, 2);
-        tb_upload(rs);
-    }
+    if (c.use_rs)
+        rs = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, Tn, 1), 0.05, 2);
     tbuf *q = tb_new2("q", c.qdt, Tn, H, c.rp ? 5 : 0, 0);
-    tbuf *sc = h_new_scales("scales", c.L.layout, c.L.ue8m0 && c.L.layout != MOEFUSE_SCALE_PACKED_UE8M0, 0,
-                            Tn, Gn, c.rp ? 2 : 0);
+    tbuf *sc = h_new_scales_of("scales", c.L, 0, Tn, Gn, c.rp ? 2 : 0);
     moefuse_act_quant_options o = {0};
     o.act = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);
     o.quant.group_size = c.G;
@@ -159,10 +149,9 @@ END_TEST
 
 START_TEST(t_input_dtypes_rowscale)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++) {
         cfg c = base();
-        c.xdt = dts[d];
+        c.xdt = FLOATS[d];
         c.Tn = 33;
         c.use_rs = 1;
         c.rp = 1;
@@ -236,18 +225,13 @@ START_TEST(t_round_bf16_equals_unfused)
             moefuse_dtype xdt = mode ? MOEFUSE_F32 : MOEFUSE_BF16;
             int64_t Tn = 13, H = 256, G = l == 3 ? 256 : 64, Gn = H / G;
             lay L = LAYS[l];
-            int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
-            tbuf *x = tb_new2("x", xdt, Tn, 2 * H, 1, 1);
-            tb_fill_unif(x, -6, 6);
-            tb_upload(x);
-            tbuf *rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-            tb_fill_unif(rs, 0.1, 2);
-            tb_upload(rs);
+            tbuf *x = tb_upload_unif(tb_new2("x", xdt, Tn, 2 * H, 1, 1), -6, 6);
+            tbuf *rs = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, Tn, 1), 0.1, 2);
             tbuf *q1 = tb_new2("q_fused", MOEFUSE_F8_E4M3, Tn, H, 0, 0);
-            tbuf *s1 = h_new_scales("s_fused", L.layout, u8, 0, Tn, Gn, 0);
+            tbuf *s1 = h_new_scales_of("s_fused", L, 0, Tn, Gn, 0);
             tbuf *hb = tb_new2("h_act_mul", xdt, Tn, H, 0, 0);
             tbuf *q2 = tb_new2("q_unfused", MOEFUSE_F8_E4M3, Tn, H, 0, 0);
-            tbuf *s2 = h_new_scales("s_unfused", L.layout, u8, 0, Tn, Gn, 0);
+            tbuf *s2 = h_new_scales_of("s_unfused", L, 0, Tn, Gn, 0);
             moefuse_act_quant_options o = {0};
             o.act.activation = a;
             o.act.limit = l == 1 ? 2.0f : 0.0f;
@@ -278,23 +262,17 @@ START_TEST(t_round_bf16_equals_unfused)
 }
 END_TEST
 
-static const lay LAYS_ALL[] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0}, {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
-    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
-
 START_TEST(t_randomized)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     const int64_t Gs[4] = {32, 64, 128, 0};
     for (int r = 0; r < 12; r++) {
         cfg c = base();
-        c.xdt = dts[h_randint(0, 2)];
+        c.xdt = FLOATS[h_randint(0, 2)];
         c.Tn = h_randint(0, 70);
         int64_t G = Gs[h_randint(0, 3)];
         c.H = (G ? G : 32) * h_randint(1, 6);
         c.G = G ? G : c.H;
-        c.L = LAYS_ALL[h_randint(0, 4)];
+        c.L = LAYS[h_randint(0, 4)];
         c.qdt = (!c.L.ue8m0 && h_randint(0, 1)) ? MOEFUSE_I8 : MOEFUSE_F8_E4M3;
         c.act = (int)h_randint(0, 3);
         if (c.act == MOEFUSE_ACT_SILU_ALPHA)
@@ -313,9 +291,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("act_quant");
-    TCase *tc = tcase_create("act_quant");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "act_quant", h_setup, 120);
     tcase_add_test(tc, t_T_values);
     tcase_add_test(tc, t_groups_layouts);
     tcase_add_test(tc, t_activations);
@@ -325,6 +301,5 @@ int main(void)
     tcase_add_test(tc, t_gpt_oss);
     tcase_add_test(tc, t_randomized);
     tcase_add_test(tc, t_round_bf16_equals_unfused);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -6,12 +6,6 @@
 
 #include "harness.h"
 
-typedef struct { int layout, ue8m0; } lay;
-static const lay LAYS[] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0}, {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
-    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
-
 /* The gated options besides activation and rounding (t_gpt_oss sets them; zero otherwise),
  * and whether row 0 of each expert gets edge values. */
 static struct {
@@ -44,7 +38,6 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
                 int use_rs, int act, int rnd)
 {
     int64_t Gn = H / G;
-    int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
     tbuf *x = tb_new3("x", xdt, E, Tmax, 2 * H, 1, 1);
     tb_fill_unif(x, gated.limit > 0 ? -2 * gated.limit : -4, gated.limit > 0 ? 2 * gated.limit : 4);
     if (gated.special && H >= 8)
@@ -55,18 +48,13 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
     for (int64_t e = 0; e < E; e++) tb_set(cn, e, 0, 0, counts[e]);
     tb_upload(cn);
     tbuf *rs = NULL, *es = NULL;
-    if (use_rs) {
-        rs = tb_new2("row_scale", MOEFUSE_F32, E, Tmax, 0, 1);
-        tb_fill_unif(rs, 0.1, 2);
-        tb_upload(rs);
-    }
-    if (es_kind) {
-        es = tb_new1("expert_scale", es_kind == 1 ? MOEFUSE_F32 : MOEFUSE_BF16, E, 1);
-        tb_fill_unif(es, 0.25, 4);
-        tb_upload(es);
-    }
+    if (use_rs)
+        rs = tb_upload_unif(tb_new2("row_scale", MOEFUSE_F32, E, Tmax, 0, 1), 0.1, 2);
+    if (es_kind)
+        es = tb_upload_unif(tb_new1("expert_scale", es_kind == 1 ? MOEFUSE_F32 : MOEFUSE_BF16, E, 1),
+                            0.25, 4);
     tbuf *q = tb_new3("q", qdt, E, Tmax, H, 0, 0);
-    tbuf *sc = h_new_scales("scales", L.layout, u8, E, Tmax, Gn, 0);
+    tbuf *sc = h_new_scales_of("scales", L, E, Tmax, Gn, 0);
     moefuse_act_quant_options o = {0};
     o.act.activation = act;
     o.act.intermediate = rnd;
@@ -137,7 +125,7 @@ static void run(moefuse_dtype xdt, moefuse_dtype qdt, int64_t E, int64_t Tmax, i
         xv.stride[1] = 1;
         moefuse_tensor rv, ev;
         tbuf *q2 = tb_new2("q2d", qdt, n, H, 0, 0);
-        tbuf *s2 = h_new_scales("scales2d", L.layout, u8, 0, n, Gn, 0);
+        tbuf *s2 = h_new_scales_of("scales2d", L, 0, n, Gn, 0);
         tbuf *rs2 = NULL;
         if (rs) {
             rv = rs->t;
@@ -246,14 +234,11 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("act_quant_masked");
-    TCase *tc = tcase_create("masked");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 180);
+    TCase *tc = h_add_tcase(s, "masked", h_setup, 180);
     tcase_add_test(tc, t_counts);
     tcase_add_test(tc, t_random_counts);
     tcase_add_test(tc, t_expert_scale);
     tcase_add_test(tc, t_gpt_oss);
     tcase_add_test(tc, t_all_empty);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

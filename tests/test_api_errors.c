@@ -20,9 +20,7 @@ void expect_msg(moefuse_status got, moefuse_status want, const char *op, const c
 /* ------------------------------------------------------------ topk, context */
 START_TEST(t_topk)
 {
-    tbuf *lg = tb_new2("logits", MOEFUSE_F32, 4, 6, 0, 1);
-    tb_fill_unif(lg, -1, 1);
-    tb_upload(lg);
+    tbuf *lg = tb_upload_unif(tb_new2("logits", MOEFUSE_F32, 4, 6, 0, 1), -1, 1);
     tbuf *ids = tb_new2("ids", MOEFUSE_I32, 4, 2, 0, 0);
     tbuf *w = tb_new2("weights", MOEFUSE_F32, 4, 2, 0, 0);
     const char *op = "topk_softmax";

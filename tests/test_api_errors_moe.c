@@ -181,28 +181,21 @@ END_TEST
 START_TEST(t_moe_fp8)
 {
     const int64_t M = 4, K = 256, I = 128, E = 2, k = 2;
-    tbuf *x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
-    tb_fill_unif(x, -1, 1);
-    tb_upload(x);
+    tbuf *x = tb_upload_unif(tb_new2("x", MOEFUSE_BF16, M, K, 0, 1), -1, 1);
     tbuf *xq = tb_new2("xq", MOEFUSE_F8_E4M3, M, K, 0, 1);
     tb_upload(xq);
-    tbuf *xs = tb_new2("x_scales", MOEFUSE_F32, M, K / 128, 0, 1);
-    tb_fill_unif(xs, 0.01, 0.02);
-    tb_upload(xs);
+    tbuf *xs = tb_upload_unif(tb_new2("x_scales", MOEFUSE_F32, M, K / 128, 0, 1), 0.01, 0.02);
     tbuf *w1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, K, 0, 1);
     tb_upload(w1);
-    tbuf *w1s = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1);
-    tb_fill_unif(w1s, 0.01, 0.02);
-    tb_upload(w1s);
+    tbuf *w1s = tb_upload_unif(tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1),
+                               0.01, 0.02);
     tbuf *w1s_bad = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 64, 0, 1);
     tb_upload(w1s_bad);
     tbuf *w1s_bf = tb_new3("w1_scales", MOEFUSE_BF16, E, 2 * I / 128, K / 128, 0, 1);
     tb_upload(w1s_bf);
     tbuf *w1_k = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, 192, 0, 1); /* K = 192 */
     tb_upload(w1_k);
-    tbuf *x_k = tb_new2("x", MOEFUSE_BF16, M, 192, 0, 1);
-    tb_fill_unif(x_k, -1, 1);
-    tb_upload(x_k);
+    tbuf *x_k = tb_upload_unif(tb_new2("x", MOEFUSE_BF16, M, 192, 0, 1), -1, 1);
     tbuf *w1s_k = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, 1, 0, 1);
     tb_upload(w1s_k);
     tbuf *w1_i = tb_new3("w1", MOEFUSE_F8_E4M3, E, 128, K, 0, 1); /* I = 64 */

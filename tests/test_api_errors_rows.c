@@ -10,12 +10,8 @@
 tbuf *X, *RS, *Q, *SC;
 void aq_setup(void)
 {
-    X = tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1);
-    tb_fill_unif(X, -1, 1);
-    tb_upload(X);
-    RS = tb_new1("row_scale", MOEFUSE_F32, 4, 1);
-    tb_fill_unif(RS, 0.5, 1);
-    tb_upload(RS);
+    X = tb_upload_unif(tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1), -1, 1);
+    RS = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, 4, 1), 0.5, 1);
     Q = tb_new2("q", MOEFUSE_F8_E4M3, 4, 128, 0, 0);
     SC = tb_new2("scales", MOEFUSE_F32, 4, 1, 0, 0);
 }
@@ -221,9 +217,7 @@ END_TEST
 START_TEST(t_masked)
 {
     const int64_t E = 3, Tm = 5, H = 64;
-    tbuf *x = tb_new3("x", MOEFUSE_BF16, E, Tm, 2 * H, 0, 1);
-    tb_fill_unif(x, -1, 1);
-    tb_upload(x);
+    tbuf *x = tb_upload_unif(tb_new3("x", MOEFUSE_BF16, E, Tm, 2 * H, 0, 1), -1, 1);
     tbuf *cn = tb_new1("counts", MOEFUSE_I32, E, 1);
     tb_upload(cn);
     tbuf *rs = tb_new2("row_scale", MOEFUSE_F32, E, Tm, 0, 1);

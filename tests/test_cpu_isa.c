@@ -122,7 +122,8 @@ static moefuse_status call_op(const op_call *c)
 /*
  * Runs the call at every level, each time from the same output bytes (poison and
  * canaries), and requires every byte of every output buffer to equal the scalar
- * level's. CALL checks canaries, row padding and inputs after each run.
+ * level's. CALL checks canaries, row padding and inputs after each run. Frees the case's
+ * tensors at the end.
  */
 static void compare_levels(op_call *c)
 {
@@ -168,6 +169,7 @@ static void compare_levels(op_call *c)
         free(pristine[i]);
         free(ref[i]);
     }
+    tb_free_all();
 }
 
 /* ------------------------------------------------------------------ values */
@@ -282,14 +284,6 @@ static void fill_quant_rows(tbuf *tb, int64_t rows, int64_t H, int64_t G)
 
 /* ------------------------------------------------------------------- cases */
 
-typedef struct {
-    int layout, ue8m0;
-} lay;
-static const lay LAYS[] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0},    {MOEFUSE_SCALE_COLUMN_MAJOR, 0},
-    {MOEFUSE_SCALE_ROW_MAJOR, 1},    {MOEFUSE_SCALE_COLUMN_MAJOR, 1},
-    {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
 static const moefuse_dtype XDTS[] = {MOEFUSE_BF16, MOEFUSE_F32, MOEFUSE_F16};
 
 /* A group size for H: one that divides it (H itself for odd H). */
@@ -346,31 +340,51 @@ static void fill_row_scale(tbuf *rs, int64_t n)
         put(rs, i, h_randint(0, 9) == 0 ? edge_value() : (float)h_unif(0.05, 3));
 }
 
+/* A quantizing case's group size, code type (FP8 three times in four, else i8) and scale
+ * layout (any with FP8 codes, row-major f32 with i8), drawn in that order. */
+typedef struct {
+    int64_t G;
+    int fp8;
+    lay L;
+} quant_pick;
+
+static quant_pick pick_quant(int64_t H)
+{
+    quant_pick p;
+    p.G = pick_group(H);
+    p.fp8 = h_randint(0, 3) > 0;
+    p.L = LAYS[p.fp8 ? h_randint(0, 4) : 0];
+    return p;
+}
+
+/* One time in two a row scale [Tn] (fill_row_scale's values), else NULL. */
+static tbuf *maybe_row_scale(int64_t Tn)
+{
+    if (!h_randint(0, 1))
+        return NULL;
+    tbuf *rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
+    fill_row_scale(rs, Tn);
+    tb_upload(rs);
+    return rs;
+}
+
 static void case_act_quant(int64_t Tn, int64_t H)
 {
     op_call c = {.op = OP_ACT_QUANT};
-    const int64_t G = pick_group(H);
-    const int fp8 = h_randint(0, 3) > 0;
-    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
+    const quant_pick p = pick_quant(H);
     const moefuse_dtype xdt = XDTS[h_randint(0, 2)];
     c.x = tb_new2("x", xdt, Tn, 2 * H, h_randint(0, 3), 1);
     fill_x(c.x, Tn, 2 * H);
     tb_upload(c.x);
-    if (h_randint(0, 1)) {
-        c.rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-        fill_row_scale(c.rs, Tn);
-        tb_upload(c.rs);
-    }
-    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, h_randint(0, 1) * 3, 0);
-    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
-    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, h_randint(0, 1));
-    c.o = random_options(G, L, fp8);
+    c.rs = maybe_row_scale(Tn);
+    c.q = tb_new2("q", p.fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, h_randint(0, 1) * 3, 0);
+    c.scales = h_new_scales_of("scales", p.L, 0, Tn, H / p.G, h_randint(0, 1));
+    c.o = random_options(p.G, p.L, p.fp8);
     snprintf(c.what, sizeof c.what, "act_quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d",
-             (long long)Tn, (long long)H, (long long)G, xdt, fp8 ? "f8" : "i8", L.layout, L.ue8m0,
-             c.o.act.activation, c.o.act.alpha, c.o.act.up_offset, c.o.act.order, c.o.act.limit,
-             c.o.act.intermediate, c.rs != NULL);
+             (long long)Tn, (long long)H, (long long)p.G, xdt, p.fp8 ? "f8" : "i8", p.L.layout,
+             p.L.ue8m0, c.o.act.activation, c.o.act.alpha, c.o.act.up_offset, c.o.act.order,
+             c.o.act.limit, c.o.act.intermediate, c.rs != NULL);
     compare_levels(&c);
-    tb_free_all();
 }
 
 static void case_masked(int64_t E, int64_t Tmax, int64_t H)
@@ -401,8 +415,7 @@ static void case_masked(int64_t E, int64_t Tmax, int64_t H)
         tb_upload(c.es);
     }
     c.q = tb_new3("q", MOEFUSE_F8_E4M3, E, Tmax, H, 0, 0);
-    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
-    c.scales = h_new_scales("scales", L.layout, u8, E, Tmax, H / G, 0);
+    c.scales = h_new_scales_of("scales", L, E, Tmax, H / G, 0);
     c.o = random_options(G, L, 1);
     c.o.zero_tail = (int32_t)h_randint(0, 1);
     snprintf(c.what, sizeof c.what, "act_quant_masked E=%lld Tmax=%lld H=%lld G=%lld x=%d layout=%d ue8m0=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d es=%d zero_tail=%d",
@@ -410,30 +423,26 @@ static void case_masked(int64_t E, int64_t Tmax, int64_t H)
              c.o.act.activation, c.o.act.alpha, c.o.act.up_offset, c.o.act.order, c.o.act.limit,
              c.o.act.intermediate, c.rs != NULL, c.es != NULL, c.o.zero_tail);
     compare_levels(&c);
-    tb_free_all();
 }
 
 static void case_quant(int64_t Tn, int64_t H)
 {
     op_call c = {.op = OP_QUANT};
-    const int64_t G = pick_group(H);
-    const int fp8 = h_randint(0, 3) > 0;
-    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
+    const quant_pick p = pick_quant(H);
     const moefuse_dtype xdt = h_randint(0, 1) ? MOEFUSE_F32 : XDTS[h_randint(0, 2)];
     c.x = tb_new2("x", xdt, Tn, H, h_randint(0, 2), 1);
     if (h_randint(0, 1))
-        fill_quant_rows(c.x, Tn, H, G);
+        fill_quant_rows(c.x, Tn, H, p.G);
     else
         fill_x(c.x, Tn, H);
     tb_upload(c.x);
-    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 0);
-    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
-    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, 0);
-    c.o = random_options(G, L, fp8);
+    c.q = tb_new2("q", p.fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 0);
+    c.scales = h_new_scales_of("scales", p.L, 0, Tn, H / p.G, 0);
+    c.o = random_options(p.G, p.L, p.fp8);
     snprintf(c.what, sizeof c.what, "quant T=%lld H=%lld G=%lld x=%d q=%s layout=%d ue8m0=%d",
-             (long long)Tn, (long long)H, (long long)G, xdt, fp8 ? "f8" : "i8", L.layout, L.ue8m0);
+             (long long)Tn, (long long)H, (long long)p.G, xdt, p.fp8 ? "f8" : "i8", p.L.layout,
+             p.L.ue8m0);
     compare_levels(&c);
-    tb_free_all();
 }
 
 static void case_act_mul(int64_t Tn, int64_t H)
@@ -443,32 +452,24 @@ static void case_act_mul(int64_t Tn, int64_t H)
     c.x = tb_new2("x", xdt, Tn, 2 * H, h_randint(0, 2), 1);
     fill_x(c.x, Tn, 2 * H);
     tb_upload(c.x);
-    if (h_randint(0, 1)) {
-        c.rs = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-        fill_row_scale(c.rs, Tn);
-        tb_upload(c.rs);
-    }
+    c.rs = maybe_row_scale(Tn);
     c.out = tb_new2("out", xdt, Tn, H, h_randint(0, 2), 0);
     c.o = random_options(32, LAYS[0], 1);
     snprintf(c.what, sizeof c.what, "act_mul T=%lld H=%lld x=%d act=%d alpha=%g beta=%g ord=%d lim=%g rnd=%d rs=%d",
              (long long)Tn, (long long)H, xdt, c.o.act.activation, c.o.act.alpha,
              c.o.act.up_offset, c.o.act.order, c.o.act.limit, c.o.act.intermediate, c.rs != NULL);
     compare_levels(&c);
-    tb_free_all();
 }
 
 static void case_dequant(int64_t Tn, int64_t H)
 {
     op_call c = {.op = OP_DEQUANT};
-    const int64_t G = pick_group(H);
-    const int fp8 = h_randint(0, 3) > 0;
-    const lay L = LAYS[fp8 ? h_randint(0, 4) : 0];
-    c.q = tb_new2("q", fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 1);
+    const quant_pick p = pick_quant(H);
+    c.q = tb_new2("q", p.fp8 ? MOEFUSE_F8_E4M3 : MOEFUSE_I8, Tn, H, 0, 1);
     for (int64_t i = 0; i < Tn * H; i++) /* every code, NaN codes included */
         c.q->full[c.q->pad + i] = (unsigned char)h_randint(0, 255);
     tb_upload(c.q);
-    const int u8 = L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
-    c.scales = h_new_scales("scales", L.layout, u8, 0, Tn, H / G, 0);
+    c.scales = h_new_scales_of("scales", p.L, 0, Tn, H / p.G, 0);
     c.scales->is_input = 1;
     for (size_t b = c.scales->pad; b + c.scales->pad < c.scales->total; b++) { /* every byte */
         if (c.scales->t.dtype == MOEFUSE_F32 && (b - c.scales->pad) % 4 == 3)
@@ -479,12 +480,11 @@ static void case_dequant(int64_t Tn, int64_t H)
     }
     tb_upload(c.scales);
     c.out = tb_new2("out", XDTS[h_randint(0, 2)], Tn, H, h_randint(0, 2), 0);
-    c.o = random_options(G, L, fp8);
+    c.o = random_options(p.G, p.L, p.fp8);
     snprintf(c.what, sizeof c.what, "dequant T=%lld H=%lld G=%lld q=%s layout=%d ue8m0=%d out=%d",
-             (long long)Tn, (long long)H, (long long)G, fp8 ? "f8" : "i8", L.layout, L.ue8m0,
-             c.out->t.dtype);
+             (long long)Tn, (long long)H, (long long)p.G, p.fp8 ? "f8" : "i8", p.L.layout,
+             p.L.ue8m0, c.out->t.dtype);
     compare_levels(&c);
-    tb_free_all();
 }
 
 /* H values: odd and tiny ones (per-row groups), tails of every length class for 8 and 16
@@ -513,10 +513,22 @@ START_TEST(t_levels_available)
 }
 END_TEST
 
-START_TEST(t_act_quant)
+/* The 2-D row operations, each on its number of random (tokens, hidden) shapes. */
+static const struct {
+    void (*run)(int64_t Tn, int64_t H);
+    int cases;
+} ROW_OPS[] = {
+    {case_act_quant, 400},
+    {case_quant, 500},
+    {case_act_mul, 400},
+    {case_dequant, 400},
+};
+
+/* a loop test: _i picks the operation (each iteration a test of its own, the RNG restarted) */
+START_TEST(t_random_rows)
 {
-    for (int i = 0; i < 400; i++)
-        case_act_quant(pick_tokens(), pick_hidden());
+    for (int i = 0; i < ROW_OPS[_i].cases; i++)
+        ROW_OPS[_i].run(pick_tokens(), pick_hidden());
 }
 END_TEST
 
@@ -524,27 +536,6 @@ START_TEST(t_masked)
 {
     for (int i = 0; i < 300; i++)
         case_masked(h_randint(1, 5), h_randint(1, 13), pick_hidden());
-}
-END_TEST
-
-START_TEST(t_quant)
-{
-    for (int i = 0; i < 500; i++)
-        case_quant(pick_tokens(), pick_hidden());
-}
-END_TEST
-
-START_TEST(t_act_mul)
-{
-    for (int i = 0; i < 400; i++)
-        case_act_mul(pick_tokens(), pick_hidden());
-}
-END_TEST
-
-START_TEST(t_dequant)
-{
-    for (int i = 0; i < 400; i++)
-        case_dequant(pick_tokens(), pick_hidden());
 }
 END_TEST
 
@@ -753,18 +744,12 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--exp-all") == 0)
         return exp_all();
     Suite *s = suite_create("cpu_isa");
-    TCase *tc = tcase_create("cpu_isa");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 240);
+    TCase *tc = h_add_tcase(s, "cpu_isa", h_setup, 240);
     tcase_add_test(tc, t_levels_available);
-    tcase_add_test(tc, t_act_quant);
+    tcase_add_loop_test(tc, t_random_rows, 0, sizeof ROW_OPS / sizeof ROW_OPS[0]);
     tcase_add_test(tc, t_masked);
-    tcase_add_test(tc, t_quant);
-    tcase_add_test(tc, t_act_mul);
-    tcase_add_test(tc, t_dequant);
     tcase_add_test(tc, t_wide_rows);
     tcase_add_test(tc, t_sixteen_lanes);
     tcase_add_test(tc, t_every_bf16_gate);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

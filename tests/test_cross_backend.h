@@ -29,15 +29,7 @@ extern struct seen {
 
 /* ------------------------------------------------------------- helpers */
 
-typedef struct {
-    int layout, ue8m0;
-} lay;
-static const lay LAYS[5] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0},    {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
-    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
-static const moefuse_dtype FLOATS[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
-
+/* (FLOATS, lay and LAYS: harness.h) */
 typedef struct {
     moefuse_dtype xdt, qdt;
     int64_t E, T, H, G; /* E = 0: the 2-D call; T is Tmax for the masked call */

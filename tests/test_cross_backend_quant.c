@@ -176,7 +176,6 @@ static double boundary_h(int64_t kind, int64_t i, int64_t G, int is_f8)
 void run_quant_case(qcfg c)
 {
     const int64_t E = c.E, Tn = c.T, H = c.H, Gn = H / c.G;
-    const int u8 = c.L.ue8m0 && c.L.layout != MOEFUSE_SCALE_PACKED_UE8M0;
     const int64_t width = c.quant_only ? H : 2 * H;
     pair x = E ? pair3("x", c.xdt, E, Tn, width, c.rp, 1) : pair2("x", c.xdt, Tn, width, c.rp, 1);
     if (c.boundary) {
@@ -219,13 +218,11 @@ void run_quant_case(qcfg c)
     pair rs = {NULL, NULL}, es = {NULL, NULL}, cn = {NULL, NULL};
     if (c.use_rs) {
         rs = E ? pair2("row_scale", MOEFUSE_F32, E, Tn, 0, 1) : pair1("row_scale", MOEFUSE_F32, Tn, 1);
-        tb_fill_unif(rs.d, 0.05, 2);
-        tb_upload(rs.d);
+        tb_upload_unif(rs.d, 0.05, 2);
     }
     if (c.es_kind) {
         es = pair1("expert_scale", c.es_kind == 1 ? MOEFUSE_F32 : MOEFUSE_BF16, E, 1);
-        tb_fill_unif(es.d, 0.25, 4);
-        tb_upload(es.d);
+        tb_upload_unif(es.d, 0.25, 4);
     }
     if (E) {
         cn = pair1("counts", MOEFUSE_I32, E, 1);
@@ -233,7 +230,7 @@ void run_quant_case(qcfg c)
         tb_upload(cn.d);
     }
     pair q = E ? pair3("q", c.qdt, E, Tn, H, c.rp ? 3 : 0, 0) : pair2("q", c.qdt, Tn, H, c.rp ? 3 : 0, 0);
-    pair sc = pair_of(h_new_scales("scales", c.L.layout, u8, E, Tn, Gn, c.rp ? 1 : 0));
+    pair sc = pair_of(h_new_scales_of("scales", c.L, E, Tn, Gn, c.rp ? 1 : 0));
     moefuse_act_quant_options o = {0};
     o.act = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);
     o.quant.group_size = c.G;

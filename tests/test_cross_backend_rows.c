@@ -39,8 +39,7 @@ void run_act_mul_case(mcfg c)
     pair rs = {NULL, NULL};
     if (c.use_rs) {
         rs = pair1("row_scale", MOEFUSE_F32, c.T, 1);
-        tb_fill_unif(rs.d, 0.1, 3);
-        tb_upload(rs.d);
+        tb_upload_unif(rs.d, 0.1, 3);
     }
     pair out = pair2("out", c.dt, c.T, c.H, c.rp ? 3 : 0, 0);
     moefuse_act_options o = h_act_options(c.act, c.order, c.limit, c.rnd, c.alpha, c.up_offset);

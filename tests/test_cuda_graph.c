@@ -31,9 +31,7 @@
  * no host wait), then both again on the context's own stream: same bits. */
 START_TEST(streams_switch_without_waiting)
 {
-    cudaStream_t a, b;
-    CU(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
-    CU(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    cudaStream_t a = new_stream(), b = new_stream();
     layer big = layer_new(2048, 8, 2, 512, 256);
     layer small = layer_new(96, 8, 2, 512, 256);
     for (int round = 0; round < 3; round++) {

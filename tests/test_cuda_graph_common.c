@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+const char *const side_name[2] = {"eager", "graph replay"};
+
 void same_bytes(tbuf *got, tbuf *want, const char *what)
 {
     HCHECK(got->total == want->total, "%s: %s and %s differ in size", what, got->name, want->name);
@@ -45,6 +47,13 @@ void versus_end(versus *v)
     free(v->judged);
 }
 
+/* Every element byte equal to the CPU's: a result with no exp on the way (NUMERICS.md). */
+void same_as_cpu(tbuf *dev, tbuf *cpu, const char *what)
+{
+    versus v = versus_new(dev, cpu, what);
+    versus_end(&v);
+}
+
 /* The element of (e, t, c) of a 2-D (e < 0) or 3-D tensor. */
 static void *el(tbuf *tb, int64_t e, int64_t t, int64_t c)
 {
@@ -82,9 +91,10 @@ void cmp_act_quant_rows(versus *qs, versus *scs, int sides, tbuf *x, int64_t e, 
 }
 
 /* silu act_mul, bf16 out [Tn, H]: bit-equal to the cpu's (NUMERICS.md, "Agreement between
- * backends"). */
-void cmp_act_mul(versus *out, int64_t Tn, int64_t H)
+ * backends"), every other element byte too. */
+void cmp_act_mul(tbuf *dev, tbuf *cpu, int64_t Tn, int64_t H, const char *what)
 {
+    versus v = versus_new(dev, cpu, what), *out = &v;
     for (int64_t t = 0; t < Tn; t++)
         for (int64_t c = 0; c < H; c++) {
             uint16_t bd, bc;
@@ -95,12 +105,14 @@ void cmp_act_mul(versus *out, int64_t Tn, int64_t H)
             EXPECT(bd == bc, "%s [%lld, %lld]: %.9g, on the cpu %.9g: must be bit-equal",
                    out->what, (long long)t, (long long)c, vd, vc);
         }
+    versus_end(out);
 }
 
-/* topk_softmax with renormalize, f32 weights: ids (unjudged bytes) and weights bit-equal. */
-void cmp_topk_weights(versus *w, int64_t M, int64_t E, int64_t k)
+/* The weights [M, k] (f32) of topk_softmax with renormalize: bit-equal, every other element
+ * byte too. */
+void cmp_topk_weights(tbuf *dev, tbuf *cpu, int64_t M, int64_t k, const char *what)
 {
-    (void)E;
+    versus v = versus_new(dev, cpu, what), *w = &v;
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++) {
             double a = tb_get(w->dev, m, j, 0), b = tb_get(w->cpu, m, j, 0);
@@ -109,6 +121,7 @@ void cmp_topk_weights(versus *w, int64_t M, int64_t E, int64_t k)
                    "%s: row %lld slot %lld: weight %a, on the cpu %a: must be bit-equal", w->what,
                    (long long)m, (long long)j, a, b);
         }
+    versus_end(w);
 }
 
 /* A bf16 GEMM output [M, K]: finite, and ||dev - cpu|| / ||cpu|| <= 8e-3 (NUMERICS.md, "Agreement between backends"). */
@@ -125,6 +138,14 @@ void cmp_gemm(tbuf *dev, tbuf *cpu, int64_t M, int64_t K, const char *what)
         }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     HCHECK(rel <= 8e-3, "%s: relative error %.3g against the cpu; NUMERICS.md allows 8e-3 for bf16", what, rel);
+}
+
+/* A non-blocking stream of the test's own. */
+cudaStream_t new_stream(void)
+{
+    cudaStream_t cs;
+    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    return cs;
 }
 
 /* The graph of issue(arg, 1) captured on stream cs, cs attached to the context mid-capture
@@ -158,4 +179,25 @@ void replay(cudaGraphExec_t exec, cudaStream_t cs)
 {
     CU(cudaGraphLaunch(exec, cs));
     CU(cudaStreamSynchronize(cs));
+}
+
+/* One step of every side: the graph replayed on cs, the same calls eagerly on the device, then
+ * on the CPU; every tensor read back. */
+void replay_eager_cpu(cudaGraphExec_t exec, cudaStream_t cs, side_fn run, void *arg,
+                      const char *what)
+{
+    replay(exec, cs);
+    OK(run(arg, EAGER));
+    OK(moefuse_synchronize(g_ctx));
+    const moefuse_status st = run(arg, CPU);
+    HCHECK(st == MOEFUSE_OK, "%s on the cpu: %s", what, moefuse_last_error(g_ref));
+    h_check_all(0);
+}
+
+/* A graph test's end: its graph and stream destroyed, its tensors freed. */
+void graph_done(cudaGraphExec_t exec, cudaStream_t cs)
+{
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaStreamDestroy(cs));
+    tb_free_all();
 }

@@ -15,8 +15,9 @@ typedef struct {
     moefuse_routing R[SIDES];
 } decode;
 
-static moefuse_status decode_run(decode *D, int side)
+static moefuse_status decode_run(void *arg, int side)
 {
+    decode *D = arg;
     moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
     moefuse_status st =
         moefuse_topk_softmax(ctx, T(in(D->lg, side)), 1, T(D->ids[side]), T(D->wts[side]));
@@ -33,7 +34,6 @@ static moefuse_status decode_issue(void *arg, int graph)
 
 static decode decode_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
 {
-    static const char *side[2] = {"eager", "graph"};
     decode D;
     memset(&D, 0, sizeof D);
     D.M = M, D.E = E, D.k = k, D.K = K, D.I = I;
@@ -43,17 +43,9 @@ static decode decode_new(int64_t M, int64_t E, int64_t k, int64_t K, int64_t I)
     D.w2 = tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1);
     tbuf *inputs[] = {D.lg, D.x, D.w1, D.w2};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) tb_twin(inputs[i], g_ref);
-    for (int g = 0; g < 2; g++) {
-        char n[48];
-#define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
-        D.ids[g] = tb_new2(NAME("ids"), MOEFUSE_I32, M, k, 0, 0);
-        D.wts[g] = tb_new2(NAME("weights"), MOEFUSE_F32, M, k, 0, 0);
-        D.out[g] = tb_new2(NAME("out"), MOEFUSE_BF16, M, K, 0, 0);
-#undef NAME
-    }
-    D.ids[CPU] = cpu_output(D.ids[EAGER], "ids");
-    D.wts[CPU] = cpu_output(D.wts[EAGER], "weights");
-    D.out[CPU] = cpu_output(D.out[EAGER], "out");
+    side_outputs(D.ids, "ids", MOEFUSE_I32, 2, (int64_t[]){M, k});
+    side_outputs(D.wts, "weights", MOEFUSE_F32, 2, (int64_t[]){M, k});
+    side_outputs(D.out, "out", MOEFUSE_BF16, 2, (int64_t[]){M, K});
     for (int d = 0; d < SIDES; d++) {
         memset(&D.R[d], 0, sizeof D.R[d]);
         D.R[d].topk_ids = D.ids[d]->t;
@@ -85,16 +77,12 @@ static void refill_on_stream(tbuf *tb, double lo, double hi, cudaStream_t cs)
  * NUMERICS.md's agreement bound, for the eager calls and the replay. */
 static void decode_vs_cpu(decode *D, const char *when)
 {
-    static const char *const side_name[2] = {"eager", "graph replay"};
-    char what[96];
+    char what[96]; /* a copy: h_fmt's buffers are reused */
     for (int d = EAGER; d <= GRAPH; d++) {
-        versus v = versus_new(D->ids[d], D->ids[CPU],
-                              h_fmt("decode layer topk ids, %s, %s", side_name[d], when));
-        versus_end(&v);
-        v = versus_new(D->wts[d], D->wts[CPU],
-                       h_fmt("decode layer topk weights, %s, %s", side_name[d], when));
-        cmp_topk_weights(&v, D->M, D->E, D->k);
-        versus_end(&v);
+        same_as_cpu(D->ids[d], D->ids[CPU],
+                    h_fmt("decode layer topk ids, %s, %s", side_name[d], when));
+        cmp_topk_weights(D->wts[d], D->wts[CPU], D->M, D->k,
+                         h_fmt("decode layer topk weights, %s, %s", side_name[d], when));
         snprintf(what, sizeof what, "decode layer out, %s, %s", side_name[d], when);
         cmp_gemm(D->out[d], D->out[CPU], D->M, D->K, what);
     }
@@ -106,35 +94,27 @@ START_TEST(decode_layer_in_a_graph)
 {
     static const int64_t Ms[] = {1, 64};
     const int64_t M = Ms[_i];
-    cudaStream_t cs;
-    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaStream_t cs = new_stream();
     decode D = decode_new(M, 8, 2, 256, 512);
     cudaGraphExec_t exec = capture(cs, decode_issue, &D);
     for (int r = 0; r < 2; r++) {
         char when[48];
         snprintf(when, sizeof when, "replay %d on new x and logits", r + 1);
-        repoison(D.ids[GRAPH]);
-        repoison(D.wts[GRAPH]);
-        repoison(D.out[GRAPH]);
+        for (int d = EAGER; d <= GRAPH; d++) {
+            repoison(D.ids[d]);
+            repoison(D.wts[d]);
+            repoison(D.out[d]);
+        }
         refill_on_stream(D.lg, -4.0, 4.0, cs);
         refill_on_stream(D.x, -1.0, 1.0, cs);
-        replay(exec, cs); /* launched behind the copies on cs, no wait in between */
-        repoison(D.ids[EAGER]);
-        repoison(D.wts[EAGER]);
-        repoison(D.out[EAGER]);
-        OK(decode_issue(&D, 0));
-        OK(moefuse_synchronize(g_ctx));
-        moefuse_status st = decode_run(&D, CPU);
-        HCHECK(st == MOEFUSE_OK, "decode layer on the cpu: %s", moefuse_last_error(g_ref));
-        h_check_all(0);
+        /* the replay launched behind the copies on cs, no wait in between */
+        replay_eager_cpu(exec, cs, decode_run, &D, "decode layer");
         same_bytes(D.ids[GRAPH], D.ids[EAGER], when);
         same_bytes(D.wts[GRAPH], D.wts[EAGER], when);
         same_bytes(D.out[GRAPH], D.out[EAGER], when);
         decode_vs_cpu(&D, when);
     }
-    CU(cudaGraphExecDestroy(exec));
-    CU(cudaStreamDestroy(cs));
-    tb_free_all();
+    graph_done(exec, cs);
 }
 END_TEST
 
@@ -149,8 +129,9 @@ typedef struct {
     tbuf *cnt[SIDES], *off[SIDES], *ord[SIDES], *pos[SIDES], *row[SIDES];
 } routed;
 
-static moefuse_status routed_run(routed *r, int side)
+static moefuse_status routed_run(void *arg, int side)
 {
+    routed *r = arg;
     moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
     moefuse_router_options o;
     memset(&o, 0, sizeof o);
@@ -182,7 +163,6 @@ static moefuse_status routed_issue(void *arg, int graph) { return routed_run(arg
 START_TEST(router_and_metadata_in_a_graph)
 {
     static const int64_t Ms[] = {1, 4096};
-    static const char *side[2] = {"eager", "graph"};
     routed r;
     memset(&r, 0, sizeof r);
     r.M = Ms[_i], r.E = 256, r.k = 8;
@@ -195,25 +175,18 @@ START_TEST(router_and_metadata_in_a_graph)
     tb_fill_unif(r.bias, -0.1, 0.1);
     tb_upload(r.lg); /* and their twins */
     tb_upload(r.bias);
-    for (int g = 0; g < 2; g++) {
-        char n[48];
-#define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
-        r.ids[g] = tb_new2(NAME("ids"), MOEFUSE_I32, r.M, r.k, 0, 0);
-        r.wts[g] = tb_new2(NAME("weights"), MOEFUSE_F32, r.M, r.k, 0, 0);
-        r.cnt[g] = tb_new1(NAME("counts"), MOEFUSE_I32, r.E, 0);
-        r.off[g] = tb_new1(NAME("offsets"), MOEFUSE_I32, r.E + 1, 0);
-        r.ord[g] = tb_new1(NAME("order"), MOEFUSE_I32, L, 0);
-        r.pos[g] = tb_new2(NAME("position"), MOEFUSE_I32, r.M, r.k, 0, 0);
-        r.row[g] = tb_new2(NAME("masked_row"), MOEFUSE_I32, r.M, r.k, 0, 0);
-#undef NAME
-    }
+    const int64_t slots[2] = {r.M, r.k};
+    side_outputs(r.ids, "ids", MOEFUSE_I32, 2, slots);
+    side_outputs(r.wts, "weights", MOEFUSE_F32, 2, slots);
+    side_outputs(r.cnt, "counts", MOEFUSE_I32, 1, &r.E);
+    side_outputs(r.off, "offsets", MOEFUSE_I32, 1, (int64_t[]){r.E + 1});
+    side_outputs(r.ord, "order", MOEFUSE_I32, 1, &L);
+    side_outputs(r.pos, "position", MOEFUSE_I32, 2, slots);
+    side_outputs(r.row, "masked_row", MOEFUSE_I32, 2, slots);
     tbuf **outs[] = {r.ids, r.wts, r.cnt, r.off, r.ord, r.pos, r.row};
     static const char *names[] = {"ids", "weights", "counts", "offsets", "order", "position",
                                   "masked_row"};
-    for (size_t i = 0; i < 7; i++)
-        outs[i][CPU] = cpu_output(outs[i][EAGER], names[i]);
-    cudaStream_t cs;
-    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaStream_t cs = new_stream();
     cudaGraphExec_t exec = capture(cs, routed_issue, &r);
     for (int rep = 0; rep < 2; rep++) {
         for (size_t i = 0; i < 7; i++) { /* three patterns: no element may be left alone */
@@ -228,20 +201,13 @@ START_TEST(router_and_metadata_in_a_graph)
             }
         }
         refill_on_stream(r.lg, -4.0, 4.0, cs);
-        replay(exec, cs);
-        OK(routed_issue(&r, 0));
-        OK(moefuse_synchronize(g_ctx));
-        moefuse_status st = routed_run(&r, CPU);
-        HCHECK(st == MOEFUSE_OK, "router and metadata on the cpu: %s", moefuse_last_error(g_ref));
-        h_check_all(0);
+        replay_eager_cpu(exec, cs, routed_run, &r, "router and metadata");
         for (size_t i = 0; i < 7; i++) {
             same_bytes(outs[i][GRAPH], outs[i][EAGER], h_fmt("%s, replay %d", names[i], rep));
             same_bytes(outs[i][EAGER], outs[i][CPU], h_fmt("%s vs the cpu, %d", names[i], rep));
         }
     }
-    CU(cudaGraphExecDestroy(exec));
-    CU(cudaStreamDestroy(cs));
-    tb_free_all();
+    graph_done(exec, cs);
 }
 END_TEST
 

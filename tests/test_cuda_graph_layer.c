@@ -76,8 +76,7 @@ START_TEST(moe_forward_in_a_graph)
 {
     static const int64_t Ms[] = {1, 96};
     const int64_t M = Ms[_i];
-    cudaStream_t cs;
-    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaStream_t cs = new_stream();
     layer L = layer_new(M, 8, 2, 256, 128);
     /* captured first: the context has no scratch yet */
     cudaGraphExec_t exec = capture(cs, layer_issue, &L);
@@ -95,8 +94,7 @@ START_TEST(moe_forward_in_a_graph)
     OK(moefuse_synchronize(g_ctx));
 
     /* new inputs: the graph reads them, its scratch is still its own */
-    tb_fill_unif(L.x, -2.0, 2.0);
-    tb_upload(L.x);
+    tb_upload_unif(L.x, -2.0, 2.0);
     layer_fill_routing(&L);
     for (int r = 0; r < 2; r++) { /* twice: its scratch is allocated and freed inside each replay */
         repoison(L.out_graph);
@@ -110,9 +108,7 @@ START_TEST(moe_forward_in_a_graph)
     h_check_all(0);
     same_bytes(L.out_graph, L.out_eager, "replay after new inputs and regrown scratch");
     layer_vs_cpu(&L, L.out_eager, "moe_forward, eager after new inputs");
-    CU(cudaGraphExecDestroy(exec));
-    CU(cudaStreamDestroy(cs));
-    tb_free_all();
+    graph_done(exec, cs);
 }
 END_TEST
 
@@ -127,8 +123,9 @@ typedef struct {
 /* An input as the side sees it: the CPU reads its twin. */
 tbuf *in(tbuf *input, int side) { return side == CPU ? input->twin : input; }
 
-static moefuse_status rows_run(rows *r, int side)
+static moefuse_status rows_run(void *arg, int side)
 {
+    rows *r = arg;
     moefuse_context *ctx = side == CPU ? g_ref : g_ctx;
     moefuse_act_quant_options aq;
     memset(&aq, 0, sizeof aq);
@@ -160,11 +157,19 @@ tbuf *cpu_output(tbuf *dev, const char *what)
     return c;
 }
 
-/* Each row operation of the eager call and of the replay against the CPU's. */
-static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax, int64_t Ex,
-                        int64_t k)
+/* An output on each side, of `rank` dims: "<what>_eager" and "<what>_graph" on the device, and
+ * the CPU's. */
+void side_outputs(tbuf *out[SIDES], const char *what, moefuse_dtype dt, int rank,
+                  const int64_t *shape)
 {
-    static const char *const side_name[2] = {"eager", "graph replay"};
+    out[EAGER] = tb_new(h_fmt("%s_eager", what), dt, rank, shape, 0, 0);
+    out[GRAPH] = tb_new(h_fmt("%s_graph", what), dt, rank, shape, 0, 0);
+    out[CPU] = cpu_output(out[EAGER], what);
+}
+
+/* Each row operation of the eager call and of the replay against the CPU's. */
+static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax, int64_t k)
+{
     versus q[2], s[2], qm[2], sm[2];
     for (int d = EAGER; d <= GRAPH; d++) {
         q[d] = versus_new(r->q[d], r->q[CPU], h_fmt("act_quant, %s", side_name[d]));
@@ -180,20 +185,13 @@ static void rows_vs_cpu(rows *r, int64_t Tn, int64_t H, int64_t E, int64_t Tmax,
     for (int d = EAGER; d <= GRAPH; d++) {
         versus_end(&q[d]), versus_end(&s[d]), versus_end(&qm[d]), versus_end(&sm[d]);
         /* quant and dequant: no exp on the way, bit-equal */
-        versus v = versus_new(r->qq[d], r->qq[CPU], h_fmt("quant, %s", side_name[d]));
-        versus_end(&v);
-        v = versus_new(r->sq[d], r->sq[CPU], v.what);
-        versus_end(&v);
-        v = versus_new(r->dq[d], r->dq[CPU], h_fmt("dequant, %s", side_name[d]));
-        versus_end(&v);
-        v = versus_new(r->am[d], r->am[CPU], h_fmt("act_mul, %s", side_name[d]));
-        cmp_act_mul(&v, Tn, H);
-        versus_end(&v);
-        v = versus_new(r->ids[d], r->ids[CPU], h_fmt("topk_softmax ids, %s", side_name[d]));
-        versus_end(&v);
-        v = versus_new(r->w[d], r->w[CPU], h_fmt("topk_softmax weights, %s", side_name[d]));
-        cmp_topk_weights(&v, Tn, Ex, k);
-        versus_end(&v);
+        same_as_cpu(r->qq[d], r->qq[CPU], h_fmt("quant, %s", side_name[d]));
+        same_as_cpu(r->sq[d], r->sq[CPU], h_fmt("quant, %s", side_name[d]));
+        same_as_cpu(r->dq[d], r->dq[CPU], h_fmt("dequant, %s", side_name[d]));
+        cmp_act_mul(r->am[d], r->am[CPU], Tn, H, h_fmt("act_mul, %s", side_name[d]));
+        same_as_cpu(r->ids[d], r->ids[CPU], h_fmt("topk_softmax ids, %s", side_name[d]));
+        cmp_topk_weights(r->w[d], r->w[CPU], Tn, k,
+                         h_fmt("topk_softmax weights, %s", side_name[d]));
     }
 }
 
@@ -203,8 +201,7 @@ START_TEST(moe_forward_in_a_graph_with_workspace)
 {
     static const int64_t Ms[] = {1, 96};
     const int64_t M = Ms[_i];
-    cudaStream_t cs;
-    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaStream_t cs = new_stream();
     layer L = layer_new(M, 8, 2, 256, 128);
     size_t bytes = 0;
     OK(moefuse_moe_forward_workspace_size(g_ctx, T(L.x), T(L.w1), T(L.w2), NULL, NULL, &L.R,
@@ -234,8 +231,7 @@ START_TEST(moe_forward_in_a_graph_with_workspace)
 
     for (int r = 0; r < 2; r++) {
         if (r) { /* new inputs */
-            tb_fill_unif(L.x, -2.0, 2.0);
-            tb_upload(L.x);
+            tb_upload_unif(L.x, -2.0, 2.0);
             layer_fill_routing(&L);
             repoison(L.out_graph);
             repoison(L.out_eager);
@@ -248,17 +244,14 @@ START_TEST(moe_forward_in_a_graph_with_workspace)
         layer_vs_cpu(&L, L.out_graph, "moe_forward in a graph, caller's workspace");
     }
     OK(moefuse_set_workspace(g_ctx, NULL));
-    CU(cudaGraphExecDestroy(exec));
+    graph_done(exec, cs);
     CU(cudaFree(buf));
-    CU(cudaStreamDestroy(cs));
-    tb_free_all();
 }
 END_TEST
 
 START_TEST(row_ops_in_a_graph)
 {
     const int64_t Tn = 37, H = 256, Gn = H / 128, E = 4100, Tmax = 2, Ex = 64, k = 6;
-    static const char *side[2] = {"eager", "graph"};
     rows r;
     r.x = tb_new2("x", MOEFUSE_BF16, Tn, 2 * H, 0, 1);
     r.xm = tb_new3("x_masked", MOEFUSE_BF16, E, Tmax, 2 * H, 0, 1);
@@ -267,31 +260,17 @@ START_TEST(row_ops_in_a_graph)
     r.lg = tb_new2("logits", MOEFUSE_F32, Tn, Ex, 0, 1);
     tbuf *inputs[] = {r.x, r.xm, r.cnt, r.xq, r.lg};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) tb_twin(inputs[i], g_ref);
-    for (int g = 0; g < 2; g++) {
-        char n[48];
-#define NAME(what) (snprintf(n, sizeof n, "%s_%s", what, side[g]), n)
-        r.q[g] = tb_new2(NAME("q"), MOEFUSE_F8_E4M3, Tn, H, 0, 0);
-        r.s[g] = tb_new2(NAME("scales"), MOEFUSE_F32, Tn, Gn, 0, 0);
-        r.qm[g] = tb_new3(NAME("q_masked"), MOEFUSE_F8_E4M3, E, Tmax, H, 0, 0);
-        r.sm[g] = tb_new3(NAME("scales_masked"), MOEFUSE_F32, E, Tmax, Gn, 0, 0);
-        r.qq[g] = tb_new2(NAME("q_quant"), MOEFUSE_I8, Tn, H, 0, 0);
-        r.sq[g] = tb_new2(NAME("scales_quant"), MOEFUSE_F32, Tn, Gn, 0, 0);
-        r.dq[g] = tb_new2(NAME("dequant"), MOEFUSE_F32, Tn, H, 0, 0);
-        r.am[g] = tb_new2(NAME("act_mul"), MOEFUSE_BF16, Tn, H, 0, 0);
-        r.ids[g] = tb_new2(NAME("ids"), MOEFUSE_I32, Tn, k, 0, 0);
-        r.w[g] = tb_new2(NAME("weights"), MOEFUSE_F32, Tn, k, 0, 0);
-#undef NAME
-    }
-    r.q[CPU] = cpu_output(r.q[EAGER], "q");
-    r.s[CPU] = cpu_output(r.s[EAGER], "scales");
-    r.qm[CPU] = cpu_output(r.qm[EAGER], "q_masked");
-    r.sm[CPU] = cpu_output(r.sm[EAGER], "scales_masked");
-    r.qq[CPU] = cpu_output(r.qq[EAGER], "q_quant");
-    r.sq[CPU] = cpu_output(r.sq[EAGER], "scales_quant");
-    r.dq[CPU] = cpu_output(r.dq[EAGER], "dequant");
-    r.am[CPU] = cpu_output(r.am[EAGER], "act_mul");
-    r.ids[CPU] = cpu_output(r.ids[EAGER], "ids");
-    r.w[CPU] = cpu_output(r.w[EAGER], "weights");
+    const int64_t rows_h[2] = {Tn, H}, rows_g[2] = {Tn, Gn}, rows_k[2] = {Tn, k};
+    side_outputs(r.q, "q", MOEFUSE_F8_E4M3, 2, rows_h);
+    side_outputs(r.s, "scales", MOEFUSE_F32, 2, rows_g);
+    side_outputs(r.qm, "q_masked", MOEFUSE_F8_E4M3, 3, (int64_t[]){E, Tmax, H});
+    side_outputs(r.sm, "scales_masked", MOEFUSE_F32, 3, (int64_t[]){E, Tmax, Gn});
+    side_outputs(r.qq, "q_quant", MOEFUSE_I8, 2, rows_h);
+    side_outputs(r.sq, "scales_quant", MOEFUSE_F32, 2, rows_g);
+    side_outputs(r.dq, "dequant", MOEFUSE_F32, 2, rows_h);
+    side_outputs(r.am, "act_mul", MOEFUSE_BF16, 2, rows_h);
+    side_outputs(r.ids, "ids", MOEFUSE_I32, 2, rows_k);
+    side_outputs(r.w, "weights", MOEFUSE_F32, 2, rows_k);
     tb_fill_unif(r.x, -4.0, 4.0);
     tb_fill_unif(r.xm, -4.0, 4.0);
     tb_fill_unif(r.xq, -3.0, 3.0);
@@ -304,25 +283,17 @@ START_TEST(row_ops_in_a_graph)
     tb_upload(r.xq);
     tb_upload(r.lg);
 
-    cudaStream_t cs;
-    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaStream_t cs = new_stream();
     cudaGraphExec_t exec = capture(cs, rows_issue, &r);
-    replay(exec, cs);
-    OK(rows_issue(&r, 0));
-    OK(moefuse_synchronize(g_ctx));
-    moefuse_status st = rows_run(&r, CPU);
-    HCHECK(st == MOEFUSE_OK, "row operations on the cpu: %s", moefuse_last_error(g_ref));
-    h_check_all(0);
+    replay_eager_cpu(exec, cs, rows_run, &r, "row operations");
     tbuf *pairs[][2] = {{r.q[1], r.q[0]},   {r.s[1], r.s[0]},     {r.qm[1], r.qm[0]},
                         {r.sm[1], r.sm[0]}, {r.qq[1], r.qq[0]},   {r.sq[1], r.sq[0]},
                         {r.dq[1], r.dq[0]}, {r.am[1], r.am[0]},   {r.ids[1], r.ids[0]},
                         {r.w[1], r.w[0]}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         same_bytes(pairs[i][0], pairs[i][1], "row operations, graph vs eager");
-    rows_vs_cpu(&r, Tn, H, E, Tmax, Ex, k);
-    CU(cudaGraphExecDestroy(exec));
-    CU(cudaStreamDestroy(cs));
-    tb_free_all();
+    rows_vs_cpu(&r, Tn, H, E, Tmax, k);
+    graph_done(exec, cs);
 }
 END_TEST
 

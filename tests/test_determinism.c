@@ -94,6 +94,14 @@ static void end_run(outputs *o, int run)
     }
 }
 
+/* `call` in each run, its outputs `o` poisoned before it and compared after */
+#define EACH_RUN(o, call)                                                                          \
+    for (int run_ = 0; run_ < RUNS; run_++) {                                                      \
+        begin_run(&(o), run_);                                                                     \
+        HCHECK(CALL(call) == MOEFUSE_OK, "%s: %s", (o).what, moefuse_last_error(g_ctx));           \
+        end_run(&(o), run_);                                                                       \
+    }
+
 /* Marks the bytes of element (i0, i1, i2) of tb as ones the call may leave alone. */
 static void keep_element(unsigned char *keep, tbuf *tb, int64_t i0, int64_t i1, int64_t i2)
 {
@@ -103,9 +111,7 @@ static void keep_element(unsigned char *keep, tbuf *tb, int64_t i0, int64_t i1, 
 
 START_TEST(t_act_quant)
 {
-    tbuf *x = tb_new2("x", MOEFUSE_BF16, 67, 512, 1, 1);
-    tb_fill_unif(x, -4, 4);
-    tb_upload(x);
+    tbuf *x = tb_upload_unif(tb_new2("x", MOEFUSE_BF16, 67, 512, 1, 1), -4, 4);
     tbuf *q = tb_new2("q", MOEFUSE_F8_E4M3, 67, 256, 0, 0);
     tbuf *sc = h_new_scales("scales", MOEFUSE_SCALE_PACKED_UE8M0, 0, 0, 67, 8, 0);
     moefuse_act_quant_options o = {0};
@@ -113,17 +119,11 @@ START_TEST(t_act_quant)
     o.quant.scale_layout = MOEFUSE_SCALE_PACKED_UE8M0;
     o.act.activation = MOEFUSE_ACT_GELU;
     outputs out = outputs_of("act_quant", q, sc, NULL, NULL);
-    for (int run = 0; run < RUNS; run++) {
-        begin_run(&out, run);
-        HCHECK(CALL(moefuse_act_quant(g_ctx, T(x), NULL, T(q), T(sc), &o)) == MOEFUSE_OK, "act_quant: %s", moefuse_last_error(g_ctx));
-        end_run(&out, run);
-    }
+    EACH_RUN(out, moefuse_act_quant(g_ctx, T(x), NULL, T(q), T(sc), &o));
 
     /* masked: rows t >= counts[e] are not written (no zero_tail) */
     const int64_t E = 4, Tm = 33, H = 128, Gn = 2;
-    tbuf *x3 = tb_new3("x3", MOEFUSE_F32, E, Tm, 2 * H, 0, 1);
-    tb_fill_unif(x3, -3, 3);
-    tb_upload(x3);
+    tbuf *x3 = tb_upload_unif(tb_new3("x3", MOEFUSE_F32, E, Tm, 2 * H, 0, 1), -3, 3);
     tbuf *cn = tb_new1("counts", MOEFUSE_I32, E, 1);
     for (int e = 0; e < E; e++) tb_set(cn, e, 0, 0, (double)(e * 11 % 40));
     tb_upload(cn);
@@ -140,11 +140,7 @@ START_TEST(t_act_quant)
             for (int64_t c = 0; c < H; c++) keep_element(out3.keep[0], q3, e, t, c);
             for (int64_t g = 0; g < Gn; g++) keep_element(out3.keep[1], s3, e, g, t);
         }
-    for (int run = 0; run < RUNS; run++) {
-        begin_run(&out3, run);
-        HCHECK(CALL(moefuse_act_quant_masked(g_ctx, T(x3), T(cn), NULL, NULL, T(q3), T(s3), &o3)) == MOEFUSE_OK, "masked: %s", moefuse_last_error(g_ctx));
-        end_run(&out3, run);
-    }
+    EACH_RUN(out3, moefuse_act_quant_masked(g_ctx, T(x3), T(cn), NULL, NULL, T(q3), T(s3), &o3));
 }
 END_TEST
 
@@ -154,22 +150,16 @@ START_TEST(t_moe)
     moefuse_dtype dts[2] = {MOEFUSE_F32, MOEFUSE_BF16};
     for (int d = 0; d < 2; d++) {
         moefuse_dtype dt = dts[d];
-        tbuf *x = tb_new2("x", dt, M, K, 0, 1);
-        tbuf *w1 = tb_new3("w1", dt, E, 2 * I, K, 0, 1);
-        tbuf *w2 = tb_new3("w2", dt, E, K, I, 0, 1);
-        tbuf *b1 = tb_new2("b1", dt, E, 2 * I, 0, 1);
-        tbuf *b2 = tb_new2("b2", dt, E, K, 0, 1);
-        tbuf *ids = tb_new2("ids", MOEFUSE_I32, M, k, 0, 1);
-        tbuf *wt = tb_new2("wts", MOEFUSE_F32, M, k, 0, 1);
-        tb_fill_unif(x, -1, 1);
-        tb_fill_unif(w1, -0.2, 0.2);
-        tb_fill_unif(w2, -0.2, 0.2);
-        tb_fill_unif(b1, -0.2, 0.2);
-        tb_fill_unif(b2, -0.2, 0.2);
-        tb_fill_unif(wt, 0, 1);
+        tbuf *x = tb_upload_unif(tb_new2("x", dt, M, K, 0, 1), -1, 1);
+        tbuf *w1 = tb_upload_unif(tb_new3("w1", dt, E, 2 * I, K, 0, 1), -0.2, 0.2);
+        tbuf *w2 = tb_upload_unif(tb_new3("w2", dt, E, K, I, 0, 1), -0.2, 0.2);
+        tbuf *b1 = tb_upload_unif(tb_new2("b1", dt, E, 2 * I, 0, 1), -0.2, 0.2);
+        tbuf *b2 = tb_upload_unif(tb_new2("b2", dt, E, K, 0, 1), -0.2, 0.2);
+        tbuf *wt = tb_upload_unif(tb_new2("wts", MOEFUSE_F32, M, k, 0, 1), 0, 1);
+        tbuf *ids = tb_new2("ids", MOEFUSE_I32, M, k, 0, 1); /* drawn after the weights */
         for (int64_t m = 0; m < M; m++)
             for (int64_t j = 0; j < k; j++) tb_set(ids, m, j, 0, (double)h_randint(-1, E));
-        tb_upload(x); tb_upload(w1); tb_upload(w2); tb_upload(b1); tb_upload(b2); tb_upload(ids); tb_upload(wt);
+        tb_upload(ids);
         moefuse_routing R;
         memset(&R, 0, sizeof R);
         R.topk_ids = ids->t;
@@ -179,32 +169,17 @@ START_TEST(t_moe)
         tbuf *y = tb_new3("y", MOEFUSE_F32, M, k, K, 0, 0);
         tbuf *fo = tb_new2("fwd", dt, M, K, 0, 0);
         outputs gate = outputs_of("moe_gate", h, NULL, NULL, NULL);
-        for (int run = 0; run < RUNS; run++) {
-            begin_run(&gate, run);
-            HCHECK(CALL(moefuse_moe_gate(g_ctx, T(x), T(w1), T(b1), &R, T(h), NULL)) == MOEFUSE_OK, "gate: %s", moefuse_last_error(g_ctx));
-            end_run(&gate, run);
-        }
+        EACH_RUN(gate, moefuse_moe_gate(g_ctx, T(x), T(w1), T(b1), &R, T(h), NULL));
         /* h now holds the gate's result: the final's input */
         outputs final = outputs_of("moe_final", out, NULL, NULL, NULL);
-        for (int run = 0; run < RUNS; run++) {
-            begin_run(&final, run);
-            HCHECK(CALL(moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(out), NULL)) == MOEFUSE_OK, "final: %s", moefuse_last_error(g_ctx));
-            end_run(&final, run);
-        }
+        EACH_RUN(final, moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(out), NULL));
         if (dt == MOEFUSE_F32) { /* un-reduced y must have h's dtype */
             outputs unreduced = outputs_of("moe_final unreduced", y, NULL, NULL, NULL);
-            for (int run = 0; run < RUNS; run++) {
-                begin_run(&unreduced, run);
-                HCHECK(CALL(moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(y), NULL)) == MOEFUSE_OK, "final y: %s", moefuse_last_error(g_ctx));
-                end_run(&unreduced, run);
-            }
+            EACH_RUN(unreduced, moefuse_moe_final(g_ctx, T(h), T(w2), T(b2), &R, T(y), NULL));
         }
         outputs forward = outputs_of("moe_forward", fo, NULL, NULL, NULL);
-        for (int run = 0; run < RUNS; run++) {
-            begin_run(&forward, run);
-            HCHECK(CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), T(b1), T(b2), &R, T(fo), NULL)) == MOEFUSE_OK, "forward: %s", moefuse_last_error(g_ctx));
-            end_run(&forward, run);
-        }
+        EACH_RUN(forward,
+                 moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), T(b1), T(b2), &R, T(fo), NULL));
         tb_free_all();
     }
 }
@@ -212,17 +187,11 @@ END_TEST
 
 START_TEST(t_topk)
 {
-    tbuf *lg = tb_new2("logits", MOEFUSE_F32, 200, 16, 0, 1);
-    tb_fill_unif(lg, -3, 3);
-    tb_upload(lg);
+    tbuf *lg = tb_upload_unif(tb_new2("logits", MOEFUSE_F32, 200, 16, 0, 1), -3, 3);
     tbuf *ids = tb_new2("ids", MOEFUSE_I32, 200, 4, 0, 0);
     tbuf *w = tb_new2("w", MOEFUSE_F32, 200, 4, 0, 0);
     outputs out = outputs_of("topk", ids, w, NULL, NULL);
-    for (int run = 0; run < RUNS; run++) {
-        begin_run(&out, run);
-        HCHECK(CALL(moefuse_topk_softmax(g_ctx, T(lg), 1, T(ids), T(w))) == MOEFUSE_OK, "topk: %s", moefuse_last_error(g_ctx));
-        end_run(&out, run);
-    }
+    EACH_RUN(out, moefuse_topk_softmax(g_ctx, T(lg), 1, T(ids), T(w)));
 }
 END_TEST
 
@@ -235,12 +204,9 @@ int main(void)
         return 77;
     }
     Suite *s = suite_create("determinism");
-    TCase *tc = tcase_create("determinism");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "determinism", h_setup, 120);
     tcase_add_test(tc, t_act_quant);
     tcase_add_test(tc, t_moe);
     tcase_add_test(tc, t_topk);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -154,28 +154,20 @@ static moefuse_moe_options moe_opt;
 
 static tbuf *input2(const char *name, moefuse_dtype dt, int64_t a, int64_t b, double lo, double hi)
 {
-    tbuf *t = tb_new2(name, dt, a, b, 3, 1);
-    tb_fill_unif(t, lo, hi);
-    tb_upload(t);
-    return t;
+    return tb_upload_unif(tb_new2(name, dt, a, b, 3, 1), lo, hi);
 }
 
 static tbuf *input3(const char *name, moefuse_dtype dt, int64_t a, int64_t b, int64_t c, double lo,
                     double hi)
 {
-    tbuf *t = tb_new3(name, dt, a, b, c, 1, 1);
-    tb_fill_unif(t, lo, hi);
-    tb_upload(t);
-    return t;
+    return tb_upload_unif(tb_new3(name, dt, a, b, c, 1, 1), lo, hi);
 }
 
 /* act_quant: x [5, 512] bf16 -> q f8 [5, 256], column-major scales [2, 8], row_scale. */
 static void build_act_quant(void)
 {
     X = input2("x", MOEFUSE_BF16, 5, 512, -3, 3);
-    RS = tb_new1("row_scale", MOEFUSE_F32, 5, 1);
-    tb_fill_unif(RS, 0.5, 2);
-    tb_upload(RS);
+    RS = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, 5, 1), 0.5, 2);
     Q = tb_new2("q", MOEFUSE_F8_E4M3, 5, 256, 5, 0);
     S = h_new_scales("scales", MOEFUSE_SCALE_COLUMN_MAJOR, 0, 0, 5, 2, 1);
     add_out(Q);
@@ -241,9 +233,7 @@ static moefuse_status call_quant(void) { return moefuse_quant(g_ctx, T(X), T(Q),
 static void build_dequant(void)
 {
     Q = input2("q", MOEFUSE_F8_E4M3, 6, 256, -400, 400);
-    S = tb_new2("scales", MOEFUSE_F32, 6, 2, 0, 1);
-    tb_fill_unif(S, 0.01, 2);
-    tb_upload(S);
+    S = tb_upload_unif(tb_new2("scales", MOEFUSE_F32, 6, 2, 0, 1), 0.01, 2);
     OUT = tb_new2("out", MOEFUSE_BF16, 6, 256, 4, 0);
     add_out(OUT);
     memset(&q_opt, 0, sizeof q_opt);
@@ -277,9 +267,7 @@ static const moefuse_router_options route_opt = {.scoring = MOEFUSE_ROUTER_SIGMO
 static void build_route(void)
 {
     build_topk();
-    CBIAS = tb_new1("choice_bias", MOEFUSE_F32, 16, 1);
-    tb_fill_unif(CBIAS, -0.1, 0.1);
-    tb_upload(CBIAS);
+    CBIAS = tb_upload_unif(tb_new1("choice_bias", MOEFUSE_F32, 16, 1), -0.1, 0.1);
 }
 static moefuse_status call_route(void)
 {
@@ -764,8 +752,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("faults");
-    TCase *tc = tcase_create("faults");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = h_add_tcase(s, "faults", NULL, 300);
     tcase_add_test(tc, t_buffer_alloc);
     tcase_add_test(tc, t_context_create);
     tcase_add_test(tc, t_context_create_cached);
@@ -773,6 +760,5 @@ int main(void)
     tcase_add_test(tc, t_moe_routed);
     tcase_add_test(tc, t_moe_decode);
     tcase_add_test(tc, t_final_chunked);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

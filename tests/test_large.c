@@ -298,6 +298,24 @@ static void make_routing(int64_t M, int32_t *ids, float *wts)
         ids[2] = 342, ids[3] = 171;
 }
 
+/* moe_forward on ctx over dense tensors at these pointers: x and out [n, K], w1 and w2 of E
+ * experts (bf16), ids and weights [n, TOPK]. */
+static moefuse_status forward_on(moefuse_context *ctx, int64_t n, int64_t E, void *x, void *w1,
+                                 void *w2, void *ids, void *wts, void *out)
+{
+    int64_t xs[2] = {n, MOE_K}, w1s[3] = {E, 2 * MOE_I, MOE_K}, w2s[3] = {E, MOE_K, MOE_I};
+    int64_t rs[2] = {n, MOE_TOPK};
+    moefuse_tensor xt = moefuse_tensor_dense(x, MOEFUSE_BF16, 2, xs);
+    moefuse_tensor w1t = moefuse_tensor_dense(w1, MOEFUSE_BF16, 3, w1s);
+    moefuse_tensor w2t = moefuse_tensor_dense(w2, MOEFUSE_BF16, 3, w2s);
+    moefuse_tensor ot = moefuse_tensor_dense(out, MOEFUSE_BF16, 2, xs);
+    moefuse_routing r;
+    memset(&r, 0, sizeof r);
+    r.topk_ids = moefuse_tensor_dense(ids, MOEFUSE_I32, 2, rs);
+    r.topk_weights = moefuse_tensor_dense(wts, MOEFUSE_F32, 2, rs);
+    return moefuse_moe_forward(ctx, &xt, &w1t, &w2t, NULL, NULL, &r, &ot, NULL);
+}
+
 /*
  * The layer on the cpu for the tokens tok[0..n) (each output row depends on its
  * own token alone), with w1r / w2r holding just the used experts and the ids
@@ -321,17 +339,8 @@ static void cpu_forward(const int64_t *tok, int64_t n, const uint16_t *x, const 
     }
     moefuse_context *cpu;
     ck_assert_int_eq(moefuse_context_create(&cpu, "cpu"), MOEFUSE_OK);
-    int64_t xs[2] = {n, MOE_K}, w1s[3] = {MOE_USED, 2 * MOE_I, MOE_K};
-    int64_t w2s[3] = {MOE_USED, MOE_K, MOE_I}, rs[2] = {n, MOE_TOPK};
-    moefuse_tensor xt = moefuse_tensor_dense(xs_host, MOEFUSE_BF16, 2, xs);
-    moefuse_tensor w1t = moefuse_tensor_dense((void *)w1r, MOEFUSE_BF16, 3, w1s);
-    moefuse_tensor w2t = moefuse_tensor_dense((void *)w2r, MOEFUSE_BF16, 3, w2s);
-    moefuse_tensor ot = moefuse_tensor_dense(out, MOEFUSE_BF16, 2, xs);
-    moefuse_routing r;
-    memset(&r, 0, sizeof r);
-    r.topk_ids = moefuse_tensor_dense(local, MOEFUSE_I32, 2, rs);
-    r.topk_weights = moefuse_tensor_dense(wl, MOEFUSE_F32, 2, rs);
-    moefuse_status st = moefuse_moe_forward(cpu, &xt, &w1t, &w2t, NULL, NULL, &r, &ot, NULL);
+    moefuse_status st = forward_on(cpu, n, MOE_USED, xs_host, (void *)w1r, (void *)w2r, local,
+                                   wl, out);
     HCHECK(st == MOEFUSE_OK, "cpu moe_forward: %s", moefuse_last_error(cpu));
     moefuse_context_destroy(cpu);
 }
@@ -382,17 +391,7 @@ static void forward_case(int64_t M, void *w1b, void *w2b, const uint16_t *w1r, c
     ck_assert_int_eq(moefuse_buffer_write(g_ctx, wb, 0, wts, r_elems * 4), MOEFUSE_OK);
     ck_assert_int_eq(moefuse_buffer_write(g_ctx, ob, x_bytes, canary, CANARY), MOEFUSE_OK);
 
-    int64_t xs[2] = {M, MOE_K}, w1s[3] = {MOE_E, 2 * MOE_I, MOE_K}, w2s[3] = {MOE_E, MOE_K, MOE_I};
-    int64_t rs[2] = {M, MOE_TOPK};
-    moefuse_tensor xt = moefuse_tensor_dense(xb, MOEFUSE_BF16, 2, xs);
-    moefuse_tensor w1t = moefuse_tensor_dense(w1b, MOEFUSE_BF16, 3, w1s);
-    moefuse_tensor w2t = moefuse_tensor_dense(w2b, MOEFUSE_BF16, 3, w2s);
-    moefuse_tensor ot = moefuse_tensor_dense(ob, MOEFUSE_BF16, 2, xs);
-    moefuse_routing r;
-    memset(&r, 0, sizeof r);
-    r.topk_ids = moefuse_tensor_dense(ib, MOEFUSE_I32, 2, rs);
-    r.topk_weights = moefuse_tensor_dense(wb, MOEFUSE_F32, 2, rs);
-    moefuse_status st = moefuse_moe_forward(g_ctx, &xt, &w1t, &w2t, NULL, NULL, &r, &ot, NULL);
+    moefuse_status st = forward_on(g_ctx, M, MOE_E, xb, w1b, w2b, ib, wb, ob);
     HCHECK(st == MOEFUSE_OK, "moe_forward M=%lld on %s: %s", (long long)M, h_backend(),
            moefuse_last_error(g_ctx));
     ck_assert_int_eq(moefuse_buffer_read(g_ctx, ob, 0, out, x_bytes), MOEFUSE_OK);
@@ -446,12 +445,9 @@ int main(void)
         return 77;
     }
     Suite *s = suite_create("large");
-    TCase *tc = tcase_create("large");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 600);
+    TCase *tc = h_add_tcase(s, "large", h_setup, 600);
     tcase_add_test(tc, t_act_quant_past_2e31);
     tcase_add_test(tc, t_masked_past_2e31);
     tcase_add_test(tc, t_moe_forward_past_2e31);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

@@ -59,23 +59,13 @@ static void run(cfg c)
     int64_t M = c.M, K = c.K, I = c.I, E = c.E, k = c.k, Eg = c.use_map ? c.Eg : E;
 #define RP(n) (c.dense ? 0 : (n)) /* a tensor's row padding */
     double sx = 1.0, sw = 1.0 / sqrt((double)K), sw2 = 1.0 / sqrt((double)I);
-    tbuf *x = tb_new2("x", c.xdt, M, K, RP(3), 1);
-    tb_fill_unif(x, -sx, sx);
-    tb_upload(x);
-    tbuf *w1 = tb_new3("w1", c.xdt, E, 2 * I, K, RP(1), 1);
-    tb_fill_unif(w1, -2 * sw, 2 * sw);
-    tb_upload(w1);
-    tbuf *w2 = tb_new3("w2", c.hdt, E, K, I, 0, 1);
-    tb_fill_unif(w2, -2 * sw2, 2 * sw2);
-    tb_upload(w2);
+    tbuf *x = tb_upload_unif(tb_new2("x", c.xdt, M, K, RP(3), 1), -sx, sx);
+    tbuf *w1 = tb_upload_unif(tb_new3("w1", c.xdt, E, 2 * I, K, RP(1), 1), -2 * sw, 2 * sw);
+    tbuf *w2 = tb_upload_unif(tb_new3("w2", c.hdt, E, K, I, 0, 1), -2 * sw2, 2 * sw2);
     tbuf *b1 = NULL, *b2 = NULL;
     if (c.bias) {
-        b1 = tb_new2("b1", c.xdt, E, 2 * I, RP(2), 1);
-        tb_fill_unif(b1, -0.5, 0.5);
-        tb_upload(b1);
-        b2 = tb_new2("b2", c.hdt, E, K, 0, 1);
-        tb_fill_unif(b2, -0.5, 0.5);
-        tb_upload(b2);
+        b1 = tb_upload_unif(tb_new2("b1", c.xdt, E, 2 * I, RP(2), 1), -0.5, 0.5);
+        b2 = tb_upload_unif(tb_new2("b2", c.hdt, E, K, 0, 1), -0.5, 0.5);
     }
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, RP(1), 1);
     tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
@@ -161,10 +151,9 @@ static cfg base(moefuse_dtype dt)
 
 START_TEST(t_small_odd)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int v = 0; v < 4; v++) {
-            cfg c = base(dts[d]);
+            cfg c = base(FLOATS[d]);
             c.M = v == 0 ? 1 : 5;
             c.bias = v & 1;
             c.reduce = v != 3;
@@ -178,10 +167,9 @@ END_TEST
 
 START_TEST(t_invalid_slots_map)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int red = 0; red < 2; red++) {
-            cfg c = base(dts[d]);
+            cfg c = base(FLOATS[d]);
             c.M = 9;
             c.k = 3;
             c.invalid = 1;
@@ -233,9 +221,8 @@ END_TEST
 
 START_TEST(t_medium_random)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int r = 0; r < 9; r++) {
-        cfg c = base(dts[r % 3]);
+        cfg c = base(FLOATS[r % 3]);
         c.M = h_randint(1, 64);
         c.E = h_randint(1, 8);
         c.k = h_randint(1, c.E < 4 ? c.E : 4);
@@ -252,7 +239,7 @@ START_TEST(t_medium_random)
         c.Eg = c.E + 3;
         c.reduce = r % 4 != 1;
         c.hdt = c.odt = c.xdt;
-        if (r >= 6) c.odt = dts[(r + 1) % 3];
+        if (r >= 6) c.odt = FLOATS[(r + 1) % 3];
         run(c);
     }
 }
@@ -468,9 +455,7 @@ START_TEST(t_gpt_oss_layer)
         routed[id] = 1;
     }
     for (int s = 4; s < 8; s++) idv[s] = idv[(s + rot) % 4];
-    tbuf *x = tb_new2("x", MOEFUSE_BF16, M, K, 0, 1);
-    tb_fill_unif(x, -1, 1);
-    tb_upload(x);
+    tbuf *x = tb_upload_unif(tb_new2("x", MOEFUSE_BF16, M, K, 0, 1), -1, 1);
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1), *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
     for (int s = 0; s < 8; s++) {
         tb_set(ids, s / k, s % k, 0, idv[s]);
@@ -557,9 +542,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("moe");
-    TCase *tc = tcase_create("moe");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 240);
+    TCase *tc = h_add_tcase(s, "moe", h_setup, 240);
     tcase_add_test(tc, t_small_odd);
     tcase_add_test(tc, t_invalid_slots_map);
     tcase_add_test(tc, t_clamp_acts);
@@ -570,6 +553,5 @@ int main(void)
     tcase_add_test(tc, t_decode_deep);
     tcase_add_test(tc, t_decode_shapes);
     tcase_add_test(tc, t_gpt_oss_layer);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

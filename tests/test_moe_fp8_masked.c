@@ -29,12 +29,8 @@ static void run_masked(cfg c, int64_t Tmax, const int32_t *counts)
     fill_weight(w2, w2s, E, K, I, c.nan_w);
     tbuf *b1 = NULL, *b2 = NULL;
     if (c.bias) {
-        b1 = tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1);
-        tb_fill_unif(b1, -0.5, 0.5);
-        tb_upload(b1);
-        b2 = tb_new2("b2", MOEFUSE_BF16, E, K, 0, 1);
-        tb_fill_unif(b2, -0.5, 0.5);
-        tb_upload(b2);
+        b1 = tb_upload_unif(tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1), -0.5, 0.5);
+        b2 = tb_upload_unif(tb_new2("b2", MOEFUSE_BF16, E, K, 0, 1), -0.5, 0.5);
     }
     tbuf *out = tb_new3("out", c.odt, E, Tmax, K, 2, 0);
     pair px = mk(x), pxs = xs ? mk(xs) : (pair){0}, pcn = mk(cn), pw1 = mk(w1), pw1s = mk(w1s), pw2 = mk(w2);

@@ -45,12 +45,8 @@ void run_routed(cfg c)
     tbuf *b1 = NULL, *b2 = NULL;
     if (c.bias) {
         const moefuse_dtype bdt = c.bias == 1 ? MOEFUSE_F32 : MOEFUSE_BF16;
-        b1 = tb_new2("b1", bdt, E, 2 * I, 0, 1);
-        tb_fill_unif(b1, -0.5, 0.5);
-        tb_upload(b1);
-        b2 = tb_new2("b2", bdt, E, K, 1, 1);
-        tb_fill_unif(b2, -0.5, 0.5);
-        tb_upload(b2);
+        b1 = tb_upload_unif(tb_new2("b1", bdt, E, 2 * I, 0, 1), -0.5, 0.5);
+        b2 = tb_upload_unif(tb_new2("b2", bdt, E, K, 1, 1), -0.5, 0.5);
     }
     tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1), *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
     /* with empty_expert, expert E-1 gets no slot */

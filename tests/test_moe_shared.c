@@ -405,13 +405,10 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("moe_shared");
-    TCase *tc = tcase_create("moe_shared");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "moe_shared", h_setup, 120);
     tcase_add_test(tc, t_same_as_slots_written_out);
     tcase_add_test(tc, t_routed_plus_dense_mlp);
     tcase_add_test(tc, t_fp8_same_as_slots_written_out);
     tcase_add_test(tc, t_refusals);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

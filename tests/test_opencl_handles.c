@@ -11,9 +11,7 @@ static tbuf *X, *Q, *SC;
 /* act_quant operands on g_ctx: x [4, 256] f32, q [4, 128] f8, scales [4, 1] f32 */
 static void operands(void)
 {
-    X = tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1);
-    tb_fill_unif(X, -2, 2);
-    tb_upload(X);
+    X = tb_upload_unif(tb_new2("x", MOEFUSE_F32, 4, 256, 0, 1), -2, 2);
     Q = tb_new2("q", MOEFUSE_F8_E4M3, 4, 128, 0, 0);
     SC = tb_new2("scales", MOEFUSE_F32, 4, 1, 0, 0);
 }

@@ -4,20 +4,13 @@
 
 #include "harness.h"
 
-typedef struct { int layout, ue8m0; } lay;
-static const lay LAYS[] = {
-    {MOEFUSE_SCALE_ROW_MAJOR, 0}, {MOEFUSE_SCALE_COLUMN_MAJOR, 0}, {MOEFUSE_SCALE_ROW_MAJOR, 1},
-    {MOEFUSE_SCALE_COLUMN_MAJOR, 1}, {MOEFUSE_SCALE_PACKED_UE8M0, 1},
-};
-
 /* run quant on x (already uploaded) and check exactly */
 static void run_quant(tbuf *x, int64_t Tn, int64_t H, int64_t G, lay L, moefuse_dtype qdt, float eps,
                       int64_t rp)
 {
     tbuf *q = tb_new2("q", qdt, Tn, H, rp, 0);
     int64_t Gn = H / G;
-    /* ue8m0 with u8 scales; packed uses i32 */
-    tbuf *sc = h_new_scales("scales", L.layout, L.ue8m0 && L.layout != MOEFUSE_SCALE_PACKED_UE8M0, 0, Tn, Gn, rp ? 1 : 0);
+    tbuf *sc = h_new_scales_of("scales", L, 0, Tn, Gn, rp ? 1 : 0);
     moefuse_quant_options o = {0};
     o.group_size = (G == 128 && (Tn & 1)) ? 0 : G;
     o.scale_layout = L.layout;
@@ -58,9 +51,7 @@ START_TEST(t_random_shapes)
     for (int i = 0; i < 4; i++)
         for (int qk = 0; qk < 2; qk++) {
             int64_t H = 256;
-            tbuf *x = tb_new2("x", MOEFUSE_F32, Ts[i], H, 3, 1);
-            tb_fill_unif(x, -10, 10);
-            tb_upload(x);
+            tbuf *x = tb_upload_unif(tb_new2("x", MOEFUSE_F32, Ts[i], H, 3, 1), -10, 10);
             run_quant(x, Ts[i], H, 128, LAYS[qk ? 1 : 0], qk ? MOEFUSE_I8 : MOEFUSE_F8_E4M3, 0, 0);
             tb_free_all();
         }
@@ -87,12 +78,9 @@ END_TEST
 
 START_TEST(t_input_dtypes)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++) {
         int64_t Tn = 7, H = 128;
-        tbuf *x = tb_new2("x", dts[d], Tn, H, 2, 1);
-        tb_fill_unif(x, -300, 300);
-        tb_upload(x);
+        tbuf *x = tb_upload_unif(tb_new2("x", FLOATS[d], Tn, H, 2, 1), -300, 300);
         run_quant(x, Tn, H, 32, LAYS[d % 5], MOEFUSE_F8_E4M3, 0, 1);
         run_quant(x, Tn, H, 64, LAYS[0], MOEFUSE_I8, 0, 0);
         tb_free_all();
@@ -205,15 +193,12 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("quant");
-    TCase *tc = tcase_create("quant");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "quant", h_setup, 120);
     tcase_add_test(tc, t_random_shapes);
     tcase_add_test(tc, t_groups_layouts);
     tcase_add_test(tc, t_input_dtypes);
     tcase_add_test(tc, t_special_values);
     tcase_add_test(tc, t_eps);
     tcase_add_test(tc, t_dequant_handmade);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

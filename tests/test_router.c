@@ -337,9 +337,7 @@ END_TEST
 START_TEST(t_refusals)
 {
     const int64_t M = 2, E = 12, k = 3;
-    tbuf *lg = tb_new2("logits", MOEFUSE_F32, M, E, 0, 1);
-    tb_fill_unif(lg, -1.0, 1.0);
-    tb_upload(lg);
+    tbuf *lg = tb_upload_unif(tb_new2("logits", MOEFUSE_F32, M, E, 0, 1), -1.0, 1.0);
     tbuf *bias = tb_new1("bias", MOEFUSE_F32, E + 1, 1);
     tbuf *ibias = tb_new1("i32 bias", MOEFUSE_I32, E, 1);
     tbuf *ids = tb_new2("ids", MOEFUSE_I32, M, k, 0, 0);
@@ -366,9 +364,7 @@ START_TEST(t_refusals)
         {{0}, 2, MOEFUSE_ERR_DTYPE, "choice_bias"},
     };
     /* more groups than MOEFUSE_ROUTER_MAX_GROUPS */
-    tbuf *wide = tb_new2("wide logits", MOEFUSE_F32, 1, 130, 0, 1);
-    tb_fill_unif(wide, -1.0, 1.0);
-    tb_upload(wide);
+    tbuf *wide = tb_upload_unif(tb_new2("wide logits", MOEFUSE_F32, 1, 130, 0, 1), -1.0, 1.0);
     tbuf *id1 = tb_new2("one id", MOEFUSE_I32, 1, 1, 0, 0), *w1 = tb_new2("one weight", MOEFUSE_F32, 1, 1, 0, 0);
     const moefuse_router_options many = {.n_group = 65, .topk_group = 1};
     moefuse_status st0 = moefuse_topk_route(g_ctx, T(wide), NULL, NULL, &many, T(id1), T(w1));
@@ -502,9 +498,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("router");
-    TCase *tc = tcase_create("router");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 60);
+    TCase *tc = h_add_tcase(s, "router", h_setup, 60);
     tcase_add_test(tc, t_deepseek_v3);
     tcase_add_test(tc, t_deepseek_v2);
     tcase_add_test(tc, t_gpt_oss);
@@ -512,11 +506,7 @@ int main(void)
     tcase_add_test(tc, t_ties);
     tcase_add_test(tc, t_defaults_are_topk_softmax);
     tcase_add_test(tc, t_refusals);
-    suite_add_tcase(s, tc);
-    TCase *tx = tcase_create("router against the cpu");
-    tcase_add_checked_fixture(tx, h_setup_cross, h_teardown);
-    tcase_set_timeout(tx, 60);
+    TCase *tx = h_add_tcase(s, "router against the cpu", h_setup_cross, 60);
     tcase_add_test(tx, t_cross);
-    suite_add_tcase(s, tx);
     return h_run(s);
 }

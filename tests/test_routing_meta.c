@@ -241,13 +241,10 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("routing_meta");
-    TCase *tc = tcase_create("routing_meta");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 60);
+    TCase *tc = h_add_tcase(s, "routing_meta", h_setup, 60);
     tcase_add_test(tc, t_shapes);
     tcase_add_test(tc, t_expert_map);
     tcase_add_test(tc, t_each_output_alone);
     tcase_add_test(tc, t_refusals);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

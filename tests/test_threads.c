@@ -565,10 +565,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("threads");
-    TCase *tc = tcase_create("threads");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "threads", NULL, 120);
     tcase_add_test(tc, t_contexts_on_threads);
     tcase_add_test(tc, t_context_busy);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

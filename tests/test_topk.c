@@ -64,14 +64,13 @@ static void run(moefuse_dtype dt, int64_t M, int64_t E, int64_t k, int renorm, i
 
 START_TEST(t_random)
 {
-    moefuse_dtype dts[3] = {MOEFUSE_F32, MOEFUSE_F16, MOEFUSE_BF16};
     for (int d = 0; d < 3; d++)
         for (int rn = 0; rn < 2; rn++) {
-            run(dts[d], 17, 8, 2, rn, 0);
-            run(dts[d], 3, 32, 6, rn, 0);
-            run(dts[d], 1, 5, 5, rn, 0);
-            run(dts[d], 0, 4, 1, rn, 0);
-            run(dts[d], 3, 1, 1, rn, 0);
+            run(FLOATS[d], 17, 8, 2, rn, 0);
+            run(FLOATS[d], 3, 32, 6, rn, 0);
+            run(FLOATS[d], 1, 5, 5, rn, 0);
+            run(FLOATS[d], 0, 4, 1, rn, 0);
+            run(FLOATS[d], 3, 1, 1, rn, 0);
         }
 }
 END_TEST
@@ -104,13 +103,10 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("topk");
-    TCase *tc = tcase_create("topk");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 60);
+    TCase *tc = h_add_tcase(s, "topk", h_setup, 60);
     tcase_add_test(tc, t_random);
     tcase_add_test(tc, t_ties);
     tcase_add_test(tc, t_nan);
     tcase_add_test(tc, t_inf);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }

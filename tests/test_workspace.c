@@ -144,6 +144,14 @@ static void check_op(const char *what, op_fn fn, tbuf *const *set0, tbuf *const 
     ws_free(&w);
 }
 
+/* check_op of a call with two outputs, a and b, each in sets 0 and 1 */
+static void check_op2(const char *what, op_fn fn, tbuf *const a[2], tbuf *const b[2],
+                      int none_on_cuda)
+{
+    tbuf *s0[2] = {a[0], b[0]}, *s1[2] = {a[1], b[1]};
+    check_op(what, fn, s0, s1, 2, none_on_cuda);
+}
+
 /* ------------------------------------------------------------ row calls */
 
 static tbuf *X, *RS, *Q[2], *SC[2], *OUT[2], *CN, *LOGITS, *IDS[2], *WTS[2];
@@ -159,12 +167,8 @@ static moefuse_status act_quant_op(int set, size_t *bytes)
 START_TEST(t_act_quant)
 {
     const int64_t Tn = 5, H = 256;
-    X = tb_new2("x", MOEFUSE_BF16, Tn, 2 * H, 3, 1);
-    tb_fill_unif(X, -3, 3);
-    tb_upload(X);
-    RS = tb_new1("row_scale", MOEFUSE_F32, Tn, 1);
-    tb_fill_unif(RS, 0.5, 2);
-    tb_upload(RS);
+    X = tb_upload_unif(tb_new2("x", MOEFUSE_BF16, Tn, 2 * H, 3, 1), -3, 3);
+    RS = tb_upload_unif(tb_new1("row_scale", MOEFUSE_F32, Tn, 1), 0.5, 2);
     AQ = (moefuse_act_quant_options){0};
     AQ.quant.scale_layout = MOEFUSE_SCALE_COLUMN_MAJOR;
     for (int s = 0; s < 2; s++) {
@@ -172,8 +176,7 @@ START_TEST(t_act_quant)
         SC[s] = h_new_scales(s ? "scales1" : "scales0", MOEFUSE_SCALE_COLUMN_MAJOR, 0, 0, Tn,
                              H / 128, 0);
     }
-    tbuf *s0[2] = {Q[0], SC[0]}, *s1[2] = {Q[1], SC[1]};
-    check_op("act_quant", act_quant_op, s0, s1, 2, 1);
+    check_op2("act_quant", act_quant_op, Q, SC, 1);
 }
 END_TEST
 
@@ -188,9 +191,7 @@ static moefuse_status masked_op(int set, size_t *bytes)
 /* E up to 5000: past 4096 experts the CUDA kernel keeps its row offsets in scratch. */
 static void masked_case(int64_t E, int64_t Tmax, int64_t H)
 {
-    X = tb_new3("x", MOEFUSE_BF16, E, Tmax, 2 * H, 0, 1);
-    tb_fill_unif(X, -3, 3);
-    tb_upload(X);
+    X = tb_upload_unif(tb_new3("x", MOEFUSE_BF16, E, Tmax, 2 * H, 0, 1), -3, 3);
     CN = tb_new1("counts", MOEFUSE_I32, E, 1);
     for (int64_t e = 0; e < E; e++) /* some beyond Tmax and some negative: clamped */
         tb_set(CN, e, 0, 0, (double)h_randint(-2, Tmax + 2));
@@ -202,10 +203,9 @@ static void masked_case(int64_t E, int64_t Tmax, int64_t H)
         SC[s] = h_new_scales(s ? "scales1" : "scales0", MOEFUSE_SCALE_ROW_MAJOR, 0, E, Tmax,
                              H / 128, 0);
     }
-    tbuf *s0[2] = {Q[0], SC[0]}, *s1[2] = {Q[1], SC[1]};
     char what[64];
     snprintf(what, sizeof what, "act_quant_masked E=%lld", (long long)E);
-    check_op(what, masked_op, s0, s1, 2, E <= 4096);
+    check_op2(what, masked_op, Q, SC, E <= 4096);
 }
 
 START_TEST(t_act_quant_masked)
@@ -238,9 +238,7 @@ static moefuse_status dequant_op(int set, size_t *bytes)
 
 START_TEST(t_act_mul_quant_dequant)
 {
-    X = tb_new2("x", MOEFUSE_F16, 7, 2 * 96, 1, 1);
-    tb_fill_unif(X, -4, 4);
-    tb_upload(X);
+    X = tb_upload_unif(tb_new2("x", MOEFUSE_F16, 7, 2 * 96, 1, 1), -4, 4);
     AQ = (moefuse_act_quant_options){0};
     AQ.act.activation = MOEFUSE_ACT_GELU;
     for (int s = 0; s < 2; s++)
@@ -248,9 +246,7 @@ START_TEST(t_act_mul_quant_dequant)
     check_op("act_mul", act_mul_op, &OUT[0], &OUT[1], 1, 1);
     tb_free_all();
 
-    X = tb_new2("x", MOEFUSE_F32, 6, 192, 0, 1);
-    tb_fill_unif(X, -10, 10);
-    tb_upload(X);
+    X = tb_upload_unif(tb_new2("x", MOEFUSE_F32, 6, 192, 0, 1), -10, 10);
     AQ = (moefuse_act_quant_options){0};
     AQ.quant.group_size = 64;
     for (int s = 0; s < 2; s++) {
@@ -258,8 +254,7 @@ START_TEST(t_act_mul_quant_dequant)
         SC[s] = h_new_scales(s ? "scales1" : "scales0", MOEFUSE_SCALE_ROW_MAJOR, 0, 0, 6, 3, 0);
         OUT[s] = tb_new2(s ? "out1" : "out0", MOEFUSE_BF16, 6, 192, 0, 0);
     }
-    tbuf *s0[2] = {Q[0], SC[0]}, *s1[2] = {Q[1], SC[1]};
-    check_op("quant", quant_op, s0, s1, 2, 1);
+    check_op2("quant", quant_op, Q, SC, 1);
     Q[0]->is_input = SC[0]->is_input = 1; /* dequant reads set 0's codes, as they are now */
     tb_upload(Q[0]);
     tb_upload(SC[0]);
@@ -277,17 +272,20 @@ static moefuse_status topk_op(int set, size_t *bytes)
                  : moefuse_topk_softmax(g_ctx, T(LOGITS), 1, T(IDS[set]), T(WTS[set]));
 }
 
-START_TEST(t_topk)
+/* The routers' operands: logits [9, 64] (drawn here) and both sets of ids and weights [9, 6]. */
+static void router_operands(void)
 {
-    LOGITS = tb_new2("logits", MOEFUSE_F32, 9, 64, 0, 1);
-    tb_fill_unif(LOGITS, -5, 5);
-    tb_upload(LOGITS);
+    LOGITS = tb_upload_unif(tb_new2("logits", MOEFUSE_F32, 9, 64, 0, 1), -5, 5);
     for (int s = 0; s < 2; s++) {
         IDS[s] = tb_new2(s ? "ids1" : "ids0", MOEFUSE_I32, 9, 6, 0, 0);
         WTS[s] = tb_new2(s ? "weights1" : "weights0", MOEFUSE_F32, 9, 6, 0, 0);
     }
-    tbuf *s0[2] = {IDS[0], WTS[0]}, *s1[2] = {IDS[1], WTS[1]};
-    check_op("topk_softmax", topk_op, s0, s1, 2, 1);
+}
+
+START_TEST(t_topk)
+{
+    router_operands();
+    check_op2("topk_softmax", topk_op, IDS, WTS, 1);
 }
 END_TEST
 
@@ -316,18 +314,9 @@ START_TEST(t_topk_route)
 {
     if (refused_here())
         return;
-    LOGITS = tb_new2("logits", MOEFUSE_F32, 9, 64, 0, 1);
-    tb_fill_unif(LOGITS, -5, 5);
-    tb_upload(LOGITS);
-    CBIAS = tb_new1("choice_bias", MOEFUSE_F32, 64, 1);
-    tb_fill_unif(CBIAS, -0.1, 0.1);
-    tb_upload(CBIAS);
-    for (int s = 0; s < 2; s++) {
-        IDS[s] = tb_new2(s ? "ids1" : "ids0", MOEFUSE_I32, 9, 6, 0, 0);
-        WTS[s] = tb_new2(s ? "weights1" : "weights0", MOEFUSE_F32, 9, 6, 0, 0);
-    }
-    tbuf *s0[2] = {IDS[0], WTS[0]}, *s1[2] = {IDS[1], WTS[1]};
-    check_op("topk_route", route_op, s0, s1, 2, 1);
+    router_operands();
+    CBIAS = tb_upload_unif(tb_new1("choice_bias", MOEFUSE_F32, 64, 1), -0.1, 0.1);
+    check_op2("topk_route", route_op, IDS, WTS, 1);
 }
 END_TEST
 
@@ -372,32 +361,18 @@ static moefuse_routing MR;
 
 static void moe_setup(moefuse_dtype dt, int64_t M, int64_t K, int64_t I, int64_t E, int64_t k)
 {
-    MX = tb_new2("x", dt, M, K, 0, 1);
-    tb_fill_unif(MX, -1, 1);
-    tb_upload(MX);
-    MW1 = tb_new3("w1", dt, E, 2 * I, K, 0, 1);
-    tb_fill_unif(MW1, -0.2, 0.2);
-    tb_upload(MW1);
-    MW2 = tb_new3("w2", dt, E, K, I, 0, 1);
-    tb_fill_unif(MW2, -0.2, 0.2);
-    tb_upload(MW2);
-    MB1 = tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1);
-    tb_fill_unif(MB1, -0.5, 0.5);
-    tb_upload(MB1);
-    MB2 = tb_new2("b2", MOEFUSE_F32, E, K, 0, 1);
-    tb_fill_unif(MB2, -0.5, 0.5);
-    tb_upload(MB2);
+    MX = tb_upload_unif(tb_new2("x", dt, M, K, 0, 1), -1, 1);
+    MW1 = tb_upload_unif(tb_new3("w1", dt, E, 2 * I, K, 0, 1), -0.2, 0.2);
+    MW2 = tb_upload_unif(tb_new3("w2", dt, E, K, I, 0, 1), -0.2, 0.2);
+    MB1 = tb_upload_unif(tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1), -0.5, 0.5);
+    MB2 = tb_upload_unif(tb_new2("b2", MOEFUSE_F32, E, K, 0, 1), -0.5, 0.5);
     MIDS = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++) /* a few invalid ids: -1 and E */
             tb_set(MIDS, m, j, 0, (double)h_randint(-1, E));
     tb_upload(MIDS);
-    MWTS = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
-    tb_fill_unif(MWTS, 0.1, 1);
-    tb_upload(MWTS);
-    MHIN = tb_new3("h_in", dt, M, k, I, 0, 1);
-    tb_fill_unif(MHIN, -1, 1);
-    tb_upload(MHIN);
+    MWTS = tb_upload_unif(tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1), 0.1, 1);
+    MHIN = tb_upload_unif(tb_new3("h_in", dt, M, k, I, 0, 1), -1, 1);
     MR = (moefuse_routing){.topk_ids = MIDS->t, .topk_weights = MWTS->t};
 }
 
@@ -521,9 +496,8 @@ START_TEST(t_moe_fp8)
     FX = MX;
     FW1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, K, 0, 1);
     fp8_codes(FW1);
-    FW1S = tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1);
-    tb_fill_unif(FW1S, 1e-4, 2e-4);
-    tb_upload(FW1S);
+    FW1S = tb_upload_unif(tb_new3("w1_scales", MOEFUSE_F32, E, 2 * I / 128, K / 128, 0, 1),
+                          1e-4, 2e-4);
     FW2 = tb_new3("w2", MOEFUSE_F8_E4M3, E, K, I, 0, 1);
     fp8_codes(FW2);
     FW2S = tb_new3("w2_scales", MOEFUSE_U8, E, K / 128, I / 128, 0, 1);
@@ -531,9 +505,7 @@ START_TEST(t_moe_fp8)
         for (int64_t r = 0; r < K / 128; r++)
             tb_set(FW2S, e, r, 0, (double)h_randint(110, 114));
     tb_upload(FW2S);
-    FXM = tb_new3("x_masked", MOEFUSE_BF16, E, Tmax, K, 0, 1);
-    tb_fill_unif(FXM, -1, 1);
-    tb_upload(FXM);
+    FXM = tb_upload_unif(tb_new3("x_masked", MOEFUSE_BF16, E, Tmax, K, 0, 1), -1, 1);
     FCN = tb_new1("counts", MOEFUSE_I32, E, 1);
     tb_set(FCN, 0, 0, 0, 5);
     tb_set(FCN, 1, 0, 0, -2);
@@ -656,9 +628,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("workspace");
-    TCase *tc = tcase_create("workspace");
-    tcase_add_checked_fixture(tc, h_setup, h_teardown);
-    tcase_set_timeout(tc, 120);
+    TCase *tc = h_add_tcase(s, "workspace", h_setup, 120);
     tcase_add_test(tc, t_act_quant);
     tcase_add_test(tc, t_act_quant_masked);
     tcase_add_test(tc, t_act_mul_quant_dequant);
@@ -669,6 +639,5 @@ int main(void)
     tcase_add_test(tc, t_moe_fp8);
     tcase_add_test(tc, t_queries_refuse_as_calls_do);
     tcase_add_test(tc, t_set_workspace_refusals);
-    suite_add_tcase(s, tc);
     return h_run(s);
 }
