@@ -152,6 +152,16 @@ void run_routed(cfg c)
         }
     }
     const double herr = rel_err_nan("h (dequantized)", &c, got_h, ref_h, nh, 0.0);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t r = 0; r < K; r++) got_out[m * K + r] = tb_get(out, m, r, 0);
+    const double floor = h_gemm_floor(c.odt);
+    /* The final alone, against the final of the backend's own h: the CPU's one f32 fmaf per
+     * block, then the output's rounding; a Hopper path's block sums too. End to end, only the
+     * exact paths: a Hopper path's moved codes of h are held by h's bounds, not here. */
+    const int hopper = !is_cpu() && !exact_backend();
+    const double fbound = h_gemm_bound(c.odt) + (hopper ? HOPPER_BLOCK_BOUND : 0.0);
+    const double oerr_own = rel_err_nan("out", &c, got_out, out_lib, (size_t)(M * K), floor);
+    const double oerr = rel_err_nan("out", &c, got_out, out_chain, (size_t)(M * K), floor);
     if (getenv("MOEFUSE_FP8_REPORT")) { /* before the checks: a failing case reports too */
         size_t ncodes = 0, ndiff = 0;
         for (int64_t m = 0; m < M; m++)
@@ -161,13 +171,8 @@ void run_routed(cfg c)
                 for (int64_t i = 0; i < I; i++, ncodes++)
                     ndiff += *(uint8_t *)tb_el(h, m, j, i) != hq[s * I + i];
             }
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t r = 0; r < K; r++) got_out[m * K + r] = tb_get(out, m, r, 0);
-        const double fl = h_gemm_floor(c.odt);
-        fprintf(stderr, "fp8 pre %s %s: h %.3g (%zu of %zu codes differ), out vs final of its h %.3g, vs chain %.3g\n",
-                h_backend(), desc(&c), herr, ndiff, ncodes,
-                rel_err_nan("out", &c, got_out, out_lib, (size_t)(M * K), fl),
-                rel_err_nan("out", &c, got_out, out_chain, (size_t)(M * K), fl));
+        fprintf(stderr, "fp8 %s %s: h %.3g (%zu of %zu codes differ), out %.3g (vs the final of its own h %.3g)\n",
+                h_backend(), desc(&c), herr, ndiff, ncodes, oerr, oerr_own);
     }
     HCHECK(herr <= FP8_BOUND, "h %s: rel err %.3g > %.3g", desc(&c), herr, FP8_BOUND);
     if (is_cpu()) {
@@ -176,20 +181,8 @@ void run_routed(cfg c)
                CPU_H_BOUND);
     }
     h_check_scale_padding(hs, c.layout, 0, S, S, GI);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t r = 0; r < K; r++) got_out[m * K + r] = tb_get(out, m, r, 0);
-    const double floor = h_gemm_floor(c.odt);
-    /* The final alone, against the final of the backend's own h: the CPU's one f32 fmaf per
-     * block, then the output's rounding; a Hopper path's block sums too. End to end, only the
-     * exact paths: a Hopper path's moved codes of h are held by h's bounds above, not here. */
-    const int hopper = !is_cpu() && !exact_backend();
-    const double fbound = h_gemm_bound(c.odt) + (hopper ? HOPPER_BLOCK_BOUND : 0.0);
-    double oerr = rel_err_nan("out", &c, got_out, out_lib, (size_t)(M * K), floor);
-    HCHECK(oerr <= fbound, "out vs the final of its own h %s: %.3g > %.3g", desc(&c), oerr, fbound);
-    oerr = rel_err_nan("out", &c, got_out, out_chain, (size_t)(M * K), floor);
+    HCHECK(oerr_own <= fbound, "out vs the final of its own h %s: %.3g > %.3g", desc(&c), oerr_own, fbound);
     HCHECK(hopper || oerr <= FP8_BOUND, "out %s: rel err %.3g > %.3g", desc(&c), oerr, FP8_BOUND);
-    if (getenv("MOEFUSE_FP8_REPORT"))
-        fprintf(stderr, "fp8 %s %s: h %.3g, out %.3g\n", h_backend(), desc(&c), herr, oerr);
     if (y) {
         for (int64_t i = 0; i < S * K; i++) got_y[i] = tb_get(y, i / (k * K), (i / K) % k, i % K);
         for (int64_t s = 0; s < S; s++)
