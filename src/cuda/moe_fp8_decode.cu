@@ -9,15 +9,16 @@
  *    bytes), the tile's activation codes by cp.async (zeros past the tile's rows), both
  *    completing on the stage's mbarrier. Nothing else: it runs ahead of the consumers by the
  *    ring, across tiles. (Rows no tensor map or cp.async can take go through its registers.)
- *  - consumers, warps 0..7: warp w takes weight rows [16 w, 16 w + 16) of each half: mma.sync
- *    m16n8k32 e4m3 with the weights as the 16-row operand and up to four n8 columns of
- *    slots, four k32 steps per block from 0, then main = fmaf(block, sa * sw, main), the
- *    scales read from shared windows of DEC_SWIN blocks, each loaded while the one before
- *    streams.
- * A thread reads the 32 bytes [32 t, 32 t + 32) of its rows (t = lane % 4): conflict-free
- * 16-byte shared loads (the weights swizzled, the activation rows 144 bytes apart). Its k32
- * step s takes bytes 8 s .. 8 s + 7 of those, the same k positions of the weights and of the
- * activations, so every product is one of the block's. x of f32/f16/bf16 is quantized before,
+ *  - consumers, warps 0..7, two warpgroups: warpgroup q takes weight rows [64 q, 64 q + 64)
+ *    of each half (warp w: rows [16 w, 16 w + 16)): wgmma m64nNk32 e4m3 with the weights as
+ *    A and the slots as B (N = 8 to 32, as many n8 columns as the tile needs), both read
+ *    from the stage by descriptors, four k32 steps per block from 0, then main =
+ *    fmaf(block, sa * sw, main), the scales read from shared windows of DEC_SWIN blocks,
+ *    each loaded while the one before streams. (mma.sync e4m3 has no sm_90 instruction: the
+ *    compiler widened every operand to f16 first, and those conversions were most of the
+ *    consumers' issue slots.)
+ * The activation rows are 128 bytes of codes each, swizzled like the weights (chunk c of row r
+ * at c ^ (r % 8)), so one descriptor form reads both. x of f32/f16/bf16 is quantized before,
  * as `quant` does, by fp8_dec_route.
  *
  * Split depth: a tile's blocks are shared by a cluster of `split` blocks, rank r taking
@@ -42,7 +43,6 @@
 
 #include <string.h>
 
-#define DEC_PITCH 144 /* shared bytes between activation rows: conflict-free 16-byte reads */
 #define DEC_THREADS 288
 #define DEC_CONSUMER_THREADS 256
 #define DEC_PRODUCER 8 /* the producer's warp */
@@ -66,9 +66,10 @@ template <int GATE> struct DecCfg {
      * ring; the final fits two blocks (96 registers) */
     static constexpr int MINB = GATE ? 1 : 2;
     static constexpr int STAGES = 5;
-    /* weight rows of 128 bytes, swizzled (chunk c of row r at c ^ (r % 8)): 1024-aligned */
+    /* weight rows, then activation rows, of 128 bytes swizzled (chunk c of row r at
+     * c ^ (r % 8)): both 1024-aligned, as the swizzle and the descriptors want */
     static constexpr int W_BYTES = ROWS * FP8_BLOCK;
-    static constexpr int STAGE = (W_BYTES + DEC_NS * DEC_PITCH + 1023) / 1024 * 1024;
+    static constexpr int STAGE = (W_BYTES + DEC_NS * FP8_BLOCK + 1023) / 1024 * 1024;
     /* the gate's h of a tile in its epilogue, beside the ring (the producer runs ahead); the
      * scales of two windows while the tile streams (the same bytes: never live together) */
     static constexpr int HBUF_H = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
@@ -115,20 +116,6 @@ static __device__ __forceinline__ void dec_bar_consumers(void)
 {
     asm volatile("bar.sync %0, %1;\n" ::"n"(DEC_BAR_CONSUMERS), "n"(DEC_CONSUMER_THREADS)
                  : "memory");
-}
-
-/* d += A (16 x 32 weights) * B (32 x 8 slots), e4m3 operands, f32 accumulators. */
-static __device__ __forceinline__ void dec_mma(float (&d)[4], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
-{
-#ifdef MOE_WGMMA_DEVICE
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-#endif
 }
 
 /* 16 codes at src, one 16-byte load where src is aligned. */
@@ -253,20 +240,22 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
                 *(uint4 *)(stage + r * FP8_BLOCK + ((q ^ (r & 7)) * 16)) =
                     dec_load16(wb + wr * g.w_s1 + 16 * q);
         }
+        hp_fence_proxy_async(); /* stores, read by the tensor cores' proxy */
     }
-    uint8_t *act = (uint8_t *)stage + C::W_BYTES + lane * DEC_PITCH;
+    uint8_t *act = (uint8_t *)stage + C::W_BYTES + lane * FP8_BLOCK;
     const uint8_t *src = g.a + arow + b * FP8_BLOCK;
     if (g.vec_a) {
 #pragma unroll
         for (int q = 0; q < 8; q++) /* rows past the tile's: zeros (no bytes read) */
-            cp_async16(dec_smem(act + 16 * q), lane < count ? src + 16 * q : g.a,
+            cp_async16(dec_smem(act + ((q ^ (lane & 7)) << 4)), lane < count ? src + 16 * q : g.a,
                        lane < count ? 16 : 0);
         hp_cp_async_arrive(full);
     } else {
 #pragma unroll
         for (int q = 0; q < 8; q++)
-            *(uint4 *)(act + 16 * q) =
+            *(uint4 *)(act + ((q ^ (lane & 7)) << 4)) =
                 lane < count ? dec_load16(src + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
+        hp_fence_proxy_async(); /* stores, read by the tensor cores' proxy */
         hp_mbar_arrive(full);
     }
     if (lane == 0)
@@ -343,46 +332,67 @@ static __device__ __forceinline__ void dec_scales_store(float *win, const float 
     }
 }
 
+/* d[f] = half f's 64 weight rows of the thread's warpgroup (at a0 + f * 128 rows) x the
+ * stage's NC n8 columns of slots (at b0), over one block, its k32 steps from 0; one commit
+ * group. */
+template <int GATE, int NC>
+static __device__ __forceinline__ void dec_block(float (&d)[2][16], uint32_t a0, uint32_t b0)
+{
+#pragma unroll
+    for (int f = 0; f < DecCfg<GATE>::FRAGS; f++)
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_e4m3_narrow<NC>(d[f], wg_desc(a0 + f * 128 * FP8_BLOCK + kk * 32),
+                                  wg_desc(b0 + kk * 32), kk > 0);
+}
+
+static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
+{
+#pragma unroll
+    for (int f = 0; f < 2; f++)
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            asm volatile("" : "+f"(d[f][i])::"memory");
+}
+
 /*
- * One stage into acc[f][nt] (f: gate / up half, nt: n8 column of slots). The weight fragments
- * are read from shared memory again for each column: registers, not shared bandwidth, bound
- * the blocks per multiprocessor.
+ * One stage into acc[f][nt] (f: gate / up half, nt: n8 column of slots): the block's sums by
+ * the tensor cores into d, then each promoted with its two scales. d is the caller's (kept
+ * across stages: its values never matter, the first k32 step overwrites them).
  */
 template <int GATE>
-static __device__ __forceinline__ void dec_consume(const char *stage, int ncols, int warp,
-                                                   int lane, const float *sc,
+static __device__ __forceinline__ void dec_consume(uint32_t stage, int ncols, int warp, int lane,
+                                                   const float *sc, float (&d)[2][16],
                                                    float (&acc)[2][4][4])
 {
     using C = DecCfg<GATE>;
-    const int g = lane >> 2, t = lane & 3;
+    const int t = lane & 3;
+    const uint32_t a0 = stage + (uint32_t)((warp >> 2) * 64 * FP8_BLOCK), b0 = stage + C::W_BYTES;
+    dec_pin(d);
+    wgmma_fence();
+    switch (ncols) { /* the same in every thread of the block */
+    case 1: dec_block<GATE, 1>(d, a0, b0); break;
+    case 2: dec_block<GATE, 2>(d, a0, b0); break;
+    case 3: dec_block<GATE, 3>(d, a0, b0); break;
+    default: dec_block<GATE, 4>(d, a0, b0); break;
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    dec_pin(d);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++) {
         if (nt >= ncols)
             break;
-        const char *arow = stage + C::W_BYTES + (nt * 8 + g) * DEC_PITCH + 32 * t;
-        const uint4 x0 = *(const uint4 *)arow, x1 = *(const uint4 *)(arow + 16);
-        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
         for (int f = 0; f < C::FRAGS; f++) {
-            /* rows 16 w + g and + 8 (both g modulo 8): chunks 2 t and 2 t + 1, swizzled */
-            const char *row = stage + (f * 128 + warp * 16 + g) * FP8_BLOCK;
-            const int c0 = ((2 * t) ^ g) * 16, c1 = ((2 * t + 1) ^ g) * 16;
-            const uint4 a0 = *(const uint4 *)(row + c0), a1 = *(const uint4 *)(row + c1);
-            const uint4 b0 = *(const uint4 *)(row + 8 * FP8_BLOCK + c0),
-                        b1 = *(const uint4 *)(row + 8 * FP8_BLOCK + c1);
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            dec_mma(d, a0.x, b0.x, a0.y, b0.y, xb[0], xb[1]);
-            dec_mma(d, a0.z, b0.z, a0.w, b0.w, xb[2], xb[3]);
-            dec_mma(d, a1.x, b1.x, a1.y, b1.y, xb[4], xb[5]);
-            dec_mma(d, a1.z, b1.z, a1.w, b1.w, xb[6], xb[7]);
             /* this block's row of the window: the thread's two slots, the half's weights */
             const float sw = sc[DEC_NS + f];
             const float s0 = fp8_scale_mul(sc[nt * 8 + 2 * t], sw);
             const float s1 = fp8_scale_mul(sc[nt * 8 + 2 * t + 1], sw);
-            acc[f][nt][0] = fp8_fma(d[0], s0, acc[f][nt][0]);
-            acc[f][nt][1] = fp8_fma(d[1], s1, acc[f][nt][1]);
-            acc[f][nt][2] = fp8_fma(d[2], s0, acc[f][nt][2]);
-            acc[f][nt][3] = fp8_fma(d[3], s1, acc[f][nt][3]);
+            acc[f][nt][0] = fp8_fma(d[f][4 * nt + 0], s0, acc[f][nt][0]);
+            acc[f][nt][1] = fp8_fma(d[f][4 * nt + 1], s1, acc[f][nt][1]);
+            acc[f][nt][2] = fp8_fma(d[f][4 * nt + 2], s0, acc[f][nt][2]);
+            acc[f][nt][3] = fp8_fma(d[f][4 * nt + 3], s1, acc[f][nt][3]);
         }
     }
 }
@@ -516,14 +526,18 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
         const int count = ts.count; /* the same in every block of the cluster */
         if (count == 0)
             continue;
-        float acc[2][4][4];
+        float acc[2][4][4], d[2][16];
 #pragma unroll
-        for (int f = 0; f < 2; f++)
+        for (int f = 0; f < 2; f++) {
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                 for (int v = 0; v < 4; v++)
                     acc[f][nt][v] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                d[f][i] = 0.0f;
+        }
         const int ncols = (count + 7) / 8;
         float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
         float sreg[DEC_SREGS];
@@ -539,8 +553,9 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
                     dec_scales_load<GATE>(g, ts, nb, b + DEC_SWIN, kb1, tid, sreg);
             }
             hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
-            dec_consume<GATE>(smem + pipe.stage * C::STAGE, ncols, warp, lane,
-                              cur + wb * DEC_SCOLS, acc);
+            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+            dec_consume<GATE>(dec_smem(smem + pipe.stage * C::STAGE), ncols, warp, lane,
+                              cur + wb * DEC_SCOLS, d, acc);
             __syncwarp();
             if (lane == 0)
                 hp_mbar_arrive(dec_smem(&empty[pipe.stage]));

@@ -1,9 +1,9 @@
 /*
- * Hopper tensor-core instructions (sm_90a only): wgmma.mma_async m64n256k16
- * with f32 accumulators in registers and both operands read from shared
- * memory, and the fences and waits around it. Shared by moe_wgmma.cu and
- * moe_ws.cu. Everything here exists only in sm_90a device code
- * (MOE_WGMMA_DEVICE); the host checks the device before launching.
+ * Hopper tensor-core instructions (sm_90a only): wgmma.mma_async m64n256k16 and the narrow
+ * e4m3 m64n8..32k32 (the decode kernel's few slots), with f32 accumulators in
+ * registers and both operands read from shared memory, and the fences and waits around them.
+ * Shared by the bf16/f16 and FP8 tensor-core kernels. Everything here exists only in sm_90a
+ * device code (MOE_WGMMA_DEVICE); the host checks the device before launching.
  */
 #ifndef MOEFUSE_CUDA_WGMMA_CUH
 #define MOEFUSE_CUDA_WGMMA_CUH
@@ -73,6 +73,59 @@ static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_
         asm volatile(WG_MMA("f16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
     else
         asm volatile(WG_MMA("bf16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
+}
+
+/*
+ * d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 8 NC e4m3, db), K-major:
+ * the decode kernel's few slots as NC n8 columns (1..4); d[4 nt + v] is what mma.sync's m16n8
+ * tile nt holds in d[v] for the thread's warp of the group (rows 16 w + lane / 4, and + 8).
+ */
+template <int NC>
+static __device__ __forceinline__ void wgmma_e4m3_narrow(float (&d)[16], uint64_t da, uint64_t db,
+                                                         int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_e4m3_narrow<1>(float (&d)[16], uint64_t da, uint64_t db,
+                                                     int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, "
+                 "1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3_narrow<2>(float (&d)[16], uint64_t da, uint64_t db,
+                                                     int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, "
+                 "%6, %7}, %8, %9, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3_narrow<3>(float (&d)[16], uint64_t da, uint64_t db,
+                                                     int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n24k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, "
+                 "%6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3_narrow<4>(float (&d)[16], uint64_t da, uint64_t db,
+                                                     int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, "
+                 "%6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(accumulate));
 }
 
 static __device__ __forceinline__ void wgmma_fence(void)
