@@ -43,9 +43,9 @@
 
 #include <string.h>
 
-#define DEC_THREADS 288
 #define DEC_CONSUMER_THREADS 256
 #define DEC_PRODUCER 8 /* the producer's warp */
+#define DEC_SUMS 9     /* the reduced final's sums warp */
 #define DEC_BAR_CONSUMERS 1
 #define DEC_HPITCH 132 /* floats between the slots' rows of h in the gate's epilogue */
 #define DEC_BOX_ROWS 128 /* weight rows of one tensor copy */
@@ -65,6 +65,8 @@ template <int GATE> struct DecCfg {
     /* the gate's epilogue needs ~170 registers: one block per multiprocessor and a deeper
      * ring; the final fits two blocks (96 registers) */
     static constexpr int MINB = GATE ? 1 : 2;
+    /* consumers and producer; the final also its sums warp */
+    static constexpr int THREADS = GATE ? 288 : 320;
     static constexpr int STAGES = 5;
     /* weight rows, then activation rows, of 128 bytes swizzled (chunk c of row r at
      * c ^ (r % 8)): both 1024-aligned, as the swizzle and the descriptors want */
@@ -91,10 +93,8 @@ struct DecTileSmem {
     long long srow[DEC_NS]; /* the row's scale row (x: token, h: slot; masked: t) */
     long long orow[DEC_NS]; /* element offset of its output row */
     long long hrow[DEC_NS]; /* gate: its h scale row (slot; masked: t) */
-    long long tok[DEC_NS];  /* reduced final: its token */
     long long e, blk;       /* local expert; expert block of the scale views (masked: e) */
     int count;              /* rows, 0: no tile */
-    int last[DEC_NS];       /* reduced final: this block sums the token of row i */
 };
 
 /* The direct mode's tiles: distinct valid experts of the S slots in order of appearance. */
@@ -188,14 +188,12 @@ static __device__ __forceinline__ void dec_rows(const Fp8Gemm &g, DecTileSmem &t
         ts.srow[lane] = s;
         ts.orow[lane] = e * g.o_s0 + s * g.o_s1;
         ts.hrow[lane] = s;
-        ts.tok[lane] = s;
         return;
     }
     const long long m = s / g.rt.topk, j = s - m * g.rt.topk;
     ts.srow[lane] = g.a_scale_slot ? s : m;
     ts.orow[lane] = m * g.o_s0 + j * g.o_s1;
     ts.hrow[lane] = s;
-    ts.tok[lane] = m;
 }
 
 /* ------------------------------------------------------------- producer */
@@ -448,7 +446,7 @@ static __device__ __forceinline__ void dec_split_sum(float (&acc)[2][4][4], floa
 /* ------------------------------------------------------------- the kernel */
 
 template <int GATE>
-__global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
+__global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     fp8_dec_gemm(const __grid_constant__ DecParams p)
 {
 #ifdef MOE_WGMMA_DEVICE
@@ -458,6 +456,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
     __shared__ DecTileSmem ts;
     __shared__ DecDirect dd;
     __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], red_full, red_free;
+    __shared__ __align__(8) uint64_t epi_full, epi_free; /* consumers -> the sums warp */
     const Fp8Gemm &g = p.g;
     const Fp8DecExtra &x = p.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -471,6 +470,8 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
         }
         hp_mbar_init(dec_smem(&red_full), split > 1 ? split - 1 : 1);
         hp_mbar_init(dec_smem(&red_free), 1);
+        hp_mbar_init(dec_smem(&epi_full), 8); /* lane 0 of each consumer warp */
+        hp_mbar_init(dec_smem(&epi_free), 1);
         hp_mbar_init_fence();
     }
     if (split > 1)
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
         mf_pdl_trigger();
     if (blockIdx.x == 0)
         dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
-                 x.zero_arrivals, x.zero_arrivals_n, tid, DEC_THREADS);
+                 x.zero_arrivals, x.zero_arrivals_n, tid, C::THREADS);
     if (x.mode == DEC_DIRECT && warp == DEC_PRODUCER) {
         /* slot = lane: its local expert; tile i = the i-th distinct valid one */
         long long ev = -1;
@@ -511,9 +512,15 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
         dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, lane);
         return;
     }
+    const bool sums = !GATE && x.arrivals && rank == 0; /* the sums warp takes the items' y */
+    if (warp == DEC_SUMS) {
+        if (sums)
+            dec_final_sums(g, x, dd, &epi_full, &epi_free, cluster, items, lane);
+        return;
+    }
     float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
-    unsigned red_phase = 0;
+    unsigned red_phase = 0, epi_phase = 0;
     for (long long w = cluster; w < items; w += x.clusters) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         dec_bar_consumers(); /* the previous tile's rows are read */
@@ -569,8 +576,19 @@ __global__ void __launch_bounds__(DEC_THREADS, DecCfg<GATE>::MINB)
             if (GATE) {
                 dec_bar_consumers(); /* the scale windows (h's buffer) are read */
                 dec_gate_epilogue(g, ts, nb, smem + C::H_OFF, acc, warp, lane);
-            } else
-                dec_final_epilogue(g, x, ts, nb, acc, warp, lane);
+            } else {
+                dec_final_epilogue(g, ts, nb, acc, warp, lane);
+                if (sums) {
+                    __syncwarp(); /* the warp's y stores, before its arrival */
+                    if (lane == 0) {
+                        /* at most one item ahead of the sums warp, so that the phases match */
+                        hp_mbar_wait(dec_smem(&epi_free), epi_phase ^ 1u);
+                        hp_mbar_arrive(dec_smem(&epi_full));
+                    }
+                    __syncwarp(); /* converged again before the consumers' next barrier */
+                    epi_phase ^= 1u;
+                }
+            }
         }
     }
     if (split > 1 && rank != 0) /* rank 0 has read this block's last sums: it may exit */
@@ -603,7 +621,7 @@ template <int GATE> static int resident_clusters(cuda_state *s, int split)
             at.val.clusterDim.x = (unsigned)split;
             at.val.clusterDim.y = at.val.clusterDim.z = 1;
             cfg.gridDim = dim3((unsigned)split);
-            cfg.blockDim = dim3(DEC_THREADS);
+            cfg.blockDim = dim3(DecCfg<GATE>::THREADS);
             cfg.dynamicSmemBytes = DecCfg<GATE>::SMEM;
             cfg.attrs = &at;
             cfg.numAttrs = 1;
@@ -690,10 +708,10 @@ moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const cha
     if (!gate && x->split > 1)
         p.x.pdl = 0;
     if (gate)
-        mf_launch_pdl(fp8_dec_gemm<1>, grid, DEC_THREADS, DecCfg<1>::SMEM, s->stream, p.x.pdl, p,
-                      (unsigned)x->split);
+        mf_launch_pdl(fp8_dec_gemm<1>, grid, DecCfg<1>::THREADS, DecCfg<1>::SMEM, s->stream,
+                      p.x.pdl, p, (unsigned)x->split);
     else
-        mf_launch_pdl(fp8_dec_gemm<0>, grid, DEC_THREADS, DecCfg<0>::SMEM, s->stream, p.x.pdl, p,
-                      (unsigned)x->split);
+        mf_launch_pdl(fp8_dec_gemm<0>, grid, DecCfg<0>::THREADS, DecCfg<0>::SMEM, s->stream,
+                      p.x.pdl, p, (unsigned)x->split);
     return mf_cuda_launched(ctx, op, "fp8_dec_gemm");
 }

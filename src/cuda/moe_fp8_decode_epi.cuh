@@ -1,8 +1,8 @@
 /*
  * The epilogues of the FP8 decode GEMM (moe_fp8_decode.cu, which includes this file after the
  * pieces they use: DecTileSmem, the consumers' barrier, the tile's accumulators): the gate's
- * activation and h quantization, and the final's y with the reduced top-k sum. sm_90a device
- * code only, like the rest of the kernel.
+ * activation and h quantization, the final's y, and the reduced final's top-k sums (its own
+ * warp). sm_90a device code only, like the rest of the kernel.
  */
 #ifndef MOEFUSE_CUDA_MOE_FP8_DECODE_EPI_CUH
 #define MOEFUSE_CUDA_MOE_FP8_DECODE_EPI_CUH
@@ -60,12 +60,14 @@ static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const
     }
 }
 
-/* Final: y (+ bias) of the tile's slots; reduced, the top-k sums this block is last for. */
-static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, const Fp8DecExtra &x,
-                                          DecTileSmem &ts, long long nb,
-                                          const float (&acc)[2][4][4], int warp, int lane)
+/* Final, the consumers: y (+ bias) of the tile's slots, stored (reduced: in f32 for the sums
+ * warp, which takes it from here). */
+static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                          long long nb,
+                                                          const float (&acc)[2][4][4], int warp,
+                                                          int lane)
 {
-    const int gi = lane >> 2, t = lane & 3, tid = warp * 32 + lane;
+    const int gi = lane >> 2, t = lane & 3;
     const long long e = ts.e;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
@@ -83,54 +85,82 @@ static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, cons
             else
                 mfm_store(g.out, g.out_dt, ts.orow[slot] + c, y);
         }
-    if (!x.arrivals)
-        return;
-    /* the last of a token's valid slots to arrive at this column block sums them */
-    __threadfence();
-    dec_bar_consumers();
-    if (tid < ts.count) {
-        const long long m = ts.tok[tid];
-        int valid = 0;
-        for (long long j = 0; j < g.rt.topk; j++)
-            valid += moe_slot_expert(g.rt, m, j) >= 0;
-        const unsigned old = atomicAdd(x.arrivals + m * g.nblk + nb, 1u);
-        ts.last[tid] = old + 1u == (unsigned)valid;
-        __threadfence();
-    }
-    dec_bar_consumers();
-    /* lane: four columns; the token's slots eight at a time, their loads issued together
-     * (one at a time, each a round trip to L2, was most of the epilogue), summed in order */
-    const long long K = g.ncols, k = g.rt.topk, c = nb * FP8_BLOCK + 4 * lane;
-    for (int i = warp; i < ts.count; i += 8) {
-        if (!ts.last[i])
+}
+
+/*
+ * Final, reduced: the sums warp. For each of the block's items (rank 0, found as the producer
+ * finds them) it counts each row's valid slots while the consumers stream, waits for the
+ * consumers' y (epi_full), announces each row's arrival at the column block, and the last of a
+ * token's valid slots to arrive sums them in slot order. The consumers never wait for these
+ * round trips to L2 (fence, counter, the other slots' y): they held every item for most of its
+ * epilogue when the consumers made them.
+ */
+static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp8DecExtra &x,
+                                                      const DecDirect &dd, uint64_t *epi_full,
+                                                      uint64_t *epi_free, long long cluster,
+                                                      long long items, int lane)
+{
+    const long long K = g.ncols, k = g.rt.topk;
+    unsigned phase = 0;
+    for (long long w = cluster; w < items; w += x.clusters) {
+        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        long long e, s;
+        const int count = dec_tile(g, x, dd, ti, lane, &e, &s);
+        if (count == 0)
             continue;
-        const long long m = ts.tok[i];
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (long long j0 = 0; j0 < k; j0 += 8) {
-            float4 y[8];
-            float w[8];
-            bool ok[8];
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const long long j = j0 + q;
-                ok[q] = j < k && moe_slot_expert(g.rt, m, j) >= 0;
-                y[q] = ok[q] ? __ldcg((const float4 *)((const float *)g.out + (m * k + j) * K + c))
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                w[q] = ok[q] ? x.tw[m * x.tw_s0 + j] : 0.0f;
-            }
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                if (!ok[q])
-                    continue; /* an invalid slot adds nothing, not even a signed zero */
-                sum[0] = fp8_add(sum[0], mf_mul(w[q], y[q].x));
-                sum[1] = fp8_add(sum[1], mf_mul(w[q], y[q].y));
-                sum[2] = fp8_add(sum[2], mf_mul(w[q], y[q].z));
-                sum[3] = fp8_add(sum[3], mf_mul(w[q], y[q].w));
-            }
+        const long long m = lane < count ? s / k : 0;
+        int valid = 0;
+        if (lane < count)
+            for (long long j = 0; j < k; j++)
+                valid += moe_slot_expert(g.rt, m, j) >= 0;
+        hp_mbar_wait(dec_smem(epi_full), phase); /* the consumers' y of this item are stored */
+        phase ^= 1u;
+        bool last = false;
+        if (lane < count) {
+            __threadfence(); /* those stores (cumulative through the barrier), then the count */
+            last = atomicAdd(x.arrivals + m * g.nblk + nb, 1u) + 1u == (unsigned)valid;
         }
+        __syncwarp();
+        if (lane == 0)
+            hp_mbar_arrive(dec_smem(epi_free));
+        unsigned lasts = __ballot_sync(0xFFFFFFFFu, last);
+        if (lasts)
+            __threadfence(); /* the other blocks' y, after their counts */
+        /* lane: four columns; the token's slots eight at a time, their loads issued together,
+         * summed in order */
+        const long long c = nb * FP8_BLOCK + 4 * lane;
+        while (lasts) {
+            const int i = __ffs(lasts) - 1;
+            lasts &= lasts - 1u;
+            const long long mi = __shfl_sync(0xFFFFFFFFu, m, i);
+            float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (long long j0 = 0; j0 < k; j0 += 8) {
+                float4 y[8];
+                float wt[8];
+                bool ok[8];
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            mfm_store(x.rout, x.rout_dt, m * x.rout_s0 + c + q, sum[q]);
+                for (int q = 0; q < 8; q++) {
+                    const long long j = j0 + q;
+                    ok[q] = j < k && moe_slot_expert(g.rt, mi, j) >= 0;
+                    y[q] = ok[q] ? __ldcg((const float4 *)((const float *)g.out + (mi * k + j) * K +
+                                                           c))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    wt[q] = ok[q] ? x.tw[mi * x.tw_s0 + j] : 0.0f;
+                }
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    if (!ok[q])
+                        continue; /* an invalid slot adds nothing, not even a signed zero */
+                    sum[0] = fp8_add(sum[0], mf_mul(wt[q], y[q].x));
+                    sum[1] = fp8_add(sum[1], mf_mul(wt[q], y[q].y));
+                    sum[2] = fp8_add(sum[2], mf_mul(wt[q], y[q].z));
+                    sum[3] = fp8_add(sum[3], mf_mul(wt[q], y[q].w));
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                mfm_store(x.rout, x.rout_dt, mi * x.rout_s0 + c + q, sum[q]);
+        }
     }
 }
 
