@@ -3,7 +3,8 @@
  * read of the routed experts' weights, and the kernel is a weight stream.
  *
  * Tile: up to DEC_NS rows (slots) of one expert x 128 h columns (gate: its 128 gate and 128
- * up weight rows, one h group) or 128 output columns (final). Roles (288 threads):
+ * up weight rows, one h group) or 128 output columns (final). Roles (288 threads; the final
+ * 320):
  *  - producer, warp 8: per 128-deep block (the block of the scales) one stage of a ring: the
  *    tile's weight rows by tensor copies (TMA, boxes of 128 rows x 128 bytes swizzled by 128
  *    bytes), the tile's activation codes by cp.async (zeros past the tile's rows), both
@@ -31,7 +32,9 @@
  * Epilogues: gate: bias, clamp, activation, the group's amax over the 128 h columns of a
  * slot, the scale, the codes (fp8.cuh, as every FP8 path); final: bias and y, stored (un-
  * reduced, masked), or y in f32 and, by the last slot of a token to arrive at a column block,
- * the token's top-k sum in slot order (fp8_reduce_topk's arithmetic).
+ * the token's top-k sum in slot order (fp8_reduce_topk's arithmetic). The reduced final's
+ * counting and sums are the sums warp's (warp 9): the consumers store y, arrive on epi_full
+ * and take the next item.
  */
 #include "cuda/moe_fp8_decode.h"
 #include "cuda/moe_fp8_ws.h" /* the weights' tensor map */
@@ -61,9 +64,9 @@
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
-    static constexpr int FRAGS = GATE ? 2 : 1;    /* m16 operands of a consumer warp */
-    /* the gate's epilogue needs ~170 registers: one block per multiprocessor and a deeper
-     * ring; the final fits two blocks (96 registers) */
+    static constexpr int FRAGS = GATE ? 2 : 1;    /* halves: the gate's gate and up rows */
+    /* the gate: one block per multiprocessor (its ring of 36 KB stages and its h buffer take
+     * 214 KB); the final fits two (105 KB and 96 registers each) */
     static constexpr int MINB = GATE ? 1 : 2;
     /* consumers and producer; the final also its sums warp */
     static constexpr int THREADS = GATE ? 288 : 320;
