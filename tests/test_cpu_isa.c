@@ -6,7 +6,8 @@
  * dequant on fresh random data and on edge inputs (NaN with payloads, +-Inf,
  * all-zero groups, amax of exactly 448, 464 and 480, quotients on e4m3
  * rounding ties, scales next to powers of two, denormals, huge values, g
- * beyond +-88, odd H, 0 and 1 tokens, masked counts out of range).
+ * beyond +-88, odd H, 0 and 1 tokens, masked counts out of range); and moe_forward, whose
+ * few-slot tiles stream the weights unpacked at the vector levels.
  *
  * `test_cpu_isa --exp-all` (not part of `meson test`: minutes) compares the
  * vector exp of each level with mf_exp_f32 on all 2^32 f32 inputs.
@@ -739,6 +740,63 @@ static int exp_all(void)
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+/*
+ * moe_forward at every level gives the scalar level's bytes. The vector levels stream the
+ * weights of a tile of at most MF_GEMM_STREAM_MS slots unpacked (gemm_stream_avx2.c) where the
+ * scalar level packs them; larger tiles and f16 weights take the packed GEMM at every level.
+ * Depths cover tails of 1..7, one and several cache blocks of MF_GEMM_KC.
+ */
+START_TEST(t_moe_gemm_levels)
+{
+    static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
+    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9}, Ks[] = {8, 13, 40, 256, 300, 517},
+                         Is[] = {8, 24, 70};
+    for (int n = 0; n < 36; n++) {
+        const int64_t M = Ms[h_randint(0, 5)], E = h_randint(1, 4), k = h_randint(1, 3);
+        const int64_t K = Ks[h_randint(0, 5)], I = Is[h_randint(0, 2)];
+        const moefuse_dtype dt = DTS[h_randint(0, 2)];
+        tbuf *x = tb_upload_unif(tb_new2("x", dt, M, K, 0, 1), -1, 1);
+        tbuf *w1 = tb_upload_unif(tb_new3("w1", dt, E, 2 * I, K, 0, 1), -1, 1);
+        tbuf *w2 = tb_upload_unif(tb_new3("w2", dt, E, K, I, 0, 1), -1, 1);
+        tbuf *ids = tb_new2("ids", MOEFUSE_I32, M, k, 0, 1);
+        tbuf *wts = tb_new2("wts", MOEFUSE_F32, M, k, 0, 1);
+        h_fill_random_routing(ids, wts, M, k, E, h_randint(0, 1), -1);
+        tbuf *out = tb_new2("out", dt, M, K, h_randint(0, 2), 0);
+        moefuse_routing r;
+        memset(&r, 0, sizeof r);
+        r.topk_ids = ids->t;
+        r.topk_weights = wts->t;
+        unsigned char *pristine = malloc(out->total), *ref = malloc(out->total);
+        memcpy(pristine, out->full, out->total);
+        for (int lvl = MF_CPU_ISA_SCALAR; lvl < MF_CPU_ISA_COUNT; lvl++) {
+            if (!mf_cpu_isa_force((mf_cpu_isa)lvl))
+                continue;
+            memcpy(out->full, pristine, out->total);
+            tb_upload(out);
+            const moefuse_status st =
+                CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), NULL, NULL, &r, T(out), NULL));
+            HCHECK(st == MOEFUSE_OK, "moe_forward at %s: %s (%s)", mf_cpu_isa_name((mf_cpu_isa)lvl),
+                   moefuse_status_name(st), moefuse_last_error(g_ctx));
+            if (lvl == MF_CPU_ISA_SCALAR) {
+                memcpy(ref, out->full, out->total);
+                continue;
+            }
+            size_t b = 0;
+            while (b < out->total && out->full[b] == ref[b])
+                b++;
+            HCHECK(b == out->total,
+                   "moe_forward M=%lld E=%lld k=%lld K=%lld I=%lld dtype %d: %s differs from "
+                   "scalar at byte %zu of %zu",
+                   (long long)M, (long long)E, (long long)k, (long long)K, (long long)I, (int)dt,
+                   mf_cpu_isa_name((mf_cpu_isa)lvl), b, out->total);
+        }
+        free(pristine);
+        free(ref);
+        tb_free_all();
+    }
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--exp-all") == 0)
@@ -751,5 +809,6 @@ int main(int argc, char **argv)
     tcase_add_test(tc, t_wide_rows);
     tcase_add_test(tc, t_sixteen_lanes);
     tcase_add_test(tc, t_every_bf16_gate);
+    tcase_add_test(tc, t_moe_gemm_levels);
     return h_run(s);
 }

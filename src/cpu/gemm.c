@@ -1,5 +1,6 @@
 /* Packing and register-tiled micro-kernel of the MoE GEMMs (see gemm.h). */
 #include "cpu/gemm.h"
+#include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
 
 #include <math.h>
@@ -81,6 +82,12 @@ static void block_kernel(MF_BLOCK_KERNEL_ARGS)
     block_kernel_generic(kc, mpanels, npanels, a_pack, b_pack, c, ldc);
 }
 
+/* The A row of slot id (x row of its token, or its h row) from depth k0. */
+static const char *a_row(const moefuse_tensor *t, int rank3, int64_t topk, int64_t id, int64_t k0)
+{
+    return rank3 ? mf_at3(t, id / topk, id % topk, k0) : mf_at2(t, id / topk, k0);
+}
+
 /* Pack rows[0..n) (padded with zero rows to a multiple of p <= MF_GEMM_NR) of depth
  * [k0, k0+kc) as panels [n/p][kc][p]. tmp holds p * KC floats. */
 static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int rank3, int64_t lead,
@@ -96,20 +103,41 @@ static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int ra
                 memset(row, 0, (size_t)kc * sizeof(float));
                 continue;
             }
-            const char *src;
-            if (lead >= 0)
-                src = mf_at3(t, lead, id, k0);
-            else if (rank3)
-                src = mf_at3(t, id / topk, id % topk, k0);
-            else
-                src = mf_at2(t, id / topk, k0); /* x row of token m = s / k */
-            mf_load_row(row, src, t->dtype, kc);
+            mf_load_row(row, lead >= 0 ? mf_at3(t, lead, id, k0) : a_row(t, rank3, topk, id, k0),
+                        t->dtype, kc);
         }
         float *d = dst + r0 * kc;
         for (int64_t k = 0; k < kc; k++)
             for (int64_t i = 0; i < p; i++)
                 d[k * p + i] = tmp[i * kc + k];
     }
+}
+
+/* Few A rows: the weights streamed unpacked by the level's kernel, the A rows widened to f32
+ * per cache block of depth. False where the level or the weights' dtype has no such kernel. */
+static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
+                        const int64_t *a_rows, int64_t ms, const moefuse_tensor *b, int64_t lead,
+                        const int64_t *b_rows, int64_t ncols, int64_t depth, float *c,
+                        int64_t ldc, mf_gemm_scratch *s)
+{
+    const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
+    if (ms > MF_GEMM_STREAM_MS || !kern->gemm_stream ||
+        (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16) || b->stride[2] != 1)
+        return false;
+    const int64_t wrow_bytes = b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype);
+    for (int64_t k0 = 0; k0 < depth; k0 += KC) {
+        const int64_t kc = depth - k0 < KC ? depth - k0 : KC;
+        for (int64_t i = 0; i < ms; i++) {
+            if (a_rows[i] < 0)
+                memset(s->a_pack + i * kc, 0, (size_t)kc * sizeof(float));
+            else
+                mf_load_row(s->a_pack + i * kc, a_row(a, a_rank3, topk, a_rows[i], k0),
+                            a->dtype, kc);
+        }
+        kern->gemm_stream(s->a_pack, kc, ms, mf_at3(b, lead, 0, k0), wrow_bytes, b->dtype, b_rows,
+                          ncols, kc, c, ldc);
+    }
+    return true;
 }
 
 void mf_gemm_tile(const moefuse_tensor *a, int a_rank3, int64_t topk, const int64_t *a_rows,
@@ -119,6 +147,8 @@ void mf_gemm_tile(const moefuse_tensor *a, int a_rank3, int64_t topk, const int6
     const int64_t mpanels = (ms + MR - 1) / MR, npanels = (ncols + NR - 1) / NR;
     const int64_t ldc = npanels * NR;
     memset(c, 0, (size_t)(mpanels * MR * ldc) * sizeof(float));
+    if (gemm_stream(a, a_rank3, topk, a_rows, ms, b, lead, b_rows, ncols, depth, c, ldc, s))
+        return;
     for (int64_t k0 = 0; k0 < depth; k0 += KC) {
         const int64_t kc = depth - k0 < KC ? depth - k0 : KC;
         pack(s->a_pack, MR, a, a_rank3, -1, topk, a_rows, ms, k0, kc, s->tmp);

@@ -21,6 +21,10 @@
 #define MF_GEMM_KC 256  /* depth of one cache block */
 #define MF_GEMM_MB 48   /* rows of A per work item (multiple of MR) */
 #define MF_GEMM_NB 128  /* columns of B per work item (multiple of NR) */
+/* Tiles of at most this many A rows stream the weights unpacked (gemm_stream_avx2.c) where the
+ * processor has AVX2: for one or two rows, packing the weights cost more than the product. */
+#define MF_GEMM_STREAM_MS 4
+#define MF_GEMM_STREAM_KC MF_GEMM_KC
 
 /* Per-thread scratch of one tile computation. */
 typedef struct mf_gemm_scratch {

@@ -75,6 +75,16 @@ typedef struct mf_cpu_row_kernels {
                          void *out);
     /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
     void (*exp_array)(const float *x, float *y, int64_t n);
+    /*
+     * Optional (NULL: the packed GEMM of gemm.c). c[i][n] (i < ms <= MF_GEMM_STREAM_MS, n <
+     * ncols, row stride ldc) += a[i][k] * w_n[k] for k = 0 .. kc-1 in order, one fmaf each
+     * (the packed GEMM's bits): a holds ms rows of kc floats (stride lda), w_n is the weight
+     * row of b_rows[n] at wbase + b_rows[n] * wrow_bytes (f32 or bf16; b_rows[n] < 0 or n past
+     * the rows: zeros), kc <= MF_GEMM_STREAM_KC.
+     */
+    void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
+                        int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
+                        int64_t ncols, int64_t kc, float *c, int64_t ldc);
 } mf_cpu_row_kernels;
 
 /* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c); NULL for an
@@ -91,6 +101,12 @@ const char *mf_cpu_isa_name(mf_cpu_isa isa);
 
 /* The scalar reference (rows.c). */
 extern const mf_cpu_row_kernels mf_cpu_rows_scalar;
+#if defined(MF_CPU_HAVE_X86_SIMD)
+/* The weight-stream GEMM tile of the AVX2 and AVX-512 levels (gemm_stream_avx2.c). */
+void mf_cpu_gemm_stream_avx2(const float *a, int64_t lda, int64_t ms, const char *wbase,
+                             int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
+                             int64_t ncols, int64_t kc, float *c, int64_t ldc);
+#endif
 /* h of one channel, by the reference's own compiled code: the vector kernels hand it every
  * lane they do not compute themselves (NaN, |g| >= 86.5, the gelu forms), so those lanes
  * carry the reference's bits, NaN choices included. */

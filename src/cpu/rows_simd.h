@@ -609,4 +609,5 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
 const mf_cpu_row_kernels SIMD_TABLE = {
     SIMD_ISA,           SIMD_ISA_NAME,        SIMD_NAME(quant_row),
     SIMD_NAME(act_mul_row), SIMD_NAME(dequant_span), SIMD_NAME(exp_array),
+    mf_cpu_gemm_stream_avx2, /* both x86 levels: AVX-512 machines have AVX2 */
 };
