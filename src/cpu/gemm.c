@@ -121,8 +121,9 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
                         int64_t ldc, mf_gemm_scratch *s)
 {
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
+    /* rows are contiguous: the core refuses any other innermost stride */
     if (ms < 1 || ms > MF_GEMM_STREAM_MS || !kern->gemm_stream ||
-        (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16) || b->stride[2] != 1)
+        (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16))
         return false;
     const int64_t wrow_bytes = b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype);
     for (int64_t k0 = 0; k0 < depth; k0 += KC) {
