@@ -10,7 +10,7 @@
 
 #include "cuda/fp8.cuh"
 
-#define DEC_NS 32       /* rows (slots) of a tile at most: four n8 columns of mma.sync */
+#define DEC_NS 32       /* rows (slots) of a tile at most: wgmma N = 32 */
 #define DEC_DIRECT_S 32 /* routed calls of at most this many slots route themselves */
 #define DEC_MAX_E 1024  /* local experts the route kernel counts in shared memory */
 #define DEC_SPLIT_MAX 8 /* blocks of a cluster sharing a tile's depth (portable cluster size) */
