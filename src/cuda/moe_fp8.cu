@@ -534,6 +534,9 @@ static moefuse_status gate_decode(moefuse_context *ctx, cuda_state *s, const cha
     MF_TRY(moe_fp8_dec_route(ctx, s, op, &r));
     if (r.route)
         dec_tiles_from(&x, &r);
+    /* the quantization before it lets it launch only once the ids are complete, and writes no
+     * tile (direct mode) */
+    x.early = !r.route && pl->quant_x;
     return moe_fp8_dec_launch(ctx, s, op, 1, g, &x);
 }
 
@@ -578,6 +581,7 @@ static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const ch
         dec_tiles_from(&x, &r);
         x.zero_slot = zs;
         x.zero_tok = zt;
+        x.early = 1; /* the gate before it lets it launch once the tiles and ids are complete */
     } else if (pl->dec_mode == DEC_ROUTED) {
         Fp8DecRoute r = dec_route_args(s, a, pl, scratch, &g->rt);
         r.route = 1;

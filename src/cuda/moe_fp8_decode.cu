@@ -208,16 +208,14 @@ static __device__ __forceinline__ int dec_wrow(const Fp8Gemm &g, int f, long lon
     return (int)((GATE ? (f == 0 ? g.gate_row : g.up_row) : 0) + nb * 128);
 }
 
-/*
- * Stage of depth block b: the weight rows by tensor copies, the activation rows (lane i: row
- * i) by cp.async, every lane's and the tensor bytes completing `full`.
- */
+/* Stage of depth block b, its weight rows: by tensor copies completing `full` (announced there
+ * first), or through the warp's registers. */
 template <int GATE>
-static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const Fp8Gemm &g,
-                                                   const Fp8DecExtra &x, char *stage,
-                                                   uint32_t full, long long e, int count,
-                                                   long long arow, long long nb, long long b,
-                                                   int lane, uint64_t policy)
+static __device__ __forceinline__ void dec_produce_weights(const CUtensorMap *map, const Fp8Gemm &g,
+                                                           const Fp8DecExtra &x, char *stage,
+                                                           uint32_t full, long long e,
+                                                           long long nb, long long b, int lane,
+                                                           uint64_t policy)
 {
     using C = DecCfg<GATE>;
     if (x.w_map) {
@@ -243,6 +241,23 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
         }
         hp_fence_proxy_async(); /* stores, read by the tensor cores' proxy */
     }
+}
+
+/*
+ * Stage of depth block b: the weight rows (unless the early prologue issued them), the
+ * activation rows (lane i: row i) by cp.async, every lane's and the tensor bytes completing
+ * `full`.
+ */
+template <int GATE>
+static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const Fp8Gemm &g,
+                                                   const Fp8DecExtra &x, char *stage,
+                                                   uint32_t full, long long e, int count,
+                                                   long long arow, long long nb, long long b,
+                                                   bool weights, int lane, uint64_t policy)
+{
+    using C = DecCfg<GATE>;
+    if (weights)
+        dec_produce_weights<GATE>(map, g, x, stage, full, e, nb, b, lane, policy);
     uint8_t *act = (uint8_t *)stage + C::W_BYTES + lane * FP8_BLOCK;
     const uint8_t *src = g.a + arow + b * FP8_BLOCK;
     if (g.vec_a) {
@@ -263,18 +278,79 @@ static __device__ __forceinline__ void dec_produce(const CUtensorMap *map, const
         hp_mbar_arrive(full); /* with the expected bytes announced */
 }
 
-/* The producer warp: for each item its tile, then its stages, ahead by the ring. */
+/* The tiles of the direct mode, by the producer warp: slot = lane, its local expert; tile i
+ * = the i-th distinct valid one. */
+static __device__ __forceinline__ void dec_direct_tiles(const Fp8Gemm &g, DecDirect &dd, int lane)
+{
+    long long ev = -1;
+    if (lane < g.rt.S)
+        ev = moe_slot_expert(g.rt, lane / g.rt.topk, lane % g.rt.topk);
+    const int key = ev >= 0 ? (int)ev : -1 - lane;
+    const unsigned same = __match_any_sync(0xFFFFFFFFu, key);
+    const bool first = ev >= 0 && (__ffs(same) - 1) == lane;
+    const unsigned firsts = __ballot_sync(0xFFFFFFFFu, first);
+    if (first) {
+        const int i = __popc(firsts & ((1u << lane) - 1u));
+        dd.e[i] = (int)ev;
+        dd.mask[i] = same;
+    }
+    if (lane == 0)
+        dd.n = __popc(firsts);
+    __syncwarp();
+}
+
+/* The tiles of the launch: distinct experts (direct), the route's list, or the masked bound. */
+static __device__ __forceinline__ long long dec_ntiles(const Fp8DecExtra &x, const DecDirect &dd)
+{
+    return x.mode == DEC_DIRECT   ? dd.n
+           : x.mode == DEC_ROUTED ? (long long)__ldcg(x.ntiles)
+                                  : x.tiles_bound;
+}
+
+/*
+ * Early (x.early, before the kernel waits for the one before it): the weight rows of the first
+ * stages of the cluster's first item, whose tile the kernel before did not write (a layer's
+ * final after its gate; a gate after the quantization of x in direct mode). The stream starts
+ * while that kernel ends. Returns the stages issued.
+ */
+template <int GATE>
+static __device__ __forceinline__ int dec_producer_early(const DecParams &p, const DecDirect &dd,
+                                                         char *smem, uint64_t *full,
+                                                         long long cluster, long long kb0,
+                                                         long long kb1, int lane)
+{
+    using C = DecCfg<GATE>;
+    const Fp8Gemm &g = p.g;
+    if (!p.x.w_map || cluster >= dec_ntiles(p.x, dd) * g.nblk)
+        return 0;
+    const long long ti = cluster / g.nblk, nb = cluster - ti * g.nblk;
+    long long e, s;
+    if (dec_tile(g, p.x, dd, ti, lane, &e, &s) == 0)
+        return 0;
+    const int n = (int)(kb1 - kb0 < C::STAGES ? kb1 - kb0 : C::STAGES);
+    const uint64_t policy = hp_policy_evict_first();
+    if (lane == 0)
+        hp_tma_prefetch(&p.map_w);
+    for (int i = 0; i < n; i++)
+        dec_produce_weights<GATE>(&p.map_w, g, p.x, smem + i * C::STAGE, dec_smem(&full[i]), e,
+                                  nb, kb0 + i, lane, policy);
+    return n;
+}
+
+/* The producer warp: for each item its tile, then its stages, ahead by the ring (the first
+ * `pre` stages' weights already on their way). */
 template <int GATE>
 static __device__ __forceinline__ void dec_producer(const DecParams &p, const DecDirect &dd,
                                                    char *smem, uint64_t *full, uint64_t *empty,
                                                    long long cluster, long long items,
-                                                   long long kb0, long long kb1, int lane)
+                                                   long long kb0, long long kb1, int pre,
+                                                   int lane)
 {
     using C = DecCfg<GATE>;
     const Fp8Gemm &g = p.g;
     HpPipe<C::STAGES> pipe = {0, 0u};
     const uint64_t policy = hp_policy_evict_first(); /* each weight is read once */
-    if (p.x.w_map && lane == 0)
+    if (p.x.w_map && lane == 0 && pre == 0)
         hp_tma_prefetch(&p.map_w);
     for (long long w = cluster; w < items; w += p.x.clusters) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
@@ -285,8 +361,8 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
             for (long long b = kb0; b < kb1; b++) {
                 hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
                 dec_produce<GATE>(&p.map_w, g, p.x, smem + pipe.stage * C::STAGE,
-                                  dec_smem(&full[pipe.stage]), e, count, arow, nb, b, lane,
-                                  policy);
+                                  dec_smem(&full[pipe.stage]), e, count, arow, nb, b,
+                                  w != cluster || b - kb0 >= pre, lane, policy);
                 pipe.advance();
             }
     }
@@ -466,7 +542,9 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     const int split = x.split;
     const int rank = (int)(blockIdx.x % split);
     const long long cluster = blockIdx.x / split;
-    if (tid == 0) {
+    /* the producer's lane 0 creates the barriers: its early copies use them before any
+     * block-wide barrier */
+    if (tid == DEC_PRODUCER * 32) {
         for (int st = 0; st < C::STAGES; st++) {
             hp_mbar_init(dec_smem(&full[st]), DEC_FULL_ARRIVALS);
             hp_mbar_init(dec_smem(&empty[st]), 8);
@@ -479,6 +557,16 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     }
     if (split > 1)
         hp_cluster_sync(); /* every block's barriers exist before another arrives on them */
+    const long long nkb = g.depth / FP8_BLOCK, per = (nkb + split - 1) / split;
+    const long long kb0 = rank * per < nkb ? rank * per : nkb;
+    const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
+    const bool early = x.early && x.pdl; /* the tiles are known before the wait */
+    int pre = 0;
+    if (early && warp == DEC_PRODUCER) {
+        if (x.mode == DEC_DIRECT)
+            dec_direct_tiles(g, dd, lane);
+        pre = dec_producer_early<GATE>(p, dd, smem, full, cluster, kb0, kb1, lane);
+    }
     if (x.pdl)
         mf_pdl_wait(); /* everything below reads what earlier kernels wrote */
     if (x.trigger)
@@ -486,33 +574,12 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     if (blockIdx.x == 0)
         dec_zero(g.rt, g.rt.S / (g.rt.topk > 0 ? g.rt.topk : 1), x.zero_slot, x.zero_tok,
                  x.zero_arrivals, x.zero_arrivals_n, tid, C::THREADS);
-    if (x.mode == DEC_DIRECT && warp == DEC_PRODUCER) {
-        /* slot = lane: its local expert; tile i = the i-th distinct valid one */
-        long long ev = -1;
-        if (lane < g.rt.S)
-            ev = moe_slot_expert(g.rt, lane / g.rt.topk, lane % g.rt.topk);
-        const int key = ev >= 0 ? (int)ev : -1 - lane;
-        const unsigned same = __match_any_sync(0xFFFFFFFFu, key);
-        const bool first = ev >= 0 && (__ffs(same) - 1) == lane;
-        const unsigned firsts = __ballot_sync(0xFFFFFFFFu, first);
-        if (first) {
-            const int i = __popc(firsts & ((1u << lane) - 1u));
-            dd.e[i] = (int)ev;
-            dd.mask[i] = same;
-        }
-        if (lane == 0)
-            dd.n = __popc(firsts);
-    }
+    if (!early && x.mode == DEC_DIRECT && warp == DEC_PRODUCER)
+        dec_direct_tiles(g, dd, lane);
     __syncthreads();
-    const long long ntiles = x.mode == DEC_DIRECT   ? dd.n
-                             : x.mode == DEC_ROUTED ? (long long)__ldcg(x.ntiles)
-                                                    : x.tiles_bound;
-    const long long items = ntiles * g.nblk, nkb = g.depth / FP8_BLOCK;
-    const long long per = (nkb + split - 1) / split;
-    const long long kb0 = rank * per < nkb ? rank * per : nkb;
-    const long long kb1 = kb0 + per < nkb ? kb0 + per : nkb;
+    const long long items = dec_ntiles(x, dd) * g.nblk;
     if (warp == DEC_PRODUCER) {
-        dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, lane);
+        dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, pre, lane);
         return;
     }
     const bool sums = !GATE && x.arrivals && rank == 0; /* the sums warp takes the items' y */

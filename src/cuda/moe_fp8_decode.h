@@ -56,6 +56,9 @@ typedef struct Fp8DecExtra {
     long long zero_arrivals_n;
     int pdl;     /* launched with programmatic dependent launch (waits before reading) */
     int trigger; /* lets the next kernel launch once this one's inputs are known */
+    /* the kernel before this one wrote neither the tiles nor the ids (a layer's final after
+     * its gate; a direct gate after x's quantization): the first weights come before the wait */
+    int early;
     int w_map;   /* set at the launch: the weights come by tensor map */
 } Fp8DecExtra;
 
