@@ -600,6 +600,9 @@ static moefuse_status final_decode(moefuse_context *ctx, cuda_state *s, const ch
             if (e != cudaSuccess)
                 return mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(arrivals)");
         }
+    } else if (pl->dec_mode == DEC_MASKED) {
+        /* after the layer's gate, which lets it launch only once the counts are complete */
+        x.early = 1;
     }
     return moe_fp8_dec_launch(ctx, s, op, 0, g, &x);
 }
