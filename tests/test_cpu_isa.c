@@ -744,16 +744,17 @@ static int exp_all(void)
  * moe_forward at every level gives the scalar level's bytes. The vector levels stream the
  * weights of a tile of at most MF_GEMM_STREAM_MS slots unpacked (gemm_stream_avx2.c) where the
  * scalar level packs them; larger tiles and f16 weights take the packed GEMM at every level.
- * Depths cover tails of 1..7, one and several cache blocks of MF_GEMM_KC.
+ * Depths cover tails of 1..7, one and several cache blocks of MF_GEMM_KC and of the streamed
+ * MF_GEMM_STREAM_KC, and depths shorter than the stream's lag between its two halves.
  */
 START_TEST(t_moe_gemm_levels)
 {
     static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
-    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9}, Ks[] = {8, 13, 40, 256, 300, 517},
+    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9}, Ks[] = {8, 13, 40, 256, 300, 517, 2100},
                          Is[] = {8, 24, 70};
     for (int n = 0; n < 36; n++) {
         const int64_t M = Ms[h_randint(0, 5)], E = h_randint(1, 4), k = h_randint(1, 3);
-        const int64_t K = Ks[h_randint(0, 5)], I = Is[h_randint(0, 2)];
+        const int64_t K = Ks[h_randint(0, 6)], I = Is[h_randint(0, 2)]; /* 2100: two streamed blocks */
         const moefuse_dtype dt = DTS[h_randint(0, 2)];
         tbuf *x = tb_upload_unif(tb_new2("x", dt, M, K, 0, 1), -1, 1);
         tbuf *w1 = tb_upload_unif(tb_new3("w1", dt, E, 2 * I, K, 0, 1), -1, 1);

@@ -7,6 +7,8 @@
 #include <string.h>
 
 enum { MR = MF_GEMM_MR, NR = MF_GEMM_NR, KC = MF_GEMM_KC };
+_Static_assert(MF_GEMM_STREAM_MS * MF_GEMM_STREAM_KC <= MF_GEMM_MB * MF_GEMM_KC,
+               "a streamed block's A rows fit a_pack");
 
 /* c[MR x NR] (stride ldc) += a_panel[kc x MR] * b_panel[kc x NR], k in order. */
 static inline __attribute__((always_inline)) void micro_kernel(int64_t kc,
@@ -126,8 +128,8 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
         (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16))
         return false;
     const int64_t wrow_bytes = b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype);
-    for (int64_t k0 = 0; k0 < depth; k0 += KC) {
-        const int64_t kc = depth - k0 < KC ? depth - k0 : KC;
+    for (int64_t k0 = 0; k0 < depth; k0 += MF_GEMM_STREAM_KC) {
+        const int64_t kc = depth - k0 < MF_GEMM_STREAM_KC ? depth - k0 : MF_GEMM_STREAM_KC;
         for (int64_t i = 0; i < ms; i++) {
             if (a_rows[i] < 0)
                 memset(s->a_pack + i * kc, 0, (size_t)kc * sizeof(float));
