@@ -78,10 +78,10 @@ L void step8(const float *a, int64_t lda, const char *const rows[16], int bf16, 
 /*
  * Sixteen columns (two halves of eight) of MS rows: acc[i][h] += a[i][k] * w[k] in k order.
  * Half 1 runs two cache lines of depth behind half 0. Weight rows are often a multiple of
- * 4 KiB apart (K = 2048, 4096, 14336 in bf16), so that the sixteen rows' lines at one depth
- * share one set of the 8-way L1 and evict each other before they are used up; with the lag
- * each set holds eight (2-core EPYC, one thread, rows 8 KiB apart: 4.4 -> 6.3 G bf16 weights
- * a second).
+ * 4 KiB apart (rows of 2048, 4096 or 14336 bf16 values), so that the sixteen rows' lines at
+ * one depth share one set of the 8-way L1 and evict each other before they are used up; with
+ * the lag each set holds eight (2-core EPYC, one thread, rows 8 KiB apart: 4.4 -> 6.3 G bf16
+ * weights a second).
  */
 L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf16, int64_t kc,
                  float *c, int64_t ldc, const int ms)
