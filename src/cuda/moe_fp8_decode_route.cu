@@ -4,6 +4,7 @@
  * quantizes an f32/f16/bf16 x as `quant` does, so that the GEMM's producer only issues copies.
  */
 #include "cuda/moe_fp8_decode.h"
+#include "cuda/masked_offsets.cuh"
 #include "cuda/moe_math.cuh"
 #include "cuda/pdl.cuh"
 
@@ -27,69 +28,23 @@ static __device__ __forceinline__ float dec_quant_block(const void *x, int dt, l
     return s;
 }
 
-/* Exclusive prefix of `mine` over the block's 512 threads, and the block's total. */
-static __device__ __forceinline__ unsigned long long dec_block_scan(unsigned long long mine,
-                                                                    unsigned long long *wsum,
-                                                                    int lane, int warp,
-                                                                    unsigned long long *total)
-{
-    unsigned long long inc = mine;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const unsigned long long o = __shfl_up_sync(0xFFFFFFFFu, inc, off);
-        if (lane >= off)
-            inc += o;
-    }
-    if (lane == 31)
-        wsum[warp] = inc;
-    __syncthreads();
-    unsigned long long before = inc - mine, all = 0;
-    for (int w = 0; w < 16; w++) {
-        before += w < warp ? wsum[w] : 0ull;
-        all += wsum[w];
-    }
-    *total = all;
-    return before;
-}
-
 /*
- * Masked x: the valid rows' blocks only, numbered expert after expert (offs[e]: the blocks
- * before expert e), so that the warps share those and not every row's (E * Tmax rows, most
- * of them past their expert's count: each a count read and a skip).
+ * Masked x: the valid rows' blocks only, the rows numbered expert after expert (offs), so that
+ * the warps share those and not every row's (E * Tmax rows, most of them past their expert's
+ * count: each a count read and a skip).
  */
-static __device__ __forceinline__ void dec_quant_masked(const Fp8DecRoute &r, long long *offs,
-                                                        unsigned long long *wsum,
+static __device__ __forceinline__ void dec_quant_masked(const Fp8DecRoute &r, int64_t *offs,
                                                         long long first, long long warps,
-                                                        int tid, int lane, int warp)
+                                                        int lane)
 {
-    const long long groups = r.K / FP8_BLOCK;
-    const int E = (int)r.rt.E, per = (E + 511) / 512, e0 = tid * per;
-    unsigned long long mine = 0;
-    for (int e = e0; e < e0 + per && e < E; e++) {
-        const long long n = r.counts[e * r.counts_s0]; /* device data: clamped to [0, Tmax] */
-        offs[e] = n < 0 ? 0 : n > r.tmax ? r.tmax : n;
-        mine += (unsigned long long)(offs[e] * groups);
-    }
-    unsigned long long total;
-    unsigned long long before = dec_block_scan(mine, wsum, lane, warp, &total);
-    for (int e = e0; e < e0 + per && e < E; e++) {
-        const long long blocks = offs[e] * groups;
-        offs[e] = (long long)before;
-        before += (unsigned long long)blocks;
-    }
-    __syncthreads();
-    for (long long it = first; it < (long long)total; it += warps) {
-        int lo = 0, hi = E - 1; /* the last expert whose blocks start at or before it */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (offs[mid] <= it)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const long long k = it - offs[lo], t = k / groups, gi = k - t * groups;
-        const long long row = lo * r.tmax + t; /* of xq and xs: e * Tmax + t */
-        const float sc = dec_quant_block(r.x, r.x_dt, lo * r.x_s0 + t * r.x_s1 + gi * FP8_BLOCK,
+    const long long groups = r.K / FP8_BLOCK, E = r.rt.E;
+    block_prefix(r.counts, r.counts_s0, E, r.tmax, offs); /* counts clamped to [0, Tmax] */
+    const long long items = offs[E] * groups;
+    for (long long it = first; it < items; it += warps) {
+        const long long v = it / groups, gi = it - v * groups; /* valid row v, block gi */
+        const long long e = find_expert(offs, E, v), t = v - offs[e];
+        const long long row = e * r.tmax + t; /* of xq and xs: e * Tmax + t */
+        const float sc = dec_quant_block(r.x, r.x_dt, e * r.x_s0 + t * r.x_s1 + gi * FP8_BLOCK,
                                          r.q_eps, r.q_ue8m0, r.xq + row * r.K + gi * FP8_BLOCK,
                                          lane);
         if (lane == 0)
@@ -108,7 +63,8 @@ static __device__ __forceinline__ void dec_quant_masked(const Fp8DecRoute &r, lo
 __global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
 {
     __shared__ int cnt[DEC_MAX_E], fill[DEC_MAX_E];
-    __shared__ long long offs[DEC_MAX_E], tst[DEC_MAX_E];
+    __shared__ int64_t offs[DEC_MAX_E + 1]; /* + 1: the masked rows' total */
+    __shared__ long long tst[DEC_MAX_E];
     __shared__ unsigned long long wsum[16];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (r.pdl)
@@ -122,7 +78,7 @@ __global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
         const long long first = (long long)(blockIdx.x - qb) * 16 + warp;
         const long long warps = (long long)(gridDim.x - qb) * 16;
         if (r.counts) {
-            dec_quant_masked(r, offs, wsum, first, warps, tid, lane, warp);
+            dec_quant_masked(r, offs, first, warps, lane);
             return;
         }
         const long long groups = r.K / FP8_BLOCK, items = r.rows * groups;
@@ -151,8 +107,19 @@ __global__ void __launch_bounds__(512) fp8_dec_route(const Fp8DecRoute r)
     unsigned long long mine = 0;
     for (int e = e0; e < e0 + per && e < E; e++)
         mine += ((unsigned long long)cnt[e] << 32) | (unsigned)((cnt[e] + DEC_NS - 1) / DEC_NS);
-    unsigned long long total;
-    unsigned long long before = dec_block_scan(mine, wsum, lane, warp, &total);
+    unsigned long long inc = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned long long o = __shfl_up_sync(0xFFFFFFFFu, inc, off);
+        if (lane >= off)
+            inc += o;
+    }
+    if (lane == 31)
+        wsum[warp] = inc;
+    __syncthreads();
+    unsigned long long before = inc - mine;
+    for (int w = 0; w < warp; w++)
+        before += wsum[w];
     for (int e = e0; e < e0 + per && e < E; e++) {
         offs[e] = (long long)(before >> 32);
         tst[e] = (long long)(before & 0xFFFFFFFFu);
