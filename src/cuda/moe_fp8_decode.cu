@@ -56,11 +56,11 @@
 /* The consumers read a tile's scales from shared memory, DEC_SWIN depth blocks at a time,
  * each window loaded into registers while the one before streams: a scale read from memory
  * costs a DRAM latency, more than a stage takes to arrive, so reading it a block ahead
- * (as before) capped the stream at one stage per latency. */
+ * (as before) capped the stream at one stage per latency. A window holds the products
+ * sa * sw (slot, half), each made once: the eight consumer warps made every one of them
+ * again in every stage, and the stage's instructions, not the bytes, set the pace (ncu,
+ * Mixtral M = 32 gate: the producer waited on free stages, the consumers on nothing). */
 #define DEC_SWIN 16
-#define DEC_SCOLS (DEC_NS + 2) /* a window's row: the slots' scales, then the weights' */
-#define DEC_SWIN_BYTES (DEC_SWIN * DEC_SCOLS * 4)
-#define DEC_SREGS ((DEC_SWIN * DEC_SCOLS + DEC_CONSUMER_THREADS - 1) / DEC_CONSUMER_THREADS)
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -78,7 +78,13 @@ template <int GATE> struct DecCfg {
     /* the gate's h of a tile in its epilogue, beside the ring (the producer runs ahead); the
      * scales of two windows while the tile streams (the same bytes: never live together) */
     static constexpr int HBUF_H = GATE ? 2 * DEC_NS * DEC_HPITCH * 4 : 0;
-    static constexpr int HBUF = HBUF_H > 2 * DEC_SWIN_BYTES ? HBUF_H : 2 * DEC_SWIN_BYTES;
+    /* a scale window's row: the products of half 0's slots (then half 1's); its floats in
+     * the registers of each consumer thread while it loads */
+    static constexpr int SCOLS = FRAGS * DEC_NS;
+    static constexpr int SWIN_BYTES = DEC_SWIN * SCOLS * 4;
+    static constexpr int SREGS = DEC_SWIN * SCOLS / DEC_CONSUMER_THREADS;
+    static_assert(DEC_SWIN * SCOLS % DEC_CONSUMER_THREADS == 0, "a window in whole registers");
+    static constexpr int HBUF = HBUF_H > 2 * SWIN_BYTES ? HBUF_H : 2 * SWIN_BYTES;
     static constexpr int H_OFF = STAGES * STAGE;
     static constexpr int SMEM = H_OFF + HBUF + 1024; /* and the base's alignment */
     /* a rank's partial sums, float4 per consumer thread, fragment and n8 column */
@@ -372,41 +378,40 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
 
 /*
  * The scales of window [b0, b0 + DEC_SWIN) (blocks below kb1) into registers: element i =
- * tid + q * 256 of the window is (block b0 + i / DEC_SCOLS, column i % DEC_SCOLS), columns
- * below DEC_NS the slots' activation scales, DEC_NS + f the weights' of half f.
+ * tid + q * 256 of the window is block b0 + i / SCOLS, half (i / DEC_NS) % FRAGS, slot
+ * i % DEC_NS; ra its slot's activation scale, rw the half's weight scale (0 and 0 past the
+ * tile's rows). Their product waits for dec_scales_store: made here, it waited for the loads
+ * in the middle of the stream (ncu: DeepSeek-V3 M = 32 gate 5% slower).
  */
 template <int GATE>
 static __device__ __forceinline__ void dec_scales_load(const Fp8Gemm &g, const DecTileSmem &ts,
                                                        long long nb, long long b0, long long kb1,
-                                                       int tid, float (&r)[DEC_SREGS])
+                                                       int tid, float (&ra)[DecCfg<GATE>::SREGS],
+                                                       float (&rw)[DecCfg<GATE>::SREGS])
 {
+    using C = DecCfg<GATE>;
 #pragma unroll
-    for (int q = 0; q < DEC_SREGS; q++) {
-        const int i = tid + q * DEC_CONSUMER_THREADS, c = i % DEC_SCOLS;
-        const long long b = b0 + i / DEC_SCOLS;
-        r[q] = 0.0f;
-        if (i >= DEC_SWIN * DEC_SCOLS || b >= kb1)
+    for (int q = 0; q < C::SREGS; q++) {
+        const int i = tid + q * DEC_CONSUMER_THREADS, c = i % DEC_NS;
+        const int f = (i / DEC_NS) % C::FRAGS;
+        const long long b = b0 + i / C::SCOLS;
+        ra[q] = rw[q] = 0.0f;
+        if (b >= kb1 || c >= ts.count)
             continue;
-        if (c < DEC_NS) {
-            if (c < ts.count)
-                r[q] = fp8_act_scale(g.as, ts.blk, ts.srow[c], b);
-        } else if (c - DEC_NS < DecCfg<GATE>::FRAGS) {
-            const int f = c - DEC_NS;
-            const long long rb = GATE ? (f == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
-            r[q] = fp8_w_scale(g.ws, ts.e, rb, b);
-        }
+        const long long rb = GATE ? (f == 0 ? g.gate_row : g.up_row) / FP8_BLOCK + nb : nb;
+        ra[q] = fp8_act_scale(g.as, ts.blk, ts.srow[c], b);
+        rw[q] = fp8_w_scale(g.ws, ts.e, rb, b);
     }
 }
 
-static __device__ __forceinline__ void dec_scales_store(float *win, const float (&r)[DEC_SREGS],
-                                                        int tid)
+/* The window's products sa * sw, with the CPU's NaN bits, each made once. */
+template <int N>
+static __device__ __forceinline__ void dec_scales_store(float *win, const float (&ra)[N],
+                                                        const float (&rw)[N], int tid)
 {
 #pragma unroll
-    for (int q = 0; q < DEC_SREGS; q++) {
-        const int i = tid + q * DEC_CONSUMER_THREADS;
-        if (i < DEC_SWIN * DEC_SCOLS)
-            win[i] = r[q];
-    }
+    for (int q = 0; q < N; q++)
+        win[tid + q * DEC_CONSUMER_THREADS] = fp8_scale_mul(ra[q], rw[q]);
 }
 
 /* d[f] = half f's 64 weight rows of the thread's warpgroup (at a0 + f * 128 rows) x the
@@ -423,10 +428,11 @@ static __device__ __forceinline__ void dec_block(float (&d)[2][16], uint32_t a0,
                                   wg_desc(b0 + kk * 32), kk > 0);
 }
 
-static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
+/* d's halves in use stay in registers across the wgmma (the final's second is never live). */
+template <int FRAGS> static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
 {
 #pragma unroll
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < FRAGS; f++)
 #pragma unroll
         for (int i = 0; i < 16; i++)
             asm volatile("" : "+f"(d[f][i])::"memory");
@@ -434,43 +440,49 @@ static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
 
 /*
  * One stage into acc[f][nt] (f: gate / up half, nt: n8 column of slots): the block's sums by
- * the tensor cores into d, then each promoted with its two scales. d is the caller's (kept
- * across stages: its values never matter, the first k32 step overwrites them).
+ * the tensor cores into d, then each promoted with its scale product from the window row sc.
+ * d is the caller's (kept across stages: its values never matter, the first k32 step
+ * overwrites them). The promotions are plain fmas, and one sum of each n8 column's says
+ * whether any is NaN; only then are they made again with the CPU's NaN bits (fp8_fma).
+ * Branching on each (as fp8_fma does) made a third of the stage's instructions.
  */
-template <int GATE>
-static __device__ __forceinline__ void dec_consume(uint32_t stage, int ncols, int warp, int lane,
+template <int GATE, int NC>
+static __device__ __forceinline__ void dec_consume(uint32_t stage, int warp, int lane,
                                                    const float *sc, float (&d)[2][16],
                                                    float (&acc)[2][4][4])
 {
     using C = DecCfg<GATE>;
     const int t = lane & 3;
     const uint32_t a0 = stage + (uint32_t)((warp >> 2) * 64 * FP8_BLOCK), b0 = stage + C::W_BYTES;
-    dec_pin(d);
+    dec_pin<C::FRAGS>(d);
     wgmma_fence();
-    switch (ncols) { /* the same in every thread of the block */
-    case 1: dec_block<GATE, 1>(d, a0, b0); break;
-    case 2: dec_block<GATE, 2>(d, a0, b0); break;
-    case 3: dec_block<GATE, 3>(d, a0, b0); break;
-    default: dec_block<GATE, 4>(d, a0, b0); break;
-    }
+    dec_block<GATE, NC>(d, a0, b0);
     wgmma_commit();
     wgmma_wait<0>();
-    dec_pin(d);
+    dec_pin<C::FRAGS>(d);
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-        if (nt >= ncols)
-            break;
+    for (int nt = 0; nt < NC; nt++) {
+        float2 s[C::FRAGS];
+        float next[C::FRAGS][4], probe = 0.0f;
 #pragma unroll
         for (int f = 0; f < C::FRAGS; f++) {
-            /* this block's row of the window: the thread's two slots, the half's weights */
-            const float sw = sc[DEC_NS + f];
-            const float s0 = fp8_scale_mul(sc[nt * 8 + 2 * t], sw);
-            const float s1 = fp8_scale_mul(sc[nt * 8 + 2 * t + 1], sw);
-            acc[f][nt][0] = fp8_fma(d[f][4 * nt + 0], s0, acc[f][nt][0]);
-            acc[f][nt][1] = fp8_fma(d[f][4 * nt + 1], s1, acc[f][nt][1]);
-            acc[f][nt][2] = fp8_fma(d[f][4 * nt + 2], s0, acc[f][nt][2]);
-            acc[f][nt][3] = fp8_fma(d[f][4 * nt + 3], s1, acc[f][nt][3]);
+            /* this block's products of the thread's two slots and the half */
+            s[f] = *(const float2 *)(sc + f * DEC_NS + nt * 8 + 2 * t);
+            next[f][0] = __fmaf_rn(d[f][4 * nt + 0], s[f].x, acc[f][nt][0]);
+            next[f][1] = __fmaf_rn(d[f][4 * nt + 1], s[f].y, acc[f][nt][1]);
+            next[f][2] = __fmaf_rn(d[f][4 * nt + 2], s[f].x, acc[f][nt][2]);
+            next[f][3] = __fmaf_rn(d[f][4 * nt + 3], s[f].y, acc[f][nt][3]);
+            /* NaN when any of them is (or two infinities cancel) */
+            probe += (next[f][0] + next[f][1]) + (next[f][2] + next[f][3]);
         }
+        const bool exact = __builtin_expect(mf_is_nan(probe), 0);
+#pragma unroll
+        for (int f = 0; f < C::FRAGS; f++)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                acc[f][nt][v] = exact ? fp8_fma(d[f][4 * nt + v], (v & 1) ? s[f].y : s[f].x,
+                                                acc[f][nt][v])
+                                      : next[f][v];
     }
 }
 
@@ -617,22 +629,31 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
         }
         const int ncols = (count + 7) / 8;
         float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
-        float sreg[DEC_SREGS];
-        dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sreg);
-        for (long long b = kb0; b < kb1; b++) {
-            const long long wi = (b - kb0) / DEC_SWIN, wb = (b - kb0) - wi * DEC_SWIN;
-            float *cur = win + (wi & 1) * (DEC_SWIN * DEC_SCOLS);
-            if (wb == 0) {
+        float sa[C::SREGS], sw[C::SREGS];
+        dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sa, sw);
+        /* the block's window (0 or 1) and its row there: int counters, no 64-bit division */
+        const int nblocks = (int)(kb1 - kb0);
+        int wsel = 1, wb = DEC_SWIN;
+        for (int i = 0; i < nblocks; i++, wb++) {
+            if (wb == DEC_SWIN) {
+                wb = 0;
+                wsel ^= 1;
                 /* the other window was last read before the previous window's barrier */
-                dec_scales_store(cur, sreg, tid);
+                dec_scales_store(win + wsel * (DEC_SWIN * C::SCOLS), sa, sw, tid);
                 dec_bar_consumers();
-                if (b + DEC_SWIN < kb1) /* the next window's latency hides behind this one */
-                    dec_scales_load<GATE>(g, ts, nb, b + DEC_SWIN, kb1, tid, sreg);
+                if (i + DEC_SWIN < nblocks) /* the next window's latency hides behind this one */
+                    dec_scales_load<GATE>(g, ts, nb, kb0 + i + DEC_SWIN, kb1, tid, sa, sw);
             }
+            const float *row = win + wsel * (DEC_SWIN * C::SCOLS) + wb * C::SCOLS;
+            const uint32_t stage = dec_smem(smem + pipe.stage * C::STAGE);
             hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
-            dec_consume<GATE>(dec_smem(smem + pipe.stage * C::STAGE), ncols, warp, lane,
-                              cur + wb * DEC_SCOLS, d, acc);
+            switch (ncols) { /* the same in every thread of the block */
+            case 1: dec_consume<GATE, 1>(stage, warp, lane, row, d, acc); break;
+            case 2: dec_consume<GATE, 2>(stage, warp, lane, row, d, acc); break;
+            case 3: dec_consume<GATE, 3>(stage, warp, lane, row, d, acc); break;
+            default: dec_consume<GATE, 4>(stage, warp, lane, row, d, acc); break;
+            }
             __syncwarp();
             if (lane == 0)
                 hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
