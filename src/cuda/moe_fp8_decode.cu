@@ -14,8 +14,8 @@
  *    of each half (warp w: rows [16 w, 16 w + 16)): wgmma m64nNk32 e4m3 with the weights as
  *    A and the slots as B (N = 8 to 32, as many n8 columns as the tile needs), both read
  *    from the stage by descriptors, four k32 steps per block from 0, then main =
- *    fmaf(block, sa * sw, main), the scales read from shared windows of DEC_SWIN blocks,
- *    each loaded while the one before streams. (mma.sync e4m3 has no sm_90 instruction: the
+ *    fmaf(block, sa * sw, main), the products read from shared windows of DEC_SWIN blocks,
+ *    each made while the one before streams. (mma.sync e4m3 has no sm_90 instruction: the
  *    compiler widened every operand to f16 first, and those conversions were most of the
  *    consumers' issue slots.)
  * The activation rows are 128 bytes of codes each, swizzled like the weights (chunk c of row r
