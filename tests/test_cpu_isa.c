@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/gemm.h"
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
 #include "harness.h"
@@ -798,6 +799,82 @@ START_TEST(t_moe_gemm_levels)
 }
 END_TEST
 
+/*
+ * The weight-stream GEMM tile of each vector level against the fmaf chain its contract states
+ * (rows_isa.h): c[i][n] += a[i][k] * w_n[k], k = 0, 1, ... in order, one fmaf each, in f32, so
+ * that an order the kernel changes shows in the bits (moe_forward's bf16 outputs round most
+ * such changes away). f32 and bf16 weights, 1..4 rows, depths with tails of 1..15 and shorter
+ * than the lag between the tile's two halves, missing weight rows (zeros) and column tails.
+ */
+START_TEST(t_gemm_stream_exact)
+{
+    static const int64_t Ks[] = {1, 7, 15, 16, 33, 64, 100, 129, 515, 2048};
+    int levels = 0;
+    for (int lvl = MF_CPU_ISA_SCALAR + 1; lvl < MF_CPU_ISA_COUNT; lvl++) {
+        const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_of((mf_cpu_isa)lvl);
+        if (!kern || !kern->gemm_stream)
+            continue;
+        levels++;
+        for (int n = 0; n < 40; n++) {
+            const int bf16 = n % 2;
+            const int64_t ms = h_randint(1, MF_GEMM_STREAM_MS), kc = Ks[h_randint(0, 9)];
+            const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40), ldc = ncols + 3;
+            const int64_t nrows = 48, wrow = kc + h_randint(0, 5); /* elements */
+            float *a = malloc(sizeof(float) * (size_t)(ms * lda));
+            float *c = malloc(sizeof(float) * (size_t)(ms * ldc));
+            float *ref = malloc(sizeof(float) * (size_t)(ms * ldc));
+            char *w = malloc((size_t)(nrows * wrow * (bf16 ? 2 : 4)));
+            int64_t *rows = malloc(sizeof(int64_t) * (size_t)ncols);
+            for (int64_t i = 0; i < ms * lda; i++)
+                a[i] = (float)h_unif(-1, 1);
+            for (int64_t i = 0; i < nrows * wrow; i++) {
+                const float v = (float)h_unif(-1, 1);
+                if (bf16)
+                    ((uint16_t *)w)[i] = (uint16_t)mf_f32_to_bf16(v);
+                else
+                    ((float *)w)[i] = v;
+            }
+            for (int64_t j = 0; j < ncols; j++)
+                rows[j] = h_randint(0, 9) == 0 ? -1 : h_randint(0, nrows - 1);
+            for (int64_t i = 0; i < ms * ldc; i++)
+                c[i] = ref[i] = (float)h_unif(-1, 1);
+            for (int64_t i = 0; i < ms; i++)
+                for (int64_t j = 0; j < ncols; j++) {
+                    float acc = ref[i * ldc + j];
+                    for (int64_t k = 0; k < kc; k++) {
+                        const int64_t at = rows[j] * wrow + k;
+                        const float wv = rows[j] < 0 ? 0.0f
+                                         : bf16    ? mf_bf16_to_f32(((const uint16_t *)w)[at])
+                                                   : ((const float *)w)[at];
+                        acc = fmaf(a[i * lda + k], wv, acc);
+                    }
+                    ref[i * ldc + j] = acc;
+                }
+            kern->gemm_stream(a, lda, ms, w, wrow * (bf16 ? 2 : 4),
+                              bf16 ? MOEFUSE_BF16 : MOEFUSE_F32, rows, ncols, kc, c, ldc);
+            int64_t bad = -1;
+            for (int64_t i = 0; i < ms && bad < 0; i++)
+                for (int64_t j = 0; j < ncols && bad < 0; j++)
+                    if (memcmp(&c[i * ldc + j], &ref[i * ldc + j], sizeof(float)) != 0)
+                        bad = i * ldc + j;
+            HCHECK(bad < 0,
+                   "gemm_stream at %s, %s weights, ms=%lld kc=%lld ncols=%lld: element %lld is "
+                   "%.9g, the fmaf chain's %.9g",
+                   mf_cpu_isa_name((mf_cpu_isa)lvl), bf16 ? "bf16" : "f32", (long long)ms,
+                   (long long)kc, (long long)ncols, (long long)bad, bad < 0 ? 0.0 : (double)c[bad],
+                   bad < 0 ? 0.0 : (double)ref[bad]);
+            free(a);
+            free(c);
+            free(ref);
+            free(w);
+            free(rows);
+        }
+    }
+    if (levels == 0)
+        fprintf(stderr, "t_gemm_stream_exact: no level with the stream tile here\n");
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--exp-all") == 0)
@@ -811,5 +888,6 @@ int main(int argc, char **argv)
     tcase_add_test(tc, t_sixteen_lanes);
     tcase_add_test(tc, t_every_bf16_gate);
     tcase_add_test(tc, t_moe_gemm_levels);
+    tcase_add_test(tc, t_gemm_stream_exact);
     return h_run(s);
 }
