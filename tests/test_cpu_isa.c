@@ -818,7 +818,9 @@ START_TEST(t_gemm_stream_exact)
         for (int n = 0; n < 40; n++) {
             const int bf16 = n % 2;
             const int64_t ms = h_randint(1, MF_GEMM_STREAM_MS), kc = Ks[h_randint(0, 9)];
-            const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40), ldc = ncols + 3;
+            /* c's rows have room for the columns up to the next multiple of 16 (rows_isa.h) */
+            const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40);
+            const int64_t ldc = (ncols + 15) / 16 * 16 + h_randint(0, 3);
             const int64_t nrows = 48, wrow = kc + h_randint(0, 5); /* elements */
             float *a = malloc(sizeof(float) * (size_t)(ms * lda));
             float *c = malloc(sizeof(float) * (size_t)(ms * ldc));

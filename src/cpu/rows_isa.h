@@ -80,7 +80,8 @@ typedef struct mf_cpu_row_kernels {
      * ncols, row stride ldc) += a[i][k] * w_n[k] for k = 0 .. kc-1 in order, one fmaf each
      * (the packed GEMM's bits): a holds ms rows of kc floats (stride lda), w_n is the weight
      * row of b_rows[n] at wbase + b_rows[n] * wrow_bytes (f32 or bf16; b_rows[n] < 0 or n past
-     * the rows: zeros), kc <= MF_GEMM_STREAM_KC.
+     * the rows: zeros), kc <= MF_GEMM_STREAM_KC. Each row of c has room for ncols rounded up
+     * to 16 columns: the tile reads and writes them all (those past ncols as c + 0 * a).
      */
     void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
