@@ -60,11 +60,13 @@ static __device__ __forceinline__ void dec_block(float (&d)[2][16], uint32_t a0,
                                   wg_desc(b0 + kk * 32), kk > 0);
 }
 
-/* d's halves in use stay in registers across the wgmma (the final's second is never live). */
-template <int FRAGS> static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
+/* d stays in registers across the wgmma. Both halves, also in the final, which uses one:
+ * with only that one pinned, ptxas found too few registers for the wgmma pipeline and waited
+ * after every k32 step (C7511; SASS: 16 waits for 16 wgmma). */
+static __device__ __forceinline__ void dec_pin(float (&d)[2][16])
 {
 #pragma unroll
-    for (int f = 0; f < FRAGS; f++)
+    for (int f = 0; f < 2; f++)
 #pragma unroll
         for (int i = 0; i < 16; i++)
             asm volatile("" : "+f"(d[f][i])::"memory");
@@ -86,12 +88,12 @@ static __device__ __forceinline__ void dec_consume(uint32_t stage, int warp, int
     using C = DecCfg<GATE>;
     const int t = lane & 3;
     const uint32_t a0 = stage + (uint32_t)((warp >> 2) * 64 * FP8_BLOCK), b0 = stage + C::W_BYTES;
-    dec_pin<C::FRAGS>(d);
+    dec_pin(d);
     wgmma_fence();
     dec_block<GATE, NC>(d, a0, b0);
     wgmma_commit();
     wgmma_wait<0>();
-    dec_pin<C::FRAGS>(d);
+    dec_pin(d);
 #pragma unroll
     for (int nt = 0; nt < NC; nt++) {
         float2 s[C::FRAGS];
