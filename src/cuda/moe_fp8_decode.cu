@@ -233,37 +233,13 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
             for (int i = 0; i < 16; i++)
                 d[f][i] = 0.0f;
         }
-        const int ncols = (count + 7) / 8;
         float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
-        float sa[C::SREGS], sw[C::SREGS];
-        dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sa, sw);
-        /* the block's window (0 or 1) and its row there: int counters, no 64-bit division */
-        const int nblocks = (int)(kb1 - kb0);
-        int wsel = 1, wb = DEC_SWIN;
-        for (int i = 0; i < nblocks; i++, wb++) {
-            if (wb == DEC_SWIN) {
-                wb = 0;
-                wsel ^= 1;
-                /* the other window was last read before the previous window's barrier */
-                dec_scales_store(win + wsel * (DEC_SWIN * C::SCOLS), sa, sw, tid);
-                dec_bar_consumers();
-                if (i + DEC_SWIN < nblocks) /* the next window's latency hides behind this one */
-                    dec_scales_load<GATE>(g, ts, nb, kb0 + i + DEC_SWIN, kb1, tid, sa, sw);
-            }
-            const float *row = win + wsel * (DEC_SWIN * C::SCOLS) + wb * C::SCOLS;
-            const uint32_t stage = dec_smem(smem + pipe.stage * C::STAGE);
-            hp_mbar_wait(dec_smem(&full[pipe.stage]), pipe.phase);
-            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
-            switch (ncols) { /* the same in every thread of the block */
-            case 1: dec_consume<GATE, 1>(stage, warp, lane, row, d, acc); break;
-            case 2: dec_consume<GATE, 2>(stage, warp, lane, row, d, acc); break;
-            case 3: dec_consume<GATE, 3>(stage, warp, lane, row, d, acc); break;
-            default: dec_consume<GATE, 4>(stage, warp, lane, row, d, acc); break;
-            }
-            __syncwarp();
-            if (lane == 0)
-                hp_mbar_arrive(dec_smem(&empty[pipe.stage]));
-            pipe.advance();
+        DecStream<C::STAGES> st = {smem, win, full, empty, &pipe};
+        switch ((count + 7) / 8) { /* n8 columns: the same in every thread of the block */
+        case 1: dec_stream<GATE, 1>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        case 2: dec_stream<GATE, 2>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        case 3: dec_stream<GATE, 3>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        default: dec_stream<GATE, 4>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
         }
         if (split > 1) {
             dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);

@@ -120,6 +120,57 @@ static __device__ __forceinline__ void dec_consume(uint32_t stage, int warp, int
     }
 }
 
+/* Where the consumers' stream of an item reads and signals: the ring's stages and barriers,
+ * their position in it, and the two scale windows. */
+template <int STAGES> struct DecStream {
+    char *smem;
+    float *win;
+    uint64_t *full, *empty;
+    HpPipe<STAGES> *pipe;
+};
+
+/*
+ * One item's blocks [kb0, kb1) into acc, NC n8 columns of slots: a copy of the stage loop per
+ * column count, so that no stage branches on it and ptxas schedules each copy whole. The
+ * scale windows: the block's window (0 or 1) and its row there by int counters (no 64-bit
+ * division), each window stored while the next one's scales load.
+ */
+template <int GATE, int NC>
+static __device__ __forceinline__ void dec_stream(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                  const DecStream<DecCfg<GATE>::STAGES> &st,
+                                                  long long nb, long long kb0, long long kb1,
+                                                  int tid, float (&d)[2][16],
+                                                  float (&acc)[2][4][4])
+{
+    using C = DecCfg<GATE>;
+    const int warp = tid >> 5, lane = tid & 31;
+    HpPipe<C::STAGES> &pipe = *st.pipe;
+    float sa[C::SREGS], sw[C::SREGS];
+    dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sa, sw);
+    const int nblocks = (int)(kb1 - kb0);
+    int wsel = 1, wb = DEC_SWIN;
+    for (int i = 0; i < nblocks; i++, wb++) {
+        if (wb == DEC_SWIN) {
+            wb = 0;
+            wsel ^= 1;
+            /* the other window was last read before the previous window's barrier */
+            dec_scales_store(st.win + wsel * (DEC_SWIN * C::SCOLS), sa, sw, tid);
+            dec_bar_consumers();
+            if (i + DEC_SWIN < nblocks) /* the next window's latency hides behind this one */
+                dec_scales_load<GATE>(g, ts, nb, kb0 + i + DEC_SWIN, kb1, tid, sa, sw);
+        }
+        const float *row = st.win + wsel * (DEC_SWIN * C::SCOLS) + wb * C::SCOLS;
+        const uint32_t stage = dec_smem(st.smem + pipe.stage * C::STAGE);
+        hp_mbar_wait(dec_smem(&st.full[pipe.stage]), pipe.phase);
+        hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+        dec_consume<GATE, NC>(stage, warp, lane, row, d, acc);
+        __syncwarp();
+        if (lane == 0)
+            hp_mbar_arrive(dec_smem(&st.empty[pipe.stage]));
+        pipe.advance();
+    }
+}
+
 /*
  * Rank r > 0 of a split tile hands its sums to rank 0 through L2: it waits until rank 0 has
  * read the previous ones (red_free), writes them, and arrives on rank 0's red_full; rank 0
