@@ -397,8 +397,7 @@ template <int GATE>
 static moefuse_status ready(moefuse_context *ctx, cuda_state *s, const char *op)
 {
     return moe_ready_smem(ctx, s, op, fp8_dec_gemm<GATE>, DecCfg<GATE>::SMEM,
-                          DecCfg<GATE>::SMEM + DEC_TQ * sizeof(DecTileSmem) + sizeof(DecDirect) +
-                              256,
+                          DecCfg<GATE>::SMEM + DEC_TQ * sizeof(DecTileSmem) + sizeof(DecDirect) + 256,
                           &s->dec_smem_raised, GATE ? 2u : 1u,
                           "cudaFuncSetAttribute(fp8_dec_gemm)");
 }
