@@ -8,9 +8,8 @@
  *  - producer, warp 8: per 128-deep block (the block of the scales) one stage of a ring: the
  *    tile's weight rows by tensor copies (TMA, boxes of 128 rows x 128 bytes swizzled by 128
  *    bytes), the tile's activation codes by cp.async (zeros past the tile's rows), both
- *    completing on the stage's mbarrier; before an item's stages, its tile's rows into a ring
- *    of DEC_TQ tiles. Nothing else: it runs ahead of the consumers by the rings, across
- *    tiles. (Rows no tensor map or cp.async can take go through its registers.)
+ *    completing on the stage's mbarrier. Nothing else: it runs ahead of the consumers by the
+ *    ring, across tiles. (Rows no tensor map or cp.async can take go through its registers.)
  *  - consumers, warps 0..7, two warpgroups: warpgroup q takes weight rows [64 q, 64 q + 64)
  *    of each half (warp w: rows [16 w, 16 w + 16)): wgmma m64nNk32 e4m3 with the weights as
  *    A and the slots as B (N = 8 to 32, as many n8 columns as the tile needs), both read
@@ -27,8 +26,8 @@
  * consecutive blocks from r * ceil(nkb / split), each share summed from 0; ranks r > 0 hand
  * their sums to rank 0 through L2 (mbarriers across the cluster say when), which adds them in
  * rank order and runs the epilogue. Persistent: the clusters walk the (tile, column block)
- * items with a stride of the cluster count; the consumers read each item's tile from the
- * tile ring and load the next item's first scales while this one's last blocks stream.
+ * items with a stride of the cluster count; producer and consumers find each item's tile
+ * themselves, so neither waits for the other but through the ring.
  *
  * Epilogues: gate: bias, clamp, activation, the group's amax over the 128 h columns of a
  * slot, the scale, the codes (fp8.cuh, as every FP8 path); final: bias and y, stored (un-
@@ -62,13 +61,6 @@
  * again in every stage, and the stage's instructions, not the bytes, set the pace (ncu,
  * Mixtral M = 32 gate: the producer waited on free stages, the consumers on nothing). */
 #define DEC_SWIN 16
-/* The tiles of the next items, as the producer found them: a ring of DEC_TQ, so that no
- * consumer looks one up (two dependent reads from L2 between two barriers, while the stream
- * stood still: Qwen3-30B-A3B's final at M = 32, six blocks an item, ran at a third of the
- * read rate). DEC_NEXT_AT blocks before an item's end the consumers load the next item's
- * first scale window (the producer has published it by then: it runs STAGES blocks ahead). */
-#define DEC_TQ 4
-#define DEC_NEXT_AT 3
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -105,20 +97,13 @@ typedef struct DecParams {
     Fp8DecExtra x;
 } DecParams;
 
-/* The consumers' view of a tile (the producer writes it into the tile ring). */
+/* The consumers' view of the current tile (consumer warp 0 writes it; they share a barrier). */
 struct DecTileSmem {
     long long srow[DEC_NS]; /* the row's scale row (x: token, h: slot; masked: t) */
     long long orow[DEC_NS]; /* element offset of its output row */
     long long hrow[DEC_NS]; /* gate: its h scale row (slot; masked: t) */
     long long e, blk;       /* local expert; expert block of the scale views (masked: e) */
     int count;              /* rows, 0: no tile */
-};
-
-/* The tile ring: the producer fills ts[i] and arrives on full[i] (one arrival); each consumer
- * warp arrives on empty[i] when its item is done (eight). */
-struct DecTileRing {
-    DecTileSmem *ts;
-    uint64_t *full, *empty;
 };
 
 /* The direct mode's tiles: distinct valid experts of the S slots in order of appearance. */
@@ -165,10 +150,9 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     using C = DecCfg<GATE>;
     extern __shared__ __align__(128) char smem_raw[];
     char *smem = smem_raw + ((1024 - (dec_smem(smem_raw) & 1023)) & 1023); /* swizzle atoms */
-    __shared__ DecTileSmem tq[DEC_TQ];
+    __shared__ DecTileSmem ts;
     __shared__ DecDirect dd;
     __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], red_full, red_free;
-    __shared__ __align__(8) uint64_t tile_full[DEC_TQ], tile_empty[DEC_TQ];
     __shared__ __align__(8) uint64_t epi_full, epi_free; /* consumers -> the sums warp */
     const Fp8Gemm &g = p.g;
     const Fp8DecExtra &x = p.x;
@@ -182,10 +166,6 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
         for (int st = 0; st < C::STAGES; st++) {
             hp_mbar_init(dec_smem(&full[st]), DEC_FULL_ARRIVALS);
             hp_mbar_init(dec_smem(&empty[st]), 8);
-        }
-        for (int i = 0; i < DEC_TQ; i++) {
-            hp_mbar_init(dec_smem(&tile_full[i]), 1);
-            hp_mbar_init(dec_smem(&tile_empty[i]), 8); /* lane 0 of each consumer warp */
         }
         hp_mbar_init(dec_smem(&red_full), split > 1 ? split - 1 : 1);
         hp_mbar_init(dec_smem(&red_free), 1);
@@ -216,9 +196,8 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
         dec_direct_tiles(g, dd, lane);
     __syncthreads();
     const long long items = dec_ntiles(x, dd) * g.nblk;
-    const DecTileRing tr = {tq, tile_full, tile_empty};
     if (warp == DEC_PRODUCER) {
-        dec_producer<GATE>(p, dd, smem, full, empty, tr, cluster, items, kb0, kb1, pre, lane);
+        dec_producer<GATE>(p, dd, smem, full, empty, cluster, items, kb0, kb1, pre, lane);
         return;
     }
     const bool sums = !GATE && x.arrivals && rank == 0; /* the sums warp takes the items' y */
@@ -229,21 +208,19 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     }
     float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
-    HpPipe<DEC_TQ> tp = {0, 0u}; /* the tile ring's slot of the current item */
     unsigned red_phase = 0, epi_phase = 0;
-    float sa[C::SREGS], sw[C::SREGS]; /* a scale window on its way (dec_scales_load) */
-    long long have = -1;              /* the item whose first window they hold */
-    for (long long w = cluster; w < items; w += x.clusters, tp.advance()) {
-        const long long nb = w % g.nblk;
-        hp_mbar_wait(dec_smem(&tile_full[tp.stage]), tp.phase);
-        const DecTileSmem &ts = tq[tp.stage];
-        const int count = ts.count; /* the same in every block of the cluster */
-        if (count == 0) {
-            __syncwarp();
-            if (lane == 0)
-                hp_mbar_arrive(dec_smem(&tile_empty[tp.stage]));
-            continue;
+    for (long long w = cluster; w < items; w += x.clusters) {
+        const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        dec_bar_consumers(); /* the previous tile's rows are read */
+        if (warp == 0) {
+            long long e, s;
+            const int count = dec_tile(g, x, dd, ti, lane, &e, &s);
+            dec_rows(g, ts, count, e, s, lane);
         }
+        dec_bar_consumers();
+        const int count = ts.count; /* the same in every block of the cluster */
+        if (count == 0)
+            continue;
         float acc[2][4][4], d[2][16];
 #pragma unroll
         for (int f = 0; f < 2; f++) {
@@ -256,27 +233,14 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
             for (int i = 0; i < 16; i++)
                 d[f][i] = 0.0f;
         }
-        if (have != w)
-            dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sa, sw);
-        /* the next item's first window, loaded near this one's end */
-        HpPipe<DEC_TQ> tn = tp;
-        tn.advance();
-        const long long wn = w + x.clusters;
-        const DecNext next = {wn < items ? &tq[tn.stage] : NULL, &tile_full[tn.stage], tn.phase,
-                              wn % g.nblk};
         float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
         DecStream<C::STAGES> st = {smem, win, full, empty, &pipe};
-        dec_bar_consumers(); /* the previous item's epilogue has read the h buffer */
-        bool fetched = false;
-#define DEC_STREAM(NC) dec_stream<GATE, NC>(g, ts, st, next, nb, kb0, kb1, tid, sa, sw, d, acc)
         switch ((count + 7) / 8) { /* n8 columns: the same in every thread of the block */
-        case 1: fetched = DEC_STREAM(1); break;
-        case 2: fetched = DEC_STREAM(2); break;
-        case 3: fetched = DEC_STREAM(3); break;
-        default: fetched = DEC_STREAM(4); break;
+        case 1: dec_stream<GATE, 1>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        case 2: dec_stream<GATE, 2>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        case 3: dec_stream<GATE, 3>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        default: dec_stream<GATE, 4>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
         }
-#undef DEC_STREAM
-        have = fetched ? wn : -1;
         if (split > 1) {
             dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);
             red_phase ^= 1u;
@@ -299,9 +263,6 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
                 }
             }
         }
-        __syncwarp(); /* the warp's reads of the tile */
-        if (lane == 0)
-            hp_mbar_arrive(dec_smem(&tile_empty[tp.stage]));
     }
     if (split > 1 && rank != 0) /* rank 0 has read this block's last sums: it may exit */
         hp_mbar_wait(dec_smem(&red_free), red_phase ^ 1u);
@@ -397,7 +358,7 @@ template <int GATE>
 static moefuse_status ready(moefuse_context *ctx, cuda_state *s, const char *op)
 {
     return moe_ready_smem(ctx, s, op, fp8_dec_gemm<GATE>, DecCfg<GATE>::SMEM,
-                          DecCfg<GATE>::SMEM + DEC_TQ * sizeof(DecTileSmem) + sizeof(DecDirect) + 256,
+                          DecCfg<GATE>::SMEM + sizeof(DecTileSmem) + sizeof(DecDirect) + 256,
                           &s->dec_smem_raised, GATE ? 2u : 1u,
                           "cudaFuncSetAttribute(fp8_dec_gemm)");
 }

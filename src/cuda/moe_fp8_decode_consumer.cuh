@@ -129,40 +129,25 @@ template <int STAGES> struct DecStream {
     HpPipe<STAGES> *pipe;
 };
 
-/* The consumers' next item: its slot of the tile ring (NULL: none), that slot's barrier and
- * parity, its column block. */
-struct DecNext {
-    const DecTileSmem *ts;
-    uint64_t *full;
-    unsigned phase;
-    long long nb;
-};
-
 /*
  * One item's blocks [kb0, kb1) into acc, NC n8 columns of slots: a copy of the stage loop per
- * column count, so that no stage branches on it and ptxas schedules each copy whole. sa / sw
- * hold the item's first scale window on entry; each window is stored while the next one's
- * scales load (the block's window, 0 or 1, and its row there by int counters: no 64-bit
- * division). Once the last window is stored and DEC_NEXT_AT blocks remain, they take the next
- * item's first window: returns whether they did.
+ * column count, so that no stage branches on it and ptxas schedules each copy whole. The
+ * scale windows: the block's window (0 or 1) and its row there by int counters (no 64-bit
+ * division), each window stored while the next one's scales load.
  */
 template <int GATE, int NC>
-static __device__ __forceinline__ bool
-dec_stream(const Fp8Gemm &g, const DecTileSmem &ts, const DecStream<DecCfg<GATE>::STAGES> &st,
-           const DecNext &next, long long nb, long long kb0, long long kb1, int tid,
-           float (&sa)[DecCfg<GATE>::SREGS], float (&sw)[DecCfg<GATE>::SREGS], float (&d)[2][16],
-           float (&acc)[2][4][4])
+static __device__ __forceinline__ void dec_stream(const Fp8Gemm &g, const DecTileSmem &ts,
+                                                  const DecStream<DecCfg<GATE>::STAGES> &st,
+                                                  long long nb, long long kb0, long long kb1,
+                                                  int tid, float (&d)[2][16],
+                                                  float (&acc)[2][4][4])
 {
     using C = DecCfg<GATE>;
-    /* the producer publishes the next tile after this item's last stage, which it issues once
-     * the consumers have freed all but C::STAGES of them: no later than that */
-    static_assert(DEC_NEXT_AT <= C::STAGES, "the next tile is published before this wait");
     const int warp = tid >> 5, lane = tid & 31;
     HpPipe<C::STAGES> &pipe = *st.pipe;
+    float sa[C::SREGS], sw[C::SREGS];
+    dec_scales_load<GATE>(g, ts, nb, kb0, kb1, tid, sa, sw);
     const int nblocks = (int)(kb1 - kb0);
-    const int last = nblocks > 0 ? (nblocks - 1) / DEC_SWIN * DEC_SWIN : 0;
-    const int at = last > nblocks - DEC_NEXT_AT ? last : nblocks - DEC_NEXT_AT;
-    bool fetched = false;
     int wsel = 1, wb = DEC_SWIN;
     for (int i = 0; i < nblocks; i++, wb++) {
         if (wb == DEC_SWIN) {
@@ -174,11 +159,6 @@ dec_stream(const Fp8Gemm &g, const DecTileSmem &ts, const DecStream<DecCfg<GATE>
             if (i + DEC_SWIN < nblocks) /* the next window's latency hides behind this one */
                 dec_scales_load<GATE>(g, ts, nb, kb0 + i + DEC_SWIN, kb1, tid, sa, sw);
         }
-        if (i == at && next.ts) {
-            hp_mbar_wait(dec_smem(next.full), next.phase);
-            dec_scales_load<GATE>(g, *next.ts, next.nb, kb0, kb1, tid, sa, sw);
-            fetched = true;
-        }
         const float *row = st.win + wsel * (DEC_SWIN * C::SCOLS) + wb * C::SCOLS;
         const uint32_t stage = dec_smem(st.smem + pipe.stage * C::STAGE);
         hp_mbar_wait(dec_smem(&st.full[pipe.stage]), pipe.phase);
@@ -189,7 +169,6 @@ dec_stream(const Fp8Gemm &g, const DecTileSmem &ts, const DecStream<DecCfg<GATE>
             hp_mbar_arrive(dec_smem(&st.empty[pipe.stage]));
         pipe.advance();
     }
-    return fetched;
 }
 
 /*

@@ -52,7 +52,7 @@ static __device__ __forceinline__ long long dec_arow(const Fp8Gemm &g, long long
     return m * g.a_s0 + j * g.a_s1;
 }
 
-/* The producer warp: the tile's rows for the consumers' scales and epilogues. */
+/* Consumer warp 0: the tile's rows for the consumers' scales and epilogues. */
 static __device__ __forceinline__ void dec_rows(const Fp8Gemm &g, DecTileSmem &ts, int count,
                                                 long long e, long long s, int lane)
 {
@@ -213,19 +213,18 @@ static __device__ __forceinline__ int dec_producer_early(const DecParams &p, con
     return n;
 }
 
-/* The producer warp: for each item its tile, published in the tile ring, then its stages,
- * ahead by the ring (the first `pre` stages' weights already on their way). */
+/* The producer warp: for each item its tile, then its stages, ahead by the ring (the first
+ * `pre` stages' weights already on their way). */
 template <int GATE>
 static __device__ __forceinline__ void dec_producer(const DecParams &p, const DecDirect &dd,
                                                    char *smem, uint64_t *full, uint64_t *empty,
-                                                   const DecTileRing &tr, long long cluster,
-                                                   long long items, long long kb0,
-                                                   long long kb1, int pre, int lane)
+                                                   long long cluster, long long items,
+                                                   long long kb0, long long kb1, int pre,
+                                                   int lane)
 {
     using C = DecCfg<GATE>;
     const Fp8Gemm &g = p.g;
     HpPipe<C::STAGES> pipe = {0, 0u};
-    HpPipe<DEC_TQ> tp = {0, 0u};
     const uint64_t policy = hp_policy_evict_first(); /* each weight is read once */
     if (p.x.w_map && lane == 0 && pre == 0)
         hp_tma_prefetch(&p.map_w);
@@ -234,13 +233,6 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
         long long e, s;
         const int count = dec_tile(g, p.x, dd, ti, lane, &e, &s);
         const long long arow = lane < count ? dec_arow(g, s, e) : 0;
-        /* the tile for the consumers, in its slot once they are done with its last item */
-        hp_mbar_wait(dec_smem(&tr.empty[tp.stage]), tp.phase ^ 1u);
-        dec_rows(g, tr.ts[tp.stage], count, e, s, lane);
-        __syncwarp(); /* every lane's rows, before lane 0 releases them */
-        if (lane == 0)
-            hp_mbar_arrive(dec_smem(&tr.full[tp.stage]));
-        tp.advance();
         if (count > 0)
             for (long long b = kb0; b < kb1; b++) {
                 hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
