@@ -45,7 +45,6 @@
 #include "cuda/wgmma.cuh" /* MOE_WGMMA_DEVICE: sm_90a device code */
 
 #include <string.h>
-#include <stdlib.h>
 
 #define DEC_CONSUMER_THREADS 256
 #define DEC_PRODUCER 8 /* the producer's warp */
@@ -62,10 +61,6 @@
  * again in every stage, and the stage's instructions, not the bytes, set the pace (ncu,
  * Mixtral M = 32 gate: the producer waited on free stages, the consumers on nothing). */
 #define DEC_SWIN 16
-/* The reduced final's consumers run up to DEC_EPI_SLOTS items ahead of its sums warp: one
- * ahead, they waited for its slow items (a token's last slot sums its top k: p90 6.3 us at
- * Qwen3-30B-A3B M = 32, where an item streams in 3). */
-#define DEC_EPI_SLOTS 2
 
 template <int GATE> struct DecCfg {
     static constexpr int ROWS = GATE ? 256 : 128; /* weight rows of a tile */
@@ -158,8 +153,7 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     __shared__ DecTileSmem ts;
     __shared__ DecDirect dd;
     __shared__ __align__(8) uint64_t full[C::STAGES], empty[C::STAGES], red_full, red_free;
-    /* consumers -> the sums warp: a ring of DEC_EPI_SLOTS items */
-    __shared__ __align__(8) uint64_t epi_full[DEC_EPI_SLOTS], epi_free[DEC_EPI_SLOTS];
+    __shared__ __align__(8) uint64_t epi_full, epi_free; /* consumers -> the sums warp */
     const Fp8Gemm &g = p.g;
     const Fp8DecExtra &x = p.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -175,10 +169,8 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
         }
         hp_mbar_init(dec_smem(&red_full), split > 1 ? split - 1 : 1);
         hp_mbar_init(dec_smem(&red_free), 1);
-        for (int i = 0; i < DEC_EPI_SLOTS; i++) {
-            hp_mbar_init(dec_smem(&epi_full[i]), 8); /* lane 0 of each consumer warp */
-            hp_mbar_init(dec_smem(&epi_free[i]), 1);
-        }
+        hp_mbar_init(dec_smem(&epi_full), 8); /* lane 0 of each consumer warp */
+        hp_mbar_init(dec_smem(&epi_free), 1);
         hp_mbar_init_fence();
     }
     if (split > 1)
@@ -211,12 +203,12 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     const bool sums = !GATE && x.arrivals && rank == 0; /* the sums warp takes the items' y */
     if (warp == DEC_SUMS) {
         if (sums)
-            dec_final_sums(g, x, dd, epi_full, epi_free, cluster, items, lane);
+            dec_final_sums(g, x, dd, &epi_full, &epi_free, cluster, items, lane);
         return;
     }
     float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
-    unsigned red_phase = 0, epi_n = 0; /* epi_n: items handed to the sums warp */
+    unsigned red_phase = 0, epi_phase = 0;
     for (long long w = cluster; w < items; w += x.clusters) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         dec_bar_consumers(); /* the previous tile's rows are read */
@@ -262,14 +254,12 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
                 if (sums) {
                     __syncwarp(); /* the warp's y stores, before its arrival */
                     if (lane == 0) {
-                        /* the slot free: the sums warp has taken the item before it there */
-                        int sl;
-                        const unsigned ph = dec_epi_slot(epi_n, x.epi_ahead, &sl);
-                        hp_mbar_wait(dec_smem(&epi_free[sl]), ph ^ 1u);
-                        hp_mbar_arrive(dec_smem(&epi_full[sl]));
+                        /* at most one item ahead of the sums warp, so that the phases match */
+                        hp_mbar_wait(dec_smem(&epi_free), epi_phase ^ 1u);
+                        hp_mbar_arrive(dec_smem(&epi_full));
                     }
                     __syncwarp(); /* converged again before the consumers' next barrier */
-                    epi_n++;
+                    epi_phase ^= 1u;
                 }
             }
         }
@@ -384,11 +374,6 @@ moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const cha
     p.g = *g;
     p.x = *x;
     p.x.w_map = moe_fp8_weights_map(s, g, gate, DEC_BOX_ROWS, &p.map_w);
-    {
-        const char *ea = getenv("MF_AB_EPI_AHEAD"), *ar = getenv("MF_AB_ACQ_REL");
-        p.x.epi_ahead = ea ? atoi(ea) : 2;
-        p.x.acq_rel = ar ? atoi(ar) : 1;
-    }
     const dim3 grid((unsigned)(p.x.clusters * x->split));
     /* a final in clusters waits for the gate's end instead: launched early (PDL), its clusters
      * took the SMs as the gate's blocks left, and the layer ran longer than its gate and final

@@ -60,8 +60,6 @@ typedef struct Fp8DecExtra {
      * its gate; a direct gate after x's quantization): the first weights come before the wait */
     int early;
     int w_map;   /* set at the launch: the weights come by tensor map */
-    int epi_ahead; /* reduced final: items the consumers may run ahead of the sums warp (1, 2) */
-    int acq_rel;   /* reduced final: arrivals counted by acq_rel atomics, not fences */
 } Fp8DecExtra;
 
 enum dec_mode { DEC_DIRECT = 0, DEC_ROUTED = 1, DEC_MASKED = 2 };

@@ -87,31 +87,6 @@ static __device__ __forceinline__ void dec_final_epilogue(const Fp8Gemm &g, cons
         }
 }
 
-/* Item n's slot of the consumers' ring to the sums warp (`ahead` slots in use) and the parity
- * of that slot's phase it takes. */
-static __device__ __forceinline__ unsigned dec_epi_slot(unsigned n, int ahead, int *slot)
-{
-    *slot = ahead == 2 ? (int)(n & 1u) : 0;
-    return (ahead == 2 ? n >> 1 : n) & 1u;
-}
-
-/* One more arrival at a column block's counter: releases what this thread has observed (the
- * consumers' y, through their barrier) and acquires what the arrivals before it released. */
-static __device__ __forceinline__ unsigned dec_arrive_acq_rel(unsigned *counter)
-{
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
-                 : "=r"(old)
-                 : "l"(counter)
-                 : "memory");
-    return old;
-}
-
-static __device__ __forceinline__ void dec_fence_acq_rel(void)
-{
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}
-
 /*
  * Final, reduced: the sums warp. For each of the block's items (rank 0, found as the producer
  * finds them) it counts each row's valid slots while the consumers stream, waits for the
@@ -126,7 +101,7 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
                                                       long long items, int lane)
 {
     const long long K = g.ncols, k = g.rt.topk;
-    unsigned n = 0; /* items taken from the consumers */
+    unsigned phase = 0;
     for (long long w = cluster; w < items; w += x.clusters) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         long long e, s;
@@ -138,29 +113,19 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
         if (lane < count)
             for (long long j = 0; j < k; j++)
                 valid += moe_slot_expert(g.rt, m, j) >= 0;
-        int sl;
-        const unsigned ph = dec_epi_slot(n++, x.epi_ahead, &sl);
-        hp_mbar_wait(dec_smem(&epi_full[sl]), ph); /* the consumers' y of this item are stored */
+        hp_mbar_wait(dec_smem(epi_full), phase); /* the consumers' y of this item are stored */
+        phase ^= 1u;
         bool last = false;
         if (lane < count) {
-            unsigned *counter = x.arrivals + m * g.nblk + nb;
-            if (x.acq_rel) { /* those stores (cumulative through the barrier), then the count */
-                last = dec_arrive_acq_rel(counter) + 1u == (unsigned)valid;
-            } else {
-                __threadfence();
-                last = atomicAdd(counter, 1u) + 1u == (unsigned)valid;
-            }
+            __threadfence(); /* those stores (cumulative through the barrier), then the count */
+            last = atomicAdd(x.arrivals + m * g.nblk + nb, 1u) + 1u == (unsigned)valid;
         }
         __syncwarp();
         if (lane == 0)
-            hp_mbar_arrive(dec_smem(&epi_free[sl]));
+            hp_mbar_arrive(dec_smem(epi_free));
         unsigned lasts = __ballot_sync(0xFFFFFFFFu, last);
-        if (lasts) { /* the other blocks' y, after their counts, for every lane */
-            if (x.acq_rel)
-                dec_fence_acq_rel();
-            else
-                __threadfence();
-        }
+        if (lasts)
+            __threadfence(); /* the other blocks' y, after their counts */
         /* lane: four columns; the token's slots eight at a time, their loads issued together,
          * summed in order */
         const long long c = nb * FP8_BLOCK + 4 * lane;
