@@ -43,7 +43,10 @@
 #include "cuda/moe_tiles.cuh" /* cp_async16 */
 #include "cuda/pdl.cuh"
 #include "cuda/wgmma.cuh" /* MOE_WGMMA_DEVICE: sm_90a device code */
+#include "cuda/moe_fp8_decode_trace.cuh" /* -DMOE_DEC_TRACE: the roles' timeline */
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DEC_CONSUMER_THREADS 256
@@ -209,8 +212,11 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
     float4 *part = x.part ? (float4 *)x.part + cluster * split * C::PART4 : NULL;
     HpPipe<C::STAGES> pipe = {0, 0u};
     unsigned red_phase = 0, epi_phase = 0;
-    for (long long w = cluster; w < items; w += x.clusters) {
+    int it = 0; /* the block's item, for the timeline */
+    for (long long w = cluster; w < items; w += x.clusters, it++) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
+        if (lane == 0 && (warp & 3) == 0)
+            DEC_STAMP(GATE, it, DT_C_TOP + (warp >> 2));
         dec_bar_consumers(); /* the previous tile's rows are read */
         if (warp == 0) {
             long long e, s;
@@ -218,6 +224,8 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
             dec_rows(g, ts, count, e, s, lane);
         }
         dec_bar_consumers();
+        if (tid == 0)
+            DEC_STAMP(GATE, it, DT_C_TILE);
         const int count = ts.count; /* the same in every block of the cluster */
         if (count == 0)
             continue;
@@ -236,11 +244,13 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
         float *win = (float *)(smem + C::H_OFF); /* two windows (the gate's h buffer) */
         DecStream<C::STAGES> st = {smem, win, full, empty, &pipe};
         switch ((count + 7) / 8) { /* n8 columns: the same in every thread of the block */
-        case 1: dec_stream<GATE, 1>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
-        case 2: dec_stream<GATE, 2>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
-        case 3: dec_stream<GATE, 3>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
-        default: dec_stream<GATE, 4>(g, ts, st, nb, kb0, kb1, tid, d, acc); break;
+        case 1: dec_stream<GATE, 1>(g, ts, st, nb, kb0, kb1, tid, d, acc, it); break;
+        case 2: dec_stream<GATE, 2>(g, ts, st, nb, kb0, kb1, tid, d, acc, it); break;
+        case 3: dec_stream<GATE, 3>(g, ts, st, nb, kb0, kb1, tid, d, acc, it); break;
+        default: dec_stream<GATE, 4>(g, ts, st, nb, kb0, kb1, tid, d, acc, it); break;
         }
+        if (lane == 0 && (warp & 3) == 0)
+            DEC_STAMP(GATE, it, DT_C_END + (warp >> 2));
         if (split > 1) {
             dec_split_sum<GATE>(acc, part, &red_full, &red_free, split, rank, red_phase, tid);
             red_phase ^= 1u;
@@ -262,6 +272,8 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
                     epi_phase ^= 1u;
                 }
             }
+            if (lane == 0 && (warp & 3) == 0)
+                DEC_STAMP(GATE, it, DT_C_EPI + (warp >> 2));
         }
     }
     if (split > 1 && rank != 0) /* rank 0 has read this block's last sums: it may exit */
@@ -354,6 +366,34 @@ int moe_fp8_dec_clusters(cuda_state *s, int gate, long long items, int split)
     return (int)(items < cap ? (items > 0 ? items : 1) : cap);
 }
 
+#ifdef MOE_DEC_TRACE
+/* The timeline of the 30th launch of each kernel (the first ones warm up) into
+ * $MOEFUSE_DEC_TRACE.gate / .final: four ints (grid, split, clusters, gate), then the stamps. */
+static void dec_trace_dump(cuda_state *s, int gate, unsigned grid, const Fp8DecExtra *x)
+{
+    static int launches[2];
+    static unsigned long long h[DEC_TRACE_BLOCKS][DEC_TRACE_ITEMS][DT_EVENTS];
+    const char *prefix = getenv("MOEFUSE_DEC_TRACE");
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (!prefix || ++launches[gate] != 30 || cudaStreamIsCapturing(s->stream, &cs) != cudaSuccess ||
+        cs != cudaStreamCaptureStatusNone)
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%s", prefix, gate ? "gate" : "final");
+    FILE *f = fopen(path, "wb");
+    if (!f || cudaStreamSynchronize(s->stream) != cudaSuccess ||
+        cudaMemcpyFromSymbol(h, dec_trace, sizeof h, (size_t)gate * sizeof h) != cudaSuccess) {
+        if (f)
+            fclose(f);
+        return;
+    }
+    const int hdr[4] = {(int)grid, x->split, x->clusters, gate};
+    fwrite(hdr, sizeof hdr, 1, f);
+    fwrite(h, sizeof h, 1, f);
+    fclose(f);
+}
+#endif
+
 template <int GATE>
 static moefuse_status ready(moefuse_context *ctx, cuda_state *s, const char *op)
 {
@@ -386,5 +426,8 @@ moefuse_status moe_fp8_dec_launch(moefuse_context *ctx, cuda_state *s, const cha
     else
         mf_launch_pdl(fp8_dec_gemm<0>, grid, DecCfg<0>::THREADS, DecCfg<0>::SMEM, s->stream,
                       p.x.pdl, p, (unsigned)x->split);
+#ifdef MOE_DEC_TRACE
+    dec_trace_dump(s, gate, grid.x, x);
+#endif
     return mf_cuda_launched(ctx, op, "fp8_dec_gemm");
 }

@@ -133,14 +133,15 @@ template <int STAGES> struct DecStream {
  * One item's blocks [kb0, kb1) into acc, NC n8 columns of slots: a copy of the stage loop per
  * column count, so that no stage branches on it and ptxas schedules each copy whole. The
  * scale windows: the block's window (0 or 1) and its row there by int counters (no 64-bit
- * division), each window stored while the next one's scales load.
+ * division), each window stored while the next one's scales load. `item`: the block's item,
+ * for the timeline (-DMOE_DEC_TRACE).
  */
 template <int GATE, int NC>
 static __device__ __forceinline__ void dec_stream(const Fp8Gemm &g, const DecTileSmem &ts,
                                                   const DecStream<DecCfg<GATE>::STAGES> &st,
                                                   long long nb, long long kb0, long long kb1,
                                                   int tid, float (&d)[2][16],
-                                                  float (&acc)[2][4][4])
+                                                  float (&acc)[2][4][4], int item)
 {
     using C = DecCfg<GATE>;
     const int warp = tid >> 5, lane = tid & 31;
@@ -156,12 +157,16 @@ static __device__ __forceinline__ void dec_stream(const Fp8Gemm &g, const DecTil
             /* the other window was last read before the previous window's barrier */
             dec_scales_store(st.win + wsel * (DEC_SWIN * C::SCOLS), sa, sw, tid);
             dec_bar_consumers();
+            if (i == 0 && tid == 0)
+                DEC_STAMP(GATE, item, DT_C_WIN0);
             if (i + DEC_SWIN < nblocks) /* the next window's latency hides behind this one */
                 dec_scales_load<GATE>(g, ts, nb, kb0 + i + DEC_SWIN, kb1, tid, sa, sw);
         }
         const float *row = st.win + wsel * (DEC_SWIN * C::SCOLS) + wb * C::SCOLS;
         const uint32_t stage = dec_smem(st.smem + pipe.stage * C::STAGE);
         hp_mbar_wait(dec_smem(&st.full[pipe.stage]), pipe.phase);
+        if (tid == 0 && i < DEC_TRACE_STAGES)
+            DEC_STAMP(GATE, item, DT_C_FULL + i);
         hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
         dec_consume<GATE, NC>(stage, warp, lane, row, d, acc);
         __syncwarp();

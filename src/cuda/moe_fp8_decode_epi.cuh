@@ -102,9 +102,12 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
 {
     const long long K = g.ncols, k = g.rt.topk;
     unsigned phase = 0;
-    for (long long w = cluster; w < items; w += x.clusters) {
+    int it = 0; /* the block's item, for the timeline */
+    for (long long w = cluster; w < items; w += x.clusters, it++) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         long long e, s;
+        if (lane == 0)
+            DEC_STAMP(0, it, DT_S_START);
         const int count = dec_tile(g, x, dd, ti, lane, &e, &s);
         if (count == 0)
             continue;
@@ -113,7 +116,11 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
         if (lane < count)
             for (long long j = 0; j < k; j++)
                 valid += moe_slot_expert(g.rt, m, j) >= 0;
+        if (lane == 0)
+            DEC_STAMP(0, it, DT_S_WAIT);
         hp_mbar_wait(dec_smem(epi_full), phase); /* the consumers' y of this item are stored */
+        if (lane == 0)
+            DEC_STAMP(0, it, DT_S_GOT);
         phase ^= 1u;
         bool last = false;
         if (lane < count) {
@@ -121,8 +128,10 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
             last = atomicAdd(x.arrivals + m * g.nblk + nb, 1u) + 1u == (unsigned)valid;
         }
         __syncwarp();
-        if (lane == 0)
+        if (lane == 0) {
             hp_mbar_arrive(dec_smem(epi_free));
+            DEC_STAMP(0, it, DT_S_FREED);
+        }
         unsigned lasts = __ballot_sync(0xFFFFFFFFu, last);
         if (lasts)
             __threadfence(); /* the other blocks' y, after their counts */
@@ -161,6 +170,8 @@ static __device__ __forceinline__ void dec_final_sums(const Fp8Gemm &g, const Fp
             for (int q = 0; q < 4; q++)
                 mfm_store(x.rout, x.rout_dt, mi * x.rout_s0 + c + q, sum[q]);
         }
+        if (lane == 0)
+            DEC_STAMP(0, it, DT_S_END);
     }
 }
 

@@ -228,14 +228,21 @@ static __device__ __forceinline__ void dec_producer(const DecParams &p, const De
     const uint64_t policy = hp_policy_evict_first(); /* each weight is read once */
     if (p.x.w_map && lane == 0 && pre == 0)
         hp_tma_prefetch(&p.map_w);
-    for (long long w = cluster; w < items; w += p.x.clusters) {
+    int it = 0; /* the block's item, for the timeline */
+    for (long long w = cluster; w < items; w += p.x.clusters, it++) {
         const long long ti = w / g.nblk, nb = w - ti * g.nblk;
         long long e, s;
+        if (lane == 0)
+            DEC_STAMP(GATE, it, DT_P_START);
         const int count = dec_tile(g, p.x, dd, ti, lane, &e, &s);
         const long long arow = lane < count ? dec_arow(g, s, e) : 0;
+        if (lane == 0)
+            DEC_STAMP(GATE, it, DT_P_TILE);
         if (count > 0)
             for (long long b = kb0; b < kb1; b++) {
                 hp_mbar_wait(dec_smem(&empty[pipe.stage]), pipe.phase ^ 1u);
+                if (lane == 0 && b - kb0 < DEC_TRACE_STAGES)
+                    DEC_STAMP(GATE, it, DT_P_EMPTY + (int)(b - kb0));
                 dec_produce<GATE>(&p.map_w, g, p.x, smem + pipe.stage * C::STAGE,
                                   dec_smem(&full[pipe.stage]), e, count, arow, nb, b,
                                   w != cluster || b - kb0 >= pre, lane, policy);
