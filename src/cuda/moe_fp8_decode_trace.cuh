@@ -4,6 +4,8 @@
  * DEC_TRACE_ITEMS items, and the host writes the stamps of one launch of each kernel to a
  * file (moe_fp8_decode.cu; MOEFUSE_DEC_TRACE names it; tools/dec_trace.py reads it). The
  * stamps of one block share an SM clock, so each role's edges can be set against the others'.
+ * Nothing clears them: blocks and items the dumped launch did not reach keep the stamps of
+ * earlier launches, so a process traces one shape.
  */
 #ifndef MOEFUSE_CUDA_MOE_FP8_DECODE_TRACE_CUH
 #define MOEFUSE_CUDA_MOE_FP8_DECODE_TRACE_CUH
