@@ -13,16 +13,34 @@ Times are SM clock cycles turned into microseconds at --ghz (the H200's boost cl
 default); a block's stamps share one SM's clock.
 """
 import argparse
+import os
+import re
 import statistics
 import struct
 
-BLOCKS, ITEMS, STAGES = 512, 8, 6
-C_TOP, C_TILE, C_WIN0, C_END, C_EPI, C_FULL = 0, 2, 3, 4, 6, 8
-P_START = C_FULL + STAGES
-P_TILE, P_EMPTY = P_START + 1, P_START + 2
-S_START = P_EMPTY + STAGES
-S_WAIT, S_GOT, S_FREED, S_END = S_START + 1, S_START + 2, S_START + 3, S_START + 4
-EVENTS = S_END + 1
+
+def trace_layout():
+    """The buffer's sizes and the events' numbers, from the header that defines them."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "cuda",
+                        "moe_fp8_decode_trace.cuh")
+    text = open(path).read()
+    names = {k: int(v) for k, v in re.findall(r"#define (DEC_TRACE_\w+) (\d+)", text)}
+    body = re.search(r"enum dec_trace_event \{(.*?)\};", text, re.S).group(1)
+    value = -1
+    for name, expr in re.findall(r"^\s*(DT_\w+)\s*(?:=\s*([^,/\n]+?))?\s*(?:,|$)", body, re.M):
+        value = eval(expr, {}, dict(names)) if expr else value + 1
+        names[name] = value
+    return names
+
+
+L = trace_layout()
+BLOCKS, ITEMS, STAGES = L["DEC_TRACE_BLOCKS"], L["DEC_TRACE_ITEMS"], L["DEC_TRACE_STAGES"]
+C_TOP, C_TILE, C_WIN0, C_END, C_EPI, C_FULL = (L["DT_C_TOP"], L["DT_C_TILE"], L["DT_C_WIN0"],
+                                               L["DT_C_END"], L["DT_C_EPI"], L["DT_C_FULL"])
+P_START, P_TILE, P_EMPTY = L["DT_P_START"], L["DT_P_TILE"], L["DT_P_EMPTY"]
+S_START, S_WAIT, S_GOT, S_FREED, S_END = (L["DT_S_START"], L["DT_S_WAIT"], L["DT_S_GOT"],
+                                          L["DT_S_FREED"], L["DT_S_END"])
+EVENTS = L["DT_EVENTS"]
 
 # (name, from event, to event): the steps of an item, in order
 STEPS = [

@@ -45,9 +45,11 @@
 #include "cuda/wgmma.cuh" /* MOE_WGMMA_DEVICE: sm_90a device code */
 #include "cuda/moe_fp8_decode_trace.cuh" /* -DMOE_DEC_TRACE: the roles' timeline */
 
+#include <string.h>
+#ifdef MOE_DEC_TRACE
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
+#endif
 
 #define DEC_CONSUMER_THREADS 256
 #define DEC_PRODUCER 8 /* the producer's warp */
