@@ -73,11 +73,14 @@ static int dec_for(const cuda_state *s, const mf_moe_args *a)
         return S > 0;
     if (a->experts > DEC_MAX_E)
         return 0; /* the route kernel counts the experts in shared memory */
-    /* measured (H200, docs/PERFORMANCE.md): the decode kernel reads the weights faster than
-     * the large-tile one from 1 to 8 slots per expert (Mixtral M = 32, 8 per expert: 475
-     * against 588 us); more were not measured */
-    const int64_t busy = a->experts < S ? a->experts : S;
-    return forced || (a->tokens <= 64 && (S + busy - 1) / busy <= 8);
+    /* measured (H200, docs/PERFORMANCE.md, "the middle"): the decode kernel is ahead of the
+     * large-tile one up to 8 slots per expert at any M (DeepSeek-V3 M = 256: 3.28 against
+     * 4.40 ms), and up to 16 where the experts are large enough for their weights to set the
+     * pace (Mixtral M = 64: 0.49 against 0.63 ms; Qwen3-30B-A3B M = 256, 1.6M weights an
+     * expert: 0.67 against 0.58 ms, so not there); at 32 it is behind everywhere */
+    const int64_t busy = a->experts < S ? a->experts : S, per_expert = (S + busy - 1) / busy;
+    const int64_t expert_weights = a->model_dim * a->inter_dim; /* e4m3 bytes of its final */
+    return forced || per_expert <= 8 || (per_expert <= 16 && expert_weights >= DEC_LARGE_EXPERT);
 }
 
 typedef struct fp8_plan {

@@ -14,6 +14,8 @@
 #define DEC_DIRECT_S 32 /* routed calls of at most this many slots route themselves */
 #define DEC_MAX_E 1024  /* local experts the route kernel counts in shared memory */
 #define DEC_SPLIT_MAX 8 /* blocks of a cluster sharing a tile's depth (portable cluster size) */
+/* K x I from which the decode kernel also takes 9 to 16 slots per expert (moe_fp8.cu) */
+#define DEC_LARGE_EXPERT (4ll << 20)
 
 /* A tile of the routed layout: `count` (<= DEC_NS) slots list[first ...] of local expert e
  * (16 bytes, read as one longlong2: first, then e in the low and count in the high word). */
