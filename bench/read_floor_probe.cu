@@ -12,20 +12,14 @@
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90a bench/read_floor_probe.cu -o /tmp/read_floor_probe
  */
+#include "probe_util.cuh"
+
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define POOL_BYTES (24ll << 30)
 #define CALLS 20
-
-static void check(cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess) {
-        fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
 
 /* Every thread keeps UNROLL independent 16-byte streaming loads in flight. */
 template <int UNROLL>
@@ -131,14 +125,9 @@ int main(void)
         {"qwen3 M=1", 8, 768, 2048},           {"qwen3 M=32", 110, 768, 2048},
         {"deepseek-v3 M=1", 8, 2048, 7168},    {"deepseek-v3 M=32", 163, 2048, 7168},
     };
-    int dev = 0, sms = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sms");
     char *pool;
     unsigned *sink;
-    check(cudaMalloc(&pool, POOL_BYTES), "pool");
-    check(cudaMemset(pool, 1, POOL_BYTES), "fill");
-    check(cudaMalloc(&sink, 1 << 20), "sink");
+    const int sms = probe_setup(POOL_BYTES, &pool, &sink);
     cudaStream_t s;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
     char how[64];

@@ -10,6 +10,7 @@
  *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc bench/tma_stream_probe.cu -lcuda -o /tmp/probe
  */
 #include "cuda/hopper.cuh"
+#include "probe_util.cuh"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -112,14 +113,6 @@ __global__ void read_kernel(const uint4 *src, long long n, unsigned *sink)
         sink[blockIdx.x] = acc;
 }
 
-static void check(cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess) {
-        fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-
 static float median(float *v, int n)
 {
     for (int i = 1; i < n; i++)
@@ -165,14 +158,9 @@ int main(void)
         {"qwen3-final", 768, 2048, 8, 64, 256, 64, 1, 3, 2, 1},
         {"qwen3-final", 768, 2048, 8, 128, 128, 128, 1, 3, 2, 2},
     };
-    int dev = 0, sms = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sms");
     char *pool;
     unsigned *sink;
-    check(cudaMalloc(&pool, POOL_BYTES), "pool");
-    check(cudaMemset(pool, 1, POOL_BYTES), "fill");
-    check(cudaMalloc(&sink, 1 << 20), "sink");
+    const int sms = probe_setup(POOL_BYTES, &pool, &sink);
     check(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                200 * 1024),
           "smem");
