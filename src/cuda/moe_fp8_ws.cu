@@ -524,11 +524,14 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
     __syncthreads();
+    /* 128 x 40 + 256 x 232 of the 64K registers. At 224 the final's consumers spilled five
+     * values that every stage reloads (LDL in the stage loop); at 232 the stage loop keeps
+     * them in registers, and the producer, idle most of the time, spills a few instead. */
     if (threadIdx.x < 128) {
-        hp_regs_dec<56>();
+        hp_regs_dec<40>();
         f8_produce<GATE>(P, sbase, full, empty, tl);
     } else {
-        hp_regs_inc<224>();
+        hp_regs_inc<232>();
         f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, buf + (threadIdx.x - 128));
     }
 #else
