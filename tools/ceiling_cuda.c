@@ -137,7 +137,7 @@ cudaError_t ceiling_cuda_read_launch(const void *src, size_t bytes, unsigned int
  */
 static const int read_shapes[][3] = {{4, 256, 4}, {8, 512, 4}, {4, 512, 8}, {8, 256, 8}};
 #define READ_SHAPES (int)(sizeof read_shapes / sizeof read_shapes[0])
-#define READ_MAX_BLOCKS_PER_SM 8
+#define READ_MAX_BLOCKS_PER_SM 8 /* the most of read_shapes: partial[] holds one word a block */
 
 /*
  * Read bandwidth on the context's stream: a sum over CEILING_READ_MIB filled with 0x3c bytes
