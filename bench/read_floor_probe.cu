@@ -10,8 +10,11 @@
  * layer does; `same` reads one window every call, which L2 (50 MB) may partly serve between
  * calls: a benchmark artefact, shown for what it would hide.
  *
+ * The kernel is the bench's read ceiling's (tools/ceiling_cuda_read.cu), included here.
+ *
  *   nvcc -O3 -std=c++17 -arch=sm_90a bench/read_floor_probe.cu -o /tmp/read_floor_probe
  */
+#include "../tools/ceiling_cuda_read.cu"
 #include "probe_util.cuh"
 
 #include <cuda_runtime.h>
@@ -21,39 +24,12 @@
 #define POOL_BYTES (24ll << 30)
 #define CALLS 20
 
-/* Every thread keeps UNROLL independent 16-byte streaming loads in flight. */
-template <int UNROLL>
-__global__ void __launch_bounds__(512) read_kernel(const uint4 *__restrict__ src, long long n,
-                                                  unsigned *sink)
-{
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    unsigned acc = 0;
-    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-            v[u] = __ldcs(src + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-            acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    for (; i < n; i += stride) {
-        const uint4 v = __ldcs(src + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u)
-        sink[blockIdx.x] = acc;
-}
-
+/* The bench's own read kernel (tools/ceiling_cuda_read.cu): the probe tries the shapes the
+ * ceiling may pick from and more, with the same kernel. */
 static void launch(int unroll, int grid, int threads, const char *src, long long bytes,
                    unsigned *sink, cudaStream_t s)
 {
-    const long long n = bytes / 16;
-    if (unroll == 4)
-        read_kernel<4><<<grid, threads, 0, s>>>((const uint4 *)src, n, sink);
-    else
-        read_kernel<8><<<grid, threads, 0, s>>>((const uint4 *)src, n, sink);
+    check(ceiling_cuda_read_launch(src, (size_t)bytes, sink, grid, threads, unroll, s), "read");
 }
 
 static int by_value(const void *a, const void *b)
