@@ -65,7 +65,7 @@ typedef struct F8Params {
     Fp8WsExtra x;
 } F8Params;
 
-#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 256)
+#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + 256)
 
 #ifdef MOE_WGMMA_DEVICE
 /* d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 128, db), K-major. */
@@ -214,164 +214,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
     cp_async_wait<0>(); /* no copy of this thread outlives it */
 }
 
-/*
- * Epilogues. Main accumulator 64 w + 4 i + v (wave w): tile row r0 (+ 8 for v >= 2), B row
- * 128 w + 8 i + 2 (lane % 4) + (v & 1). Fully unrolled, the exact activation, the divisions
- * of the codes and the stores of 128 values are tens of thousands of instructions, fetched
- * from L2 once per tile (decode tiles spend most of their time there). So values go in chunks
- * of F8_CHUNK through this thread's own column of `buf` (stride F8_CONSUMERS floats: no bank
- * conflict, no barrier), and a rolled loop does the long work once per value.
- */
-#define F8_BUF(j) buf[(j) * F8_CONSUMERS]
-
-/*
- * Gate: for i < 8 the gate rows, i + 8 their up rows, of h column nb * 128 + 64 w + 8 i +
- * 2 (lane % 4) + (v & 1). Chunk (w, q) holds i = 2 q, 2 q + 1: gate values at 0..7, up values
- * at 8..15; h comes back over the gate values. A row's 128 h columns lie in the quad of
- * threads lane / 4: its amax is theirs.
- */
-static __device__ __noinline__ void f8_gate_chunk(const Fp8Gemm &p, long long e, long long c0,
-                                                  float *buf, bool live0, bool live1)
-{
-#pragma unroll 1
-    for (int j = 0; j < 8; j++) {
-        const int v = j & 3;
-        if (!(v < 2 ? live0 : live1))
-            continue;
-        const long long c = c0 + 8 * (j >> 2) + (v & 1);
-        float g = F8_BUF(j), u = F8_BUF(8 + j);
-        if (p.bias) {
-            g = __fadd_rn(g, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.gate_row + c));
-            u = __fadd_rn(u, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + p.up_row + c));
-        }
-        F8_BUF(j) = mfm_gated(p.act, p.alpha, p.limit, p.up_offset, g, u);
-    }
-}
-
-/* Codes of chunk j's 16 h values of rows h (v >> 1), columns c0 + 8 (j >> 1) + ... */
-static __device__ __noinline__ void f8_code_chunk(uint8_t *dst0, uint8_t *dst1, float s0,
-                                                  float s1, const float *buf)
-{
-#pragma unroll 1
-    for (int j = 0; j < F8_CHUNK; j += 2) {
-        const int v = j & 3; /* values j, j + 1: the column pair of one row */
-        uint8_t *dst = v < 2 ? dst0 : dst1;
-        if (!dst)
-            continue;
-        const float s = v < 2 ? s0 : s1;
-        uint8_t *at = dst + 8 * (j >> 2); /* byte stores: h rows may start anywhere */
-        at[0] = (uint8_t)fp8_code(F8_BUF(j), s);
-        at[1] = (uint8_t)fp8_code(F8_BUF(j + 1), s);
-    }
-}
-
-static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long div, long long e,
-                                                   long long nb, const long long (&row)[2],
-                                                   float (&m)[128], float *buf, int lane)
-{
-    /* a warp without a slot has nothing to write (the shuffles below want the whole warp) */
-    if (!__any_sync(0xFFFFFFFFu, row[0] >= 0 || row[1] >= 0))
-        return;
-    const long long c0 = nb * 128 + 2 * (lane & 3);
-    float amax[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-#pragma unroll
-            for (int x = 0; x < 8; x++) {
-                F8_BUF(x) = m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)];
-                F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
-            }
-            f8_gate_chunk(p, e, c0 + 64 * w + 16 * q, buf, row[0] >= 0, row[1] >= 0);
-#pragma unroll
-            for (int x = 0; x < 8; x++) {
-                const float h = F8_BUF(x);
-                m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)] = h;
-                const float a = fabsf(h);
-                if (mf_is_finite(h) && a > amax[(x & 3) >> 1])
-                    amax[(x & 3) >> 1] = a;
-            }
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
-        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
-    }
-    float sc[2] = {1.0f, 1.0f};
-    uint8_t *dst[2] = {nullptr, nullptr};
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (row[h] < 0)
-            continue;
-        uint32_t ue;
-        sc[h] = fp8_group_scale(amax[h], p.h.eps, p.h.ue8m0, &ue);
-        const long long pp = row[h] / div, q = row[h] % div;
-        dst[h] = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
-        if ((lane & 3) == 0) {
-            /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
-            const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
-            fp8_put_scale(p.h, blk, t, nb, sc[h], ue);
-            if (nb == p.h.groups - 1)
-                fp8_put_scale_tail(p.h, blk, t);
-        }
-    }
-    /* chunk (w, q): h of i = 4 q .. 4 q + 3 (gate slots), 16 values */
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-#pragma unroll
-            for (int x = 0; x < F8_CHUNK; x++)
-                F8_BUF(x) = m[64 * w + 4 * (4 * q + (x >> 2)) + (x & 3)];
-            const long long off = 64 * w + 32 * q;
-            f8_code_chunk(dst[0] ? dst[0] + off : nullptr, dst[1] ? dst[1] + off : nullptr, sc[0],
-                          sc[1], buf);
-        }
-    }
-}
-
-/* y + bias of chunk values j: row v >> 1 ... column c0 + 8 (j >> 2) + (j & 1), rounded once. */
-static __device__ __noinline__ void f8_y_chunk(const Fp8Gemm &p, long long e, long long c0,
-                                               long long base0, long long base1, const float *buf)
-{
-#pragma unroll 1
-    for (int j = 0; j < F8_CHUNK; j++) {
-        const int v = j & 3;
-        const long long base = v < 2 ? base0 : base1;
-        const long long c = c0 + 8 * (j >> 2) + (v & 1);
-        if (base < 0 || c >= p.ncols)
-            continue;
-        float y = F8_BUF(j);
-        if (p.bias)
-            y = __fadd_rn(y, mfm_load(p.bias, p.bias_dt, e * p.bias_s0 + c));
-        mfm_store(p.out, p.out_dt, base + c, y);
-    }
-}
-
-/* Final: y = main + bias in out's dtype; wave w's columns nb * 256 + 128 w + 8 i + ... */
-static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
-                                                    long long nb, const long long (&row)[2],
-                                                    const float (&m)[128], float *buf, int lane)
-{
-    if (row[0] < 0 && row[1] < 0)
-        return;
-    long long base[2] = {-1, -1};
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        if (row[h] >= 0)
-            base[h] = (row[h] / div) * p.o_s0 + (row[h] % div) * p.o_s1;
-    const long long c0 = nb * F8_BN + 2 * (lane & 3);
-#pragma unroll
-    for (int ch = 0; ch < 8; ch++) {
-#pragma unroll
-        for (int x = 0; x < F8_CHUNK; x++)
-            F8_BUF(x) = m[16 * ch + x];
-        /* m[16 ch + x]: wave ch / 4, i = 4 (ch % 4) + x / 4 */
-        f8_y_chunk(p, e, c0 + 128 * (ch >> 2) + 32 * (ch & 3), base[0], base[1], buf);
-    }
-}
+#include "cuda/moe_fp8_ws_epi.cuh"
 
 /* main[64 w + i] += block[i] * the scale of its row and of wave w's weight rows. */
 static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (&acc)[64], int w,
@@ -392,7 +235,7 @@ static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (
 template <bool GATE>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
                                                   uint32_t sbase, uint64_t *full, uint64_t *empty,
-                                                  F8Tiles &tl, float *buf)
+                                                  F8Tiles &tl, float *buf, uint32_t tabs)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
@@ -492,7 +335,7 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
         if (!busy)
             continue;
         if (GATE)
-            f8_gate_out(p, div, e, nb, row, m, buf, lane);
+            f8_gate_out(p, div, e, nb, row, m, buf, lane, tabs);
         else
             f8_final_out(p, div, e, nb, row, m, buf, lane);
     }
@@ -506,6 +349,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     extern __shared__ uint4 smem_raw[];
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
+    __shared__ float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
@@ -523,6 +367,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
+    if (threadIdx.x >= 64 && threadIdx.x < 128)
+        exp_tab[threadIdx.x - 64] = MF_EXP_TABLE[threadIdx.x - 64];
     __syncthreads();
     /* 128 x 40 + 256 x 232 of the 64K registers. At 224 the final's consumers spilled five
      * values that every stage reloads (LDL in the stage loop); at 232 the stage loop keeps
@@ -532,7 +378,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
         f8_produce<GATE>(P, sbase, full, empty, tl);
     } else {
         hp_regs_inc<232>();
-        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, buf + (threadIdx.x - 128));
+        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, buf + (threadIdx.x - 128),
+                         (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */

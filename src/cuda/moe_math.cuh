@@ -45,4 +45,19 @@ static __device__ __forceinline__ float mfm_gated(int act, float alpha, float li
     return mf_mul(mf_activate_f32(act, alpha, g), u);
 }
 
+/* mfm_gated's bits, with silu by the exp table at shared-memory address tabs where
+ * mf_silu_fast is proved the same: no global table load and no IEEE division's range check. */
+static __device__ __forceinline__ float mfm_gated_tab(int act, float alpha, float limit,
+                                                      float beta, float g, float u, uint32_t tabs)
+{
+    if (limit > 0.0f) {
+        g = mf_clamp_gate(g, limit);
+        u = mf_clamp_up(u, limit);
+    }
+    u = mf_add_up_offset(u, beta);
+    const float a = act == MF_ACT_SILU && mf_silu_fast_ok(g) ? mf_silu_fast(g, tabs)
+                                                             : mf_activate_f32(act, alpha, g);
+    return mf_mul(a, u);
+}
+
 #endif /* MOEFUSE_CUDA_MOE_MATH_CUH */

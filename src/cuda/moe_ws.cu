@@ -79,7 +79,7 @@ struct WsTiles {
 };
 
 /* Static shared memory of the kernel, bounded from above (the barriers, slots and tile). */
-#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 256)
+#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 64 * 4 + 256)
 
 typedef struct MoeWsParams {
     CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
@@ -219,7 +219,8 @@ static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
 /* One chunk, rolled: pairs q of (gate: 2 gate + 2 up values, final: 2 values) per row h. */
 template <bool GATE>
 static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long long (&orow)[2],
-                                                    long long c0, const float *mine)
+                                                    long long c0, const float *mine,
+                                                    uint32_t tabs)
 {
     constexpr int PAIRS = GATE ? 2 : 4; /* accumulator columns i in the chunk */
 #pragma unroll 1
@@ -235,9 +236,9 @@ static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long 
                 float u[2] = {m[(4 + 2 * h) * WS_CONSUMERS], m[(5 + 2 * h) * WS_CONSUMERS]};
                 moe_add_bias_n<2>(o, o.bias_g, c, v);
                 moe_add_bias_n<2>(o, o.bias_u, c, u);
-#pragma unroll 1
+#pragma unroll
                 for (int x = 0; x < 2; x++)
-                    v[x] = mfm_gated(o.act, o.alpha, o.limit, o.beta, v[x], u[x]);
+                    v[x] = mfm_gated_tab(o.act, o.alpha, o.limit, o.beta, v[x], u[x], tabs);
             } else {
                 moe_add_bias_n<2>(o, o.bias_g, c, v);
             }
@@ -248,7 +249,8 @@ static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long 
 
 template <bool GATE>
 static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileSmem &t,
-                                                   const float (&acc)[128], float *buf, int ctid)
+                                                   const float (&acc)[128], float *buf, int ctid,
+                                                   uint32_t tabs)
 {
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const MoeOut o = moe_out_params(p, t.e);
@@ -273,7 +275,7 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
                 }
             }
         }
-        ws_chunk_out<GATE>(o, orow, c0 + 8 * ch * PER, mine);
+        ws_chunk_out<GATE>(o, orow, c0 + 8 * ch * PER, mine, tabs);
     }
 }
 
@@ -281,7 +283,8 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
 template <bool F16, bool GATE>
 static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, WsTiles &sl,
-                                                  MoeTileSmem &t, float *buf, long long KT)
+                                                  MoeTileSmem &t, float *buf, long long KT,
+                                                  uint32_t tabs)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, lane = ctid & 31;
@@ -311,7 +314,7 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         pin(acc);
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));
-        ws_epilogue<GATE>(p, t, acc, buf, ctid);
+        ws_epilogue<GATE>(p, t, acc, buf, ctid, tabs);
         if (!GATE && p.fuse)
             moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, nullptr, 0);
     }
@@ -326,6 +329,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
     __shared__ WsTiles sl;
     __shared__ MoeTileSmem t; /* the consumers' */
+    __shared__ float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
     const MoeGemm &p = P.g;
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -346,6 +350,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
+    if (threadIdx.x >= 64 && threadIdx.x < 128)
+        exp_tab[threadIdx.x - 64] = MF_EXP_TABLE[threadIdx.x - 64];
     __syncthreads();
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
@@ -354,7 +360,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
         ws_produce<GATE>(P, sbase, full, empty, sl, KT);
     } else {
         hp_regs_inc<224>();
-        ws_consume<F16, GATE>(p, sbase, full, empty, sl, t, buf, KT);
+        ws_consume<F16, GATE>(p, sbase, full, empty, sl, t, buf, KT,
+                              (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */

@@ -94,6 +94,22 @@ static __device__ __forceinline__ uint32_t mf_bf16x2_rn(float lo, float hi)
 }
 
 /*
+ * Two e4m3 codes (lo in the low byte) of finite values, round to nearest even with saturation
+ * to +-448: mf_f32_to_e4m3's bits for every finite float (device_check.cu), in one
+ * instruction on sm_89+.
+ */
+static __device__ __forceinline__ uint32_t mf_e4m3x2(float lo, float hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return mf_f32_to_e4m3(lo) | (mf_f32_to_e4m3(hi) << 8);
+#endif
+}
+
+/*
  * a / b correctly rounded by nvcc's own fast sequence (reciprocal, one
  * refinement, quotient, residual, correction) without its range check
  * (FCHK) and the branch to the slow path that goes with it; the sign is

@@ -25,18 +25,6 @@ static __device__ __forceinline__ float group_scale(const rows_params &p, float 
     return s;
 }
 
-/* Two f8 codes (lo in the low byte) of finite values: RNE with saturation to 448. */
-static __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    unsigned short r; /* the hardware conversion: the same bits for every finite input */
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return mf_f32_to_e4m3(lo) | (mf_f32_to_e4m3(hi) << 8);
-#endif
-}
-
 /* An i8 code of a non-NaN value: half to even, clamped to [-127, 127] (= mf_f32_to_i8). */
 static __device__ __forceinline__ uint32_t i8code(float d)
 {
@@ -48,8 +36,8 @@ static __device__ __forceinline__ uint32_t i8code(float d)
 static __device__ __forceinline__ void pack8(int fp8, const float d[8], uint32_t w[2])
 {
     if (fp8) {
-        w[0] = e4m3x2(d[0], d[1]) | (e4m3x2(d[2], d[3]) << 16);
-        w[1] = e4m3x2(d[4], d[5]) | (e4m3x2(d[6], d[7]) << 16);
+        w[0] = mf_e4m3x2(d[0], d[1]) | (mf_e4m3x2(d[2], d[3]) << 16);
+        w[1] = mf_e4m3x2(d[4], d[5]) | (mf_e4m3x2(d[6], d[7]) << 16);
     } else {
         w[0] = i8code(d[0]) | (i8code(d[1]) << 8) | (i8code(d[2]) << 16) | (i8code(d[3]) << 24);
         w[1] = i8code(d[4]) | (i8code(d[5]) << 8) | (i8code(d[6]) << 16) | (i8code(d[7]) << 24);
@@ -92,7 +80,7 @@ static __device__ __forceinline__ uint32_t code1(int fp8, float v, float s, floa
         return fp8 ? (((mf_f32_bits(v) >> 24) & 0x80u) | 0x7Fu) : 0u;
     const float q = fast ? mf_div_scale(v, s, y) : v / s;
     const float d = mf_is_finite(v) ? q : copysignf(448.0f, v); /* Inf: +-448 or +-127 */
-    return fp8 ? (e4m3x2(d, 0.0f) & 0xFFu) : i8code(d);
+    return fp8 ? (mf_e4m3x2(d, 0.0f) & 0xFFu) : i8code(d);
 }
 
 /* Eight values passed by value: an array argument of an out-of-line call would put the

@@ -1,0 +1,255 @@
+/*
+ * The epilogues of the Hopper FP8 GEMM (moe_fp8_ws.cu, which includes this file): the gate's
+ * bias, activation and h quantization, and the final's y. sm_90a device code only.
+ *
+ * Main accumulator 64 w + 4 i + v (wave w): tile row r0 (+ 8 for v >= 2), B row
+ * 128 w + 8 i + 2 (lane % 4) + (v & 1). Fully unrolled, the activation, the codes and the
+ * stores of 128 values are thousands of instructions, fetched from L2 once per tile. So values
+ * go in chunks of F8_CHUNK through this thread's own column of `buf` (stride F8_CONSUMERS
+ * floats: no bank conflict, no barrier), and one out-of-line function does a chunk's long work,
+ * its values side by side so that their latencies overlap. The functions take scalars, not the
+ * kernel's parameters, which they would reload through generic pointers value by value.
+ */
+#ifndef MOEFUSE_CUDA_MOE_FP8_WS_EPI_CUH
+#define MOEFUSE_CUDA_MOE_FP8_WS_EPI_CUH
+
+#define F8_BUF(j) buf[(j) * F8_CONSUMERS]
+
+/* The activation of a gate the fast silu does not cover, or of another activation. */
+static __device__ __noinline__ float f8_act_slow(int act, float alpha, float g)
+{
+    return mf_activate_f32(act, alpha, g);
+}
+
+/*
+ * Gate: chunk (w, q) holds, for i = 2 q, 2 q + 1 of wave w, the gate values at 0..7 and
+ * their up values at 8..15 (h columns c0 + 8 (j >> 2) + (j & 1), rows j & 2); h comes back
+ * over the gate values. gb and ub: the bias elements of the chunk's column c0 (gate, up).
+ * mfm_gated's steps and bits, with silu by the shared-table exp where it is proved the same
+ * (mf_silu_fast).
+ */
+static __device__ __noinline__ void f8_gate_chunk(int act, float alpha, float limit, float beta,
+                                                  const void *bias, int bias_dt, long long gb,
+                                                  long long ub, uint32_t tabs, float *buf)
+{
+    float g[8], u[8], a[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        g[j] = F8_BUF(j);
+        u[j] = F8_BUF(8 + j);
+    }
+    if (bias) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * (j >> 2) + (j & 1);
+            g[j] = __fadd_rn(g[j], mfm_load(bias, bias_dt, gb + c));
+            u[j] = __fadd_rn(u[j], mfm_load(bias, bias_dt, ub + c));
+        }
+    }
+    if (limit > 0.0f) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            g[j] = mf_clamp_gate(g[j], limit);
+            u[j] = mf_clamp_up(u[j], limit);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        u[j] = mf_add_up_offset(u[j], beta);
+    if (act == MF_ACT_SILU) {
+        bool ok = true;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            ok &= mf_silu_fast_ok(g[j]) != 0;
+            a[j] = mf_silu_fast(g[j], tabs);
+        }
+        if (!ok) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (!mf_silu_fast_ok(g[j]))
+                    a[j] = f8_act_slow(act, alpha, g[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            a[j] = f8_act_slow(act, alpha, g[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        F8_BUF(j) = mf_mul(a[j], u[j]);
+}
+
+/* One value pair's two codes (low byte: the first), stored at `at`, wherever h's rows start. */
+static __device__ __forceinline__ void f8_code_pair(uint8_t *at, float h0, float h1, float s,
+                                                    float y, bool fast)
+{
+    uint32_t c;
+    if (fast && mf_is_finite(h0) && mf_is_finite(h1))
+        c = mf_e4m3x2(mf_div_scale(h0, s, y), mf_div_scale(h1, s, y));
+    else
+        c = fp8_code(h0, s) | (fp8_code(h1, s) << 8);
+    if (((uintptr_t)at & 1u) == 0)
+        *(uint16_t *)at = (uint16_t)c;
+    else {
+        at[0] = (uint8_t)c;
+        at[1] = (uint8_t)(c >> 8);
+    }
+}
+
+/*
+ * Codes of a chunk's 16 h values: pair (j, j + 1) of row (j & 2) >> 1 at column
+ * 8 (j >> 2) of dst0 / dst1 (NULL: no row). y = 1 / s of the row; fast when s is in
+ * mf_div_scale's range, where h / s costs three instructions and every |h| is at most the
+ * row's amax, as mf_div_scale asks; fp8_code's division elsewhere.
+ */
+static __device__ __noinline__ void f8_code_chunk(uint8_t *dst0, uint8_t *dst1, float s0,
+                                                  float y0, float s1, float y1, const float *buf)
+{
+    const bool fast0 = mf_scale_fast_ok(s0) != 0, fast1 = mf_scale_fast_ok(s1) != 0;
+#pragma unroll
+    for (int j = 0; j < F8_CHUNK; j += 2) {
+        const bool hi = (j & 2) != 0;
+        uint8_t *dst = hi ? dst1 : dst0;
+        if (dst)
+            f8_code_pair(dst + 8 * (j >> 2), F8_BUF(j), F8_BUF(j + 1), hi ? s1 : s0,
+                         hi ? y1 : y0, hi ? fast1 : fast0);
+    }
+}
+
+static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long div, long long e,
+                                                   long long nb, const long long (&row)[2],
+                                                   float (&m)[128], float *buf, int lane,
+                                                   uint32_t tabs)
+{
+    /* a warp without a slot has nothing to write (the shuffles below want the whole warp) */
+    if (!__any_sync(0xFFFFFFFFu, row[0] >= 0 || row[1] >= 0))
+        return;
+    const long long c0 = nb * 128 + 2 * (lane & 3);
+    const int act = p.act, bias_dt = p.bias_dt;
+    const float alpha = p.alpha, limit = p.limit, beta = p.up_offset;
+    const void *bias = p.bias;
+    const long long gb = e * p.bias_s0 + p.gate_row + c0, ub = e * p.bias_s0 + p.up_row + c0;
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+#pragma unroll
+            for (int x = 0; x < 8; x++) {
+                F8_BUF(x) = m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)];
+                F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
+            }
+            const long long off = 64 * w + 16 * q;
+            f8_gate_chunk(act, alpha, limit, beta, bias, bias_dt, gb + off, ub + off, tabs, buf);
+#pragma unroll
+            for (int x = 0; x < 8; x++) {
+                const float h = F8_BUF(x);
+                m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)] = h;
+                const float a = fabsf(h);
+                if (mf_is_finite(h) && a > amax[(x & 3) >> 1])
+                    amax[(x & 3) >> 1] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
+    }
+    float sc[2] = {1.0f, 1.0f}, y[2] = {1.0f, 1.0f};
+    uint8_t *dst[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] < 0)
+            continue;
+        uint32_t ue;
+        sc[h] = fp8_group_scale(amax[h], p.h.eps, p.h.ue8m0, &ue);
+        y[h] = __fdiv_rn(1.0f, sc[h]);
+        const long long pp = row[h] / div, q = row[h] % div;
+        dst[h] = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
+        if ((lane & 3) == 0) {
+            /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
+            const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
+            fp8_put_scale(p.h, blk, t, nb, sc[h], ue);
+            if (nb == p.h.groups - 1)
+                fp8_put_scale_tail(p.h, blk, t);
+        }
+    }
+    /* chunk (w, q): h of i = 4 q .. 4 q + 3 (gate slots), 16 values */
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+#pragma unroll
+            for (int x = 0; x < F8_CHUNK; x++)
+                F8_BUF(x) = m[64 * w + 4 * (4 * q + (x >> 2)) + (x & 3)];
+            const long long off = 64 * w + 32 * q;
+            f8_code_chunk(dst[0] ? dst[0] + off : nullptr, dst[1] ? dst[1] + off : nullptr, sc[0],
+                          y[0], sc[1], y[1], buf);
+        }
+    }
+}
+
+/*
+ * y + bias of a chunk: pair (j, j + 1) of row (j & 2) >> 1 (output element base0 / base1, -1:
+ * no row) at columns c0 + 8 (j >> 2) and the next; rounded once; f32 pairs in one store where
+ * they are 8-byte aligned. bb: the bias element of column c0.
+ */
+static __device__ __noinline__ void f8_y_chunk(void *out, int out_dt, const void *bias,
+                                               int bias_dt, long long bb, long long c0,
+                                               long long ncols, long long base0, long long base1,
+                                               const float *buf)
+{
+#pragma unroll
+    for (int j = 0; j < F8_CHUNK; j += 2) {
+        const long long base = (j & 2) ? base1 : base0;
+        const long long c = c0 + 8 * (j >> 2);
+        if (base < 0 || c >= ncols)
+            continue;
+        const bool two = c + 1 < ncols;
+        float y0 = F8_BUF(j), y1 = F8_BUF(j + 1);
+        if (bias) {
+            y0 = __fadd_rn(y0, mfm_load(bias, bias_dt, bb + 8 * (j >> 2)));
+            if (two)
+                y1 = __fadd_rn(y1, mfm_load(bias, bias_dt, bb + 8 * (j >> 2) + 1));
+        }
+        const long long at = base + c;
+        if (two && out_dt == MF_DT_F32 && (((uintptr_t)((float *)out + at)) & 7u) == 0) {
+            *(float2 *)((float *)out + at) = make_float2(y0, y1);
+        } else {
+            mfm_store(out, out_dt, at, y0);
+            if (two)
+                mfm_store(out, out_dt, at + 1, y1);
+        }
+    }
+}
+
+/* Final: y = main + bias in out's dtype; wave w's columns nb * 256 + 128 w + 8 i + ... */
+static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
+                                                    long long nb, const long long (&row)[2],
+                                                    const float (&m)[128], float *buf, int lane)
+{
+    if (row[0] < 0 && row[1] < 0)
+        return;
+    long long base[2] = {-1, -1};
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        if (row[h] >= 0)
+            base[h] = (row[h] / div) * p.o_s0 + (row[h] % div) * p.o_s1;
+    const long long c0 = nb * F8_BN + 2 * (lane & 3);
+    void *out = p.out;
+    const void *bias = p.bias;
+    const int out_dt = p.out_dt, bias_dt = p.bias_dt;
+    const long long ncols = p.ncols, bb = e * p.bias_s0;
+#pragma unroll
+    for (int ch = 0; ch < 8; ch++) {
+#pragma unroll
+        for (int x = 0; x < F8_CHUNK; x++)
+            F8_BUF(x) = m[16 * ch + x];
+        /* m[16 ch + x]: wave ch / 4, i = 4 (ch % 4) + x / 4 */
+        const long long cc = c0 + 128 * (ch >> 2) + 32 * (ch & 3);
+        f8_y_chunk(out, out_dt, bias, bias_dt, bb + cc, cc, ncols, base[0], base[1], buf);
+    }
+}
+
+#endif /* MOEFUSE_CUDA_MOE_FP8_WS_EPI_CUH */
