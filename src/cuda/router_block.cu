@@ -25,7 +25,7 @@
 
 /* What a block shares: the scores, the groups, the warps' picks, the final picks. */
 typedef struct RouteBlockSmem {
-    float exp_tab[64];                            /* mf_exp_f32's table (lanes index it freely) */
+    __align__(8) float exp_tab[64];               /* mf_exp_f32's table (lanes index it freely) */
     float sv[ROUTE_WARP_MAX_E];                   /* the scores s */
     float cv[ROUTE_WARP_MAX_E];                   /* choice scores (group scans) */
     uint64_t gk[MOEFUSE_ROUTER_MAX_GROUPS];       /* the groups' keys */

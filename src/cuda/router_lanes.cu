@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(RL_THREADS) mf_k_route_lanes(const RouteParams
 {
     constexpr int RL_LANES = LANES, RL_ROWS = RL_THREADS / LANES;
     constexpr int E = VPT * RL_LANES, SROW = E + 4 * RL_LANES; /* padded: fewer bank clashes */
-    __shared__ float exp_tab[64];
+    __shared__ __align__(8) float exp_tab[64]; /* read as pairs (ld.shared.v2) */
     __shared__ float s_sm[RL_ROWS * SROW]; /* the rows' scores, lane s at s * (VPT + 4) */
     __shared__ uint32_t o_sm[RL_ROWS][E]; /* the rows' rank words (the listed picks) */
     __shared__ int32_t list_e[RL_ROWS][32];

@@ -27,7 +27,7 @@ template <int NV>
 __global__ void __launch_bounds__(RW_WARPS * 32) mf_k_route_warp(const RouteParams p)
 {
     extern __shared__ uint64_t rw_smem[]; /* each warp's share: rw_warp_smem_words */
-    __shared__ float exp_tab[64];         /* mf_exp_f32's table (lanes index it freely) */
+    __shared__ __align__(8) float exp_tab[64]; /* mf_exp_f32's table (lanes index it freely) */
     if (threadIdx.x < 64)
         exp_tab[threadIdx.x] = mf_exp_table_dev[threadIdx.x];
     mf_pdl_wait(); /* the logits may come from the kernel before */

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(MF_THREADS, MF_BLOCKS_ANY) mf_k_quant_row(rows
 {
     extern __shared__ int64_t mf_smem[];
     __shared__ float red[MF_WARPS];
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     load_exp_table(tab);
     const int64_t *offs;
     const int64_t rows = setup_rows(p, mf_smem, &offs);

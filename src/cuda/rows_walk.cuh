@@ -66,7 +66,7 @@ static __device__ __forceinline__ void walk_items(const rows_params &p, int mode
                                                   int act, int plain)
 {
     extern __shared__ int64_t mf_smem[];
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     load_exp_table(tab);
     const int64_t *offs;
     const int64_t rows = setup_rows(p, mf_smem, &offs);
@@ -161,7 +161,7 @@ static __device__ __forceinline__ void walk_staged(const rows_params &p, int mod
                                                    int act, int plain, int lpgc, int table)
 {
     extern __shared__ int64_t mf_smem[];
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     __shared__ uint64_t bars[NW][MF_STAGES];
     char *const base = (char *)mf_smem;
     const int has_tab = table && p.activate; /* (without activation the table is never read) */

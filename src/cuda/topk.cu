@@ -71,7 +71,7 @@ static __device__ __forceinline__ uint64_t rank_key(float v, float e, int64_t i,
 
 __global__ void __launch_bounds__(TK_THREADS) mf_k_topk(topk_params p)
 {
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     load_exp_table(tab);
     const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(tab);
     const int lane = threadIdx.x & 31;
@@ -305,7 +305,7 @@ static __device__ __forceinline__ T warp_sort_desc(T x, int lane)
 template <int FULL, int ROWS>
 __global__ void __launch_bounds__(ROWS * 32, 4) mf_k_topk_rows(topk_params p)
 {
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     __shared__ __align__(16) float ex[ROWS][TKR_STRIDE];
     __shared__ float sums[ROWS];
     __shared__ uint2 cand[ROWS][32]; /* a warp's candidates: {e-key, id} in id order */

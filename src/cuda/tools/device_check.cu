@@ -81,7 +81,7 @@ __global__ void k_conv(unsigned long long *bad, uint32_t *first)
 /* mf_exp_f32 of n floats from bit pattern b0, and how often the fast form disagrees with it. */
 __global__ void k_exp(uint32_t b0, uint32_t n, float *out, unsigned long long *bad_fast)
 {
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     if (threadIdx.x < 64)
         tab[threadIdx.x] = c_tab[threadIdx.x];
     __syncthreads();
@@ -99,7 +99,7 @@ __global__ void k_exp(uint32_t b0, uint32_t n, float *out, unsigned long long *b
  * float the fast path takes (|g| < 64), bit for bit. */
 __global__ void k_silu(unsigned long long *bad, uint32_t *first)
 {
-    __shared__ float tab[64];
+    __shared__ __align__(8) float tab[64]; /* read as pairs (ld.shared.v2) */
     if (threadIdx.x < 64)
         tab[threadIdx.x] = c_tab[threadIdx.x];
     __syncthreads();
