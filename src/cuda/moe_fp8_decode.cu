@@ -109,6 +109,7 @@ struct DecTileSmem {
     long long hrow[DEC_NS]; /* gate: its h scale row (slot; masked: t) */
     long long e, blk;       /* local expert; expert block of the scale views (masked: e) */
     int count;              /* rows, 0: no tile */
+    __align__(8) float exp_tab[64]; /* mf_exp_tab_fast's table, for the gate's silu */
 };
 
 /* The direct mode's tiles: distinct valid experts of the S slots in order of appearance. */
@@ -199,6 +200,8 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
                  x.zero_arrivals, x.zero_arrivals_n, tid, C::THREADS);
     if (!early && x.mode == DEC_DIRECT && warp == DEC_PRODUCER)
         dec_direct_tiles(g, dd, lane);
+    if (tid < 64)
+        ts.exp_tab[tid] = MF_EXP_TABLE[tid];
     __syncthreads();
     const long long items = dec_ntiles(x, dd) * g.nblk;
     if (warp == DEC_PRODUCER) {

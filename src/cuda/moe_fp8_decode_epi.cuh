@@ -37,7 +37,8 @@ static __device__ __forceinline__ void dec_gate_epilogue(const Fp8Gemm &g, const
             gv = fp8_add(gv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.gate_row + c));
             uv = fp8_add(uv, mfm_load(g.bias, g.bias_dt, e * g.bias_s0 + g.up_row + c));
         }
-        hs[slot * DEC_HPITCH + hc] = mfm_gated(g.act, g.alpha, g.limit, g.up_offset, gv, uv);
+        hs[slot * DEC_HPITCH + hc] =
+            mfm_gated_tab(g.act, g.alpha, g.limit, g.up_offset, gv, uv, dec_smem(ts.exp_tab));
     }
     dec_bar_consumers();
     for (int i = warp; i < ts.count; i += 8) {

@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     extern __shared__ uint4 smem_raw[];
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
-    __shared__ float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
+    __shared__ __align__(8) float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +

@@ -122,7 +122,15 @@ struct MoeTileSmem {
     unsigned zero_tok_mask; /* direct mode, fused: tokens without a valid slot (out rows zeroed) */
     unsigned valid_mask;    /* direct mode: the valid slots */
     int nlast;
+    __align__(8) float exp_tab[64]; /* mf_exp_tab_fast's table, gate silu (moe_fill_exp_tab) */
 };
+
+/* Fill t's exp table: by threads 0..63, before the kernel's first barrier. */
+static __device__ __forceinline__ void moe_fill_exp_tab(MoeTileSmem &t)
+{
+    if (threadIdx.x < 64)
+        t.exp_tab[threadIdx.x] = MF_EXP_TABLE[threadIdx.x];
+}
 
 /* Offsets of slot s's A row and output row; its token. */
 static __device__ __forceinline__ long long moe_row_offsets(const MoeGemm &p, long long s,
@@ -378,17 +386,6 @@ static __device__ __forceinline__ void moe_store4(const MoeOut &o, long long oro
                                                   const float (&v)[4])
 {
     moe_store_n<4>(o, orow, c, v);
-}
-
-/* Gate epilogue of one (slot, h column): bias, clamp, activation, one rounding. */
-static __device__ __forceinline__ void moe_store_gate(const MoeOut &o, long long orow, long long hc,
-                                                      float g, float u)
-{
-    if (o.bias) {
-        g = __fadd_rn(g, mfm_load(o.bias, o.bias_dt, o.bias_g + hc * o.bias_step));
-        u = __fadd_rn(u, mfm_load(o.bias, o.bias_dt, o.bias_u + hc * o.bias_step));
-    }
-    mfm_store(o.out, o.out_dt, orow + hc, mfm_gated(o.act, o.alpha, o.limit, o.beta, g, u));
 }
 
 /* Final epilogue of one (slot, output column): bias, then y in f32 (reduced) or rounded. */

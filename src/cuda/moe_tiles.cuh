@@ -169,6 +169,7 @@ static __device__ __noinline__ void moe_epilogue(const MoeGemm &p, const MoeTile
     static_assert(CST % 4 == 0 && (!GATE || (WTN / 2) % 4 == 0) && NC % 4 == 0, "quads");
     const MoeOut o = moe_out_params(p, t.e);
     const long long c0 = t.nb * NC;
+    const uint32_t tabs = (uint32_t)__cvta_generic_to_shared(t.exp_tab);
     for (int idx = threadIdx.x; idx < BM * NQ; idx += THREADS) {
         const int r = idx / NQ, l = (idx % NQ) * 4;
         const long long orow = t.orow[r], c = c0 + l;
@@ -185,7 +186,7 @@ static __device__ __noinline__ void moe_epilogue(const MoeGemm &p, const MoeTile
             moe_add_bias4(o, o.bias_u, c, u);
 #pragma unroll
             for (int q = 0; q < 4; q++)
-                v[q] = mfm_gated(o.act, o.alpha, o.limit, o.beta, g[q], u[q]);
+                v[q] = mfm_gated_tab(o.act, o.alpha, o.limit, o.beta, g[q], u[q], tabs);
         } else {
             const float4 y4 = *(const float4 *)(cs + r * CST + l);
             v[0] = y4.x, v[1] = y4.y, v[2] = y4.z, v[3] = y4.w;

@@ -79,7 +79,7 @@ struct WsTiles {
 };
 
 /* Static shared memory of the kernel, bounded from above (the barriers, slots and tile). */
-#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 64 * 4 + 256)
+#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 256)
 
 typedef struct MoeWsParams {
     CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
@@ -329,7 +329,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
     __shared__ WsTiles sl;
     __shared__ MoeTileSmem t; /* the consumers' */
-    __shared__ float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
     const MoeGemm &p = P.g;
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -350,8 +349,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
-    if (threadIdx.x >= 64 && threadIdx.x < 128)
-        exp_tab[threadIdx.x - 64] = MF_EXP_TABLE[threadIdx.x - 64];
+    moe_fill_exp_tab(t);
     __syncthreads();
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
@@ -361,7 +359,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     } else {
         hp_regs_inc<224>();
         ws_consume<F16, GATE>(p, sbase, full, empty, sl, t, buf, KT,
-                              (uint32_t)__cvta_generic_to_shared(exp_tab));
+                              (uint32_t)__cvta_generic_to_shared(t.exp_tab));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
