@@ -36,6 +36,7 @@
 #define SIMD_ISA_NAME "16 lanes in C"
 #define SIMD_NAME(f) w16_##f
 #define SIMD_TABLE w16_rows
+#define SIMD_ACT_TABLE 0 /* as rows_avx512.c: silu computed */
 #define LANES for (int l = 0; l < 16; l++)
 
 typedef struct { float v[16]; } vf;

@@ -4,7 +4,8 @@
  * compiled there for its instruction set. Every lane performs the
  * reference's operations (rows_ref.c, src/numerics) in the same order, so
  * the bytes are the reference's:
- *  - act(g) of a bf16 gate without clamp: read from the plan's table
+ *  - act(g) of a bf16 gate without clamp (silu only where the level gathers
+ *    faster than it computes, SIMD_ACT_TABLE): read from the plan's table
  *    (mf_act_table.h: entries are mf_activate_f32 of their gates) by a gather;
  *    gates it does not cover go to the reference, as below.
  *  - silu and silu_alpha otherwise: mf_exp_f32's fast path (|a| < 86.5, a = g or
@@ -27,9 +28,10 @@
  *   vf (f32), vi (i32), vm (lane mask) and the operations used below;
  *   simd_exp_table, simd_exp_table_init, simd_exp_lookup (mf_exp.h's table);
  *   SIMD_FN (function qualifiers), SIMD_ISA and SIMD_ISA_NAME (the level),
- *   SIMD_NAME (prefix of the kernels) and SIMD_TABLE (the kernel table's name).
+ *   SIMD_NAME (prefix of the kernels) and SIMD_TABLE (the kernel table's name);
+ *   SIMD_ACT_TABLE: 1 where silu is faster gathered from the activation table than computed.
  */
-#ifndef SIMD_TABLE
+#if !defined(SIMD_TABLE) || !defined(SIMD_ACT_TABLE)
 #error "rows_simd.h is included by rows_avx2.c and rows_avx512.c only"
 #endif
 
@@ -217,7 +219,10 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
     vi top = vi_set(0);
     int64_t c = 0;
     bool scanned = true; /* top covers every channel of [0, c) */
-    if (dt == MOEFUSE_BF16 && p->act_table && !(o && o->clamp)) {
+    /* silu is computed below where the level does that faster than it gathers */
+    const bool table = dt == MOEFUSE_BF16 && p->act_table && !(o && o->clamp) &&
+                       (SIMD_ACT_TABLE || p->activation != MOEFUSE_ACT_SILU);
+    if (table) {
         const float rs = o ? o->rs : 1.0f, es = o ? o->es : 1.0f;
         vi miss = vi_set(0);
         for (; c + SIMD_W <= n; c += SIMD_W) {
