@@ -200,8 +200,7 @@ __global__ void __launch_bounds__(DecCfg<GATE>::THREADS, DecCfg<GATE>::MINB)
                  x.zero_arrivals, x.zero_arrivals_n, tid, C::THREADS);
     if (!early && x.mode == DEC_DIRECT && warp == DEC_PRODUCER)
         dec_direct_tiles(g, dd, lane);
-    if (tid < 64)
-        ts.exp_tab[tid] = MF_EXP_TABLE[tid];
+    mf_exp_tab_fill(ts.exp_tab, tid);
     __syncthreads();
     const long long items = dec_ntiles(x, dd) * g.nblk;
     if (warp == DEC_PRODUCER) {

@@ -122,15 +122,8 @@ struct MoeTileSmem {
     unsigned zero_tok_mask; /* direct mode, fused: tokens without a valid slot (out rows zeroed) */
     unsigned valid_mask;    /* direct mode: the valid slots */
     int nlast;
-    __align__(8) float exp_tab[64]; /* mf_exp_tab_fast's table, gate silu (moe_fill_exp_tab) */
+    __align__(8) float exp_tab[64]; /* mf_exp_tab_fast's table, gate silu (mf_exp_tab_fill) */
 };
-
-/* Fill t's exp table: by threads 0..63, before the kernel's first barrier. */
-static __device__ __forceinline__ void moe_fill_exp_tab(MoeTileSmem &t)
-{
-    if (threadIdx.x < 64)
-        t.exp_tab[threadIdx.x] = MF_EXP_TABLE[threadIdx.x];
-}
 
 /* Offsets of slot s's A row and output row; its token. */
 static __device__ __forceinline__ long long moe_row_offsets(const MoeGemm &p, long long s,

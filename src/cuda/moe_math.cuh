@@ -32,16 +32,22 @@ static __device__ __forceinline__ void mfm_store(void *p, int dt, int64_t i, flo
         ((uint16_t *)p)[i] = (uint16_t)(dt == MF_DT_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
 }
 
-/* h = act(g) * (u + beta) with the optional clamp (limit > 0), in f32 (NUMERICS.md
- * "Gated activation" steps 1-3); alpha is silu_alpha's, beta the up offset (0: none). */
-static __device__ __forceinline__ float mfm_gated(int act, float alpha, float limit, float beta,
-                                                  float g, float u)
+/* The gate's inputs before the activation (NUMERICS.md "Gated activation" steps 1-2): the
+ * optional clamp (limit > 0), then the up offset beta (0: none). */
+static __device__ __forceinline__ void mfm_gate_inputs(float limit, float beta, float &g, float &u)
 {
     if (limit > 0.0f) {
         g = mf_clamp_gate(g, limit);
         u = mf_clamp_up(u, limit);
     }
     u = mf_add_up_offset(u, beta);
+}
+
+/* h = act(g) * (u + beta) with the optional clamp, in f32 (steps 1-3); alpha is silu_alpha's. */
+static __device__ __forceinline__ float mfm_gated(int act, float alpha, float limit, float beta,
+                                                  float g, float u)
+{
+    mfm_gate_inputs(limit, beta, g, u);
     return mf_mul(mf_activate_f32(act, alpha, g), u);
 }
 
@@ -50,11 +56,7 @@ static __device__ __forceinline__ float mfm_gated(int act, float alpha, float li
 static __device__ __forceinline__ float mfm_gated_tab(int act, float alpha, float limit,
                                                       float beta, float g, float u, uint32_t tabs)
 {
-    if (limit > 0.0f) {
-        g = mf_clamp_gate(g, limit);
-        u = mf_clamp_up(u, limit);
-    }
-    u = mf_add_up_offset(u, beta);
+    mfm_gate_inputs(limit, beta, g, u);
     const float a = act == MF_ACT_SILU && mf_silu_fast_ok(g) ? mf_silu_fast(g, tabs)
                                                              : mf_activate_f32(act, alpha, g);
     return mf_mul(a, u);

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(256, 3) moe_simt_kernel(const __grid_constant_
     const long long cols_per_block = GATE ? SIMT_BN / 2 : SIMT_BN;
     const long long KT = (p.depth + SIMT_BK - 1) / SIMT_BK;
 
-    moe_fill_exp_tab(t); /* read after the loop's first barrier */
+    mf_exp_tab_fill(t.exp_tab, threadIdx.x); /* read after the loop's first barrier */
     for (long long lin = blockIdx.x;; lin += gridDim.x) {
         if (p.rt.direct ? lin != (long long)blockIdx.x : lin >= p.lin_bound)
             break;

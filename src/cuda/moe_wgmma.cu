@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) moe_wgmma_kernel(const __grid_c
 
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
-    moe_fill_exp_tab(t); /* read after the loop's first barrier */
+    mf_exp_tab_fill(t.exp_tab, threadIdx.x); /* read after the loop's first barrier */
     for (long long lin = blockIdx.x;; lin += gridDim.x) {
         if (p.rt.direct ? lin != (long long)blockIdx.x : lin >= p.lin_bound)
             break;

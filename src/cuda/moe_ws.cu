@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
-    moe_fill_exp_tab(t);
+    mf_exp_tab_fill(t.exp_tab, threadIdx.x);
     __syncthreads();
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */

@@ -70,8 +70,16 @@ static __device__ __forceinline__ float mf_exp_tab_fast(float x, uint32_t tabs)
     return mf_bits_f32(mf_f32_bits(mf_exp_mantissa(q, hi, lo)) + (kb & ~31u) * 262144u);
 }
 
+/* Entry i < 64 of a shared-memory copy of MF_EXP_TABLE, for the table reads above; the copy
+ * must be 8-byte aligned (__align__(8)): they load its (hi, lo) pairs with one ld.shared.v2. */
+static __device__ __forceinline__ void mf_exp_tab_fill(float *tab, unsigned i)
+{
+    if (i < 64)
+        tab[i] = MF_EXP_TABLE[i];
+}
+
 /* mf_exp_f32(x) with its fast path's table at shared-memory address tabs (a copy of
- * MF_EXP_TABLE): the same bits (device_check.cu). */
+ * MF_EXP_TABLE, mf_exp_tab_fill): the same bits (device_check.cu). */
 static __device__ __forceinline__ float mf_exp_shared(float x, uint32_t tabs)
 {
     return fabsf(x) < MF_EXP_FAST_LIMIT ? mf_exp_tab_fast(x, tabs) : mf_exp_f32(x);
