@@ -8,7 +8,10 @@
  * row: the block of the scales). Roles (384 threads, one block per SM):
  *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
  *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)), the A rows gathered
- *    by cp.async (TMA cannot gather; rows not 16-byte aligned by byte loads).
+ *    by cp.async (TMA cannot gather; rows not 16-byte aligned by byte loads), and the stage's
+ *    scales beside it in shared memory: each A row's by cp.async, the two weight blocks' read
+ *    a stage ahead by one thread. The consumers read them there: loaded from global memory by
+ *    the consumers a stage ahead, they cost 10-13% of the layer (docs/PERFORMANCE.md).
  *  - consumers, warpgroups 1 and 2: warpgroup w owns rows [64 w, 64 w + 64) of the tile and
  *    multiplies them by the 256 weight rows in two waves of 128 (wgmma m64n128k32, four per
  *    wave, the first overwriting the wave accumulator); after each wave it waits and promotes:
@@ -41,8 +44,14 @@
 #define F8_BOX_BYTES (F8_BOX_ROWS * 128)
 #define F8_B_BYTES (F8_BN * 128)
 #define F8_STAGE_BYTES (F8_A_BYTES + F8_B_BYTES)
-#define F8_FULL_ARRIVALS (128 + 1) /* the producer threads' cp.async, and the TMA bytes */
-#define F8_EMPTY_ARRIVALS 8        /* consumer warps */
+/* the producer threads' cp.async, the TMA bytes, and the weight scales' writer (F8_WSC_THREAD) */
+#define F8_FULL_ARRIVALS (128 + 1 + 1)
+/* A stage's scales beside its operands: the A rows' [0, F8_BM), then the two weight blocks' */
+#define F8_SC_STRIDE (F8_BM + 4)
+#define F8_WSC_THREAD 32 /* a producer thread of another warp than the TMA issuer's */
+/* every consumer thread: each one reads the stage's scales (not only wgmma its operands), and
+ * its own arrival orders those reads before the producer's next writes */
+#define F8_EMPTY_ARRIVALS F8_CONSUMERS
 #define F8_BAR 1                   /* named barrier of the consumers */
 #define F8_BAR_PRODUCER 2          /* and of the producer warpgroup */
 #define F8_TILE_SLOTS 2
@@ -65,7 +74,8 @@ typedef struct F8Params {
     Fp8WsExtra x;
 } F8Params;
 
-#define F8_STATIC_SMEM (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + 256)
+#define F8_STATIC_SMEM                                                                           \
+    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * F8_SC_STRIDE * 4 + 256)
 
 #ifdef MOE_WGMMA_DEVICE
 /* d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 128, db), K-major. */
@@ -116,6 +126,21 @@ static __device__ __forceinline__ void f8_tile_at(const Fp8WsExtra &p, long long
     *count = c < F8_BM ? c : F8_BM;
 }
 
+/*
+ * The weight scale blocks of column block nb: gate, the gate rows' and the up rows' (both
+ * waves: h columns nb * 128 + [0, 128) lie in one block); final, wave w's rows nb * 256 +
+ * 128 w, whose second block may lie past K (*live_b 0: no scale, its rows are zeros and no
+ * column is stored).
+ */
+template <bool GATE>
+static __device__ __forceinline__ void f8_w_blocks(const Fp8Gemm &p, long long nb, long long *rb_a,
+                                                   long long *rb_b, bool *live_b)
+{
+    *rb_a = GATE ? (p.gate_row + nb * 128) / 128 : 2 * nb;
+    *rb_b = GATE ? (p.up_row + nb * 128) / 128 : 2 * nb + 1;
+    *live_b = GATE || (2 * nb + 1) * 128 < p.ncols;
+}
+
 /* The weight rows (the first of each TMA box) of column block nb. */
 template <bool GATE>
 static __device__ __forceinline__ int f8_box_row(const Fp8Gemm &p, long long nb, int box)
@@ -127,7 +152,8 @@ static __device__ __forceinline__ int f8_box_row(const Fp8Gemm &p, long long nb,
 
 template <bool GATE>
 static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sbase,
-                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl)
+                                                  uint64_t *full, uint64_t *empty, F8Tiles &tl,
+                                                  float *scs)
 {
     const Fp8Gemm &p = P.g;
     const Fp8WsExtra &x = P.x;
@@ -173,10 +199,38 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         moe_sync<F8_BAR_PRODUCER, 128>();         /* first_s, count_s read by all */
         if (e < 0)
             break;
+        /* the scales go with the stage, so that no consumer waits on a global load: row tid's
+         * A scale by cp.async (0 past the tile), the weight blocks' read a stage ahead */
+        const float *a_sc = nullptr;
+        if (tid < count) {
+            const long long row = tl.row[slot][tid];
+            a_sc = x.a_sc + (row / x.div) * x.sc_p + (row % x.div) * x.sc_q;
+        }
+        long long rb_a, rb_b;
+        bool live_b;
+        f8_w_blocks<GATE>(p, nb, &rb_a, &rb_b, &live_b);
+        float swa = 0.0f, swb = 0.0f;
+        if (tid == F8_WSC_THREAD) {
+            swa = fp8_w_scale(p.ws, e, rb_a, 0);
+            swb = live_b ? fp8_w_scale(p.ws, e, rb_b, 0) : 0.0f;
+        }
         for (long long kb = 0; kb < nkb; kb++) {
             const uint32_t stage = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t fb = smem_u32(&full[ps.stage]);
+            float *sc = scs + ps.stage * F8_SC_STRIDE;
             hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
+            if (tid == F8_WSC_THREAD) {
+                float swa_next = 0.0f, swb_next = 0.0f;
+                if (kb + 1 < nkb) {
+                    swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
+                    swb_next = live_b ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : 0.0f;
+                }
+                sc[F8_BM] = swa;
+                sc[F8_BM + 1] = swb;
+                hp_mbar_arrive(fb); /* release: the two stores */
+                swa = swa_next;
+                swb = swb_next;
+            }
             if (tid == 0) {
                 hp_mbar_arrive_tx(fb, F8_B_BYTES);
 #pragma unroll
@@ -191,6 +245,8 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                                arow[i] ? (const void *)(arow[i] + kb * F8_BK + chunk * 16)
                                        : (const void *)p.a,
                                arow[i] ? 16 : 0);
+                cp_async4(smem_u32(sc + tid),
+                          a_sc ? (const void *)(a_sc + kb) : (const void *)x.a_sc, a_sc ? 4 : 0);
                 hp_cp_async_arrive(fb);
             } else {
                 /* rows not 16-byte aligned: byte loads and shared stores, the same tile and
@@ -205,6 +261,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                     st_shared16(stage + dst + (uint32_t)(i * 16 * 128),
                                 make_uint4(v[0], v[1], v[2], v[3]));
                 }
+                sc[tid] = a_sc ? a_sc[kb] : 0.0f;
                 hp_fence_proxy_async();
                 hp_mbar_arrive(fb);
             }
@@ -235,7 +292,8 @@ static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (
 template <bool GATE>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
                                                   uint32_t sbase, uint64_t *full, uint64_t *empty,
-                                                  F8Tiles &tl, float *buf, uint32_t tabs)
+                                                  F8Tiles &tl, const float *scs, float *buf,
+                                                  uint32_t tabs)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
@@ -261,49 +319,24 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
             hp_mbar_arrive(smem_u32(&tl.empty[slot]));
         if (e < 0)
             break;
-        /*
-         * Weight scale blocks: gate, the gate rows' and the up rows' (both waves: h columns
-         * nb * 128 + [0, 128) lie in one block); final, wave w's rows nb * 256 + 128 w, whose
-         * block may lie past K (no scale: its rows are zeros and no column is stored).
-         */
-        const long long rb_a = GATE ? (p.gate_row + nb * 128) / 128 : 2 * nb;
-        const long long rb_b = GATE ? (p.up_row + nb * 128) / 128 : 2 * nb + 1;
-        const bool live_b = GATE || (2 * nb + 1) * 128 < p.ncols;
 #pragma unroll
         for (int i = 0; i < 128; i++)
             m[i] = 0.0f;
-        float swa = busy ? fp8_w_scale(p.ws, e, rb_a, 0) : 0.0f;
-        float swb = busy && live_b ? fp8_w_scale(p.ws, e, rb_b, 0) : 0.0f;
-        /* this thread's two rows' f32 A scales, read from global a block ahead as the
-         * weights' (rows past the tile: 0) */
-        const float *sp[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            sp[h] = row[h] >= 0 ? x.a_sc + (row[h] / div) * x.sc_p + (row[h] % div) * x.sc_q
-                                : nullptr;
-        float sa_lo = busy && sp[0] ? sp[0][0] : 0.0f, sa_hi = busy && sp[1] ? sp[1][0] : 0.0f;
         for (long long kb = 0; kb < nkb; kb++) {
             if (!busy) {
                 hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
-                __syncwarp();
-                if (lane == 0)
-                    hp_mbar_arrive(smem_u32(&empty[ps.stage]));
+                hp_mbar_arrive(smem_u32(&empty[ps.stage]));
                 ps.advance();
                 continue;
-            }
-            float swa_next = 0.0f, swb_next = 0.0f; /* the next block's, loaded ahead */
-            float sa_lo_next = 0.0f, sa_hi_next = 0.0f;
-            if (kb + 1 < nkb) { /* busy */
-                swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
-                swb_next = live_b ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : 0.0f;
-                sa_lo_next = sp[0] ? sp[0][kb + 1] : 0.0f;
-                sa_hi_next = sp[1] ? sp[1][kb + 1] : 0.0f;
             }
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + F8_A_BYTES;
-            const float s_lo = sa_lo, s_hi = sa_hi;
+            /* this thread's two rows' A scales and the weight blocks', read before the stage
+             * is released */
+            const float *sc = scs + ps.stage * F8_SC_STRIDE;
+            const float s_lo = sc[r0], s_hi = sc[r0 + 8], swa = sc[F8_BM], swb = sc[F8_BM + 1];
             /* wave 0: weight rows [0, 128) */
             f8_pin(acc);
             f8_block(acc, a0, b0);
@@ -319,18 +352,12 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
             f8_block(acc, a0, b0 + 128 * 128);
             wgmma_wait<0>();
             f8_pin(acc);
-            __syncwarp();
-            if (lane == 0)
-                hp_mbar_arrive(smem_u32(&empty[ps.stage]));
+            hp_mbar_arrive(smem_u32(&empty[ps.stage]));
             ps.advance();
             if (GATE)
                 f8_promote(m, acc, 1, lo_a, hi_a, lo_b, hi_b, true);
             else
                 f8_promote(m, acc, 1, lo_b, hi_b, lo_b, hi_b, false);
-            swa = swa_next;
-            swb = swb_next;
-            sa_lo = sa_lo_next;
-            sa_hi = sa_hi_next;
         }
         if (!busy)
             continue;
@@ -350,6 +377,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
     __shared__ __align__(8) float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
+    __shared__ __align__(16) float scs[F8_STAGES * F8_SC_STRIDE]; /* the stages' scales */
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
@@ -375,10 +403,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
      * them in registers, and the producer, idle most of the time, spills a few instead. */
     if (threadIdx.x < 128) {
         hp_regs_dec<40>();
-        f8_produce<GATE>(P, sbase, full, empty, tl);
+        f8_produce<GATE>(P, sbase, full, empty, tl, scs);
     } else {
         hp_regs_inc<232>();
-        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, buf + (threadIdx.x - 128),
+        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, scs, buf + (threadIdx.x - 128),
                          (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else

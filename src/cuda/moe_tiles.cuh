@@ -23,6 +23,13 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
                  : "memory");
 }
 
+/* 4-byte copy global -> shared; bytes 0 writes a zero instead (src is then not read). */
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
 static __device__ __forceinline__ void cp_async_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
