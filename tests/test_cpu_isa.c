@@ -744,18 +744,20 @@ static int exp_all(void)
 
 /*
  * moe_forward at every level gives the scalar level's bytes. The vector levels stream the
- * weights of a tile of at most MF_GEMM_STREAM_MS slots unpacked (gemm_stream_avx2.c) where the
- * scalar level packs them; larger tiles and f16 weights take the packed GEMM at every level.
+ * weights of tiles of up to MF_GEMM_STREAM_TILE slots unpacked (gemm_stream_x86.h, in groups
+ * of 4 rows at AVX2 and 8 at AVX-512) where the scalar level packs them; larger tiles and f16
+ * weights take the packed GEMM at every level.
  * Depths cover tails of 1..7, one and several cache blocks of MF_GEMM_KC and of the streamed
  * MF_GEMM_STREAM_KC, and depths shorter than the stream's lag between its two halves.
  */
 START_TEST(t_moe_gemm_levels)
 {
     static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
-    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9}, Ks[] = {8, 13, 40, 256, 300, 517, 2100},
-                         Is[] = {8, 24, 70};
+    /* 17 tokens: tiles past MF_GEMM_STREAM_TILE slots, which the vector levels pack too */
+    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9, 17},
+                         Ks[] = {8, 13, 40, 256, 300, 517, 2100}, Is[] = {8, 24, 70};
     for (int n = 0; n < 36; n++) {
-        const int64_t M = Ms[h_randint(0, 5)], E = h_randint(1, 4), k = h_randint(1, 3);
+        const int64_t M = Ms[h_randint(0, 6)], E = h_randint(1, 4), k = h_randint(1, 3);
         const int64_t K = Ks[h_randint(0, 6)], I = Is[h_randint(0, 2)]; /* 2100: two streamed blocks */
         const moefuse_dtype dt = DTS[h_randint(0, 2)];
         tbuf *x = tb_upload_unif(tb_new2("x", dt, M, K, 0, 1), -1, 1);
@@ -804,7 +806,7 @@ END_TEST
  * The weight-stream GEMM tile of each vector level against the fmaf chain its contract states
  * (rows_isa.h): c[i][n] += a[i][k] * w_n[k], k = 0, 1, ... in order, one fmaf each, in f32, so
  * that an order the kernel changes shows in the bits (moe_forward's bf16 outputs round most
- * such changes away). f32 and bf16 weights, 1..4 rows, depths with tails of 1..15 and shorter
+ * such changes away). f32 and bf16 weights, 1 to the level's most rows (4 or 8), depths with tails of 1..15 and shorter
  * than the lag between the tile's two halves, missing weight rows (zeros) and column tails.
  */
 START_TEST(t_gemm_stream_exact)
@@ -818,7 +820,7 @@ START_TEST(t_gemm_stream_exact)
         levels++;
         for (int n = 0; n < 40; n++) {
             const int bf16 = n % 2;
-            const int64_t ms = h_randint(1, MF_GEMM_STREAM_MS), kc = Ks[h_randint(0, 9)];
+            const int64_t ms = h_randint(1, kern->gemm_stream_ms), kc = Ks[h_randint(0, 9)];
             /* c's rows have room for the columns up to the next multiple of 16 (rows_isa.h) */
             const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40);
             const int64_t ldc = (ncols + 15) / 16 * 16 + h_randint(0, 3);

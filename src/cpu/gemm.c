@@ -7,7 +7,7 @@
 #include <string.h>
 
 enum { MR = MF_GEMM_MR, NR = MF_GEMM_NR, KC = MF_GEMM_KC };
-_Static_assert(MF_GEMM_STREAM_MS * MF_GEMM_STREAM_KC <= MF_GEMM_MB * MF_GEMM_KC,
+_Static_assert(MF_GEMM_STREAM_TILE * MF_GEMM_STREAM_KC <= MF_GEMM_A_PACK,
                "a streamed block's A rows fit a_pack");
 
 /* c[MR x NR] (stride ldc) += a_panel[kc x MR] * b_panel[kc x NR], k in order. */
@@ -116,7 +116,8 @@ static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int ra
 }
 
 /* Few A rows: the weights streamed unpacked by the level's kernel, the A rows widened to f32
- * per cache block of depth. False where the level or the weights' dtype has no such kernel. */
+ * per cache block of depth; more rows than the kernel takes go in groups, 16 columns at a time.
+ * False where the level or the weights' dtype has no such kernel. */
 static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
                         const int64_t *a_rows, int64_t ms, const moefuse_tensor *b, int64_t lead,
                         const int64_t *b_rows, int64_t ncols, int64_t depth, float *c,
@@ -124,7 +125,7 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
 {
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     /* rows are contiguous: the core refuses any other innermost stride */
-    if (ms < 1 || ms > MF_GEMM_STREAM_MS || !kern->gemm_stream ||
+    if (ms < 1 || !kern->gemm_stream || ms > MF_GEMM_STREAM_TILE ||
         (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16))
         return false;
     const int64_t wrow_bytes = b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype);
@@ -137,8 +138,20 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
                 mf_load_row(s->a_pack + i * kc, a_row(a, a_rank3, topk, a_rows[i], k0),
                             a->dtype, kc);
         }
-        kern->gemm_stream(s->a_pack, kc, ms, mf_at3(b, lead, 0, k0), wrow_bytes, b->dtype, b_rows,
-                          ncols, kc, c, ldc);
+        const char *wbase = mf_at3(b, lead, 0, k0);
+        const int64_t per = kern->gemm_stream_ms;
+        if (ms <= per) {
+            kern->gemm_stream(s->a_pack, kc, ms, wbase, wrow_bytes, b->dtype, b_rows, ncols, kc, c,
+                              ldc);
+            continue;
+        }
+        for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
+            const int64_t nc = ncols - n0 < 16 ? ncols - n0 : 16;
+            for (int64_t i0 = 0; i0 < ms; i0 += per)
+                kern->gemm_stream(s->a_pack + i0 * kc, kc, ms - i0 < per ? ms - i0 : per, wbase,
+                                  wrow_bytes, b->dtype, b_rows + n0, nc, kc, c + i0 * ldc + n0,
+                                  ldc);
+        }
     }
     return true;
 }

@@ -1,12 +1,4 @@
-/*
- * The weight-stream GEMM tile for few activation rows (AVX2 + FMA): each weight row is read
- * once, straight from the expert's matrix, eight rows at a time transposed in registers so
- * that a vector holds one depth position of eight columns. The packed GEMM (gemm.c) copies
- * every weight twice before its micro-kernel reads it, which for one or two rows costs more
- * than the arithmetic. Same bits: every output is one fmaf chain over k = 0, 1, ... from the
- * value in c. Only this file's functions use AVX2 (target pragma); the row kernels' AVX2 and
- * AVX-512 tables point at it (rows_isa.h, gemm_stream).
- */
+/* The weight-stream GEMM tile of the AVX2 level: 4 rows (gemm_stream_x86.h). */
 #include "cpu/gemm.h"
 #include "cpu/rows_isa.h"
 
@@ -19,119 +11,9 @@
 #pragma GCC target("avx2,fma")
 #endif
 
-#include <immintrin.h>
-
-#define L static inline __attribute__((always_inline))
-
-/* What a padding column reads: zeros, as many as a cache block of depth holds. */
-static const float zero_row[MF_GEMM_STREAM_KC];
-
-/* Eight values of a weight row from depth k (f32 or bf16, widened exactly). */
-L __m256 load8(const char *row, int64_t k, int bf16)
-{
-    if (bf16) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * k));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    return _mm256_loadu_ps((const float *)row + k);
-}
-
-L float load1(const char *row, int64_t k, int bf16)
-{
-    return bf16 ? mf_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
-}
-
-/* r[j][q] -> r[q][j]: rows of eight depth positions into depth positions of eight rows. */
-L void transpose8(__m256 r[8])
-{
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-/* Depth positions k..k+7 of half h (eight columns) of MS rows: acc[i][h] += a[i][k] * w[k]. */
-L void step8(const float *a, int64_t lda, const char *const rows[16], int bf16, int64_t k,
-           __m256 acc[][2], const int h, const int ms)
-{
-    __m256 r[8];
-    for (int j = 0; j < 8; j++)
-        r[j] = load8(rows[8 * h + j], k, bf16);
-    transpose8(r);
-    for (int q = 0; q < 8; q++)
-        for (int i = 0; i < ms; i++)
-            acc[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + k + q]), r[q], acc[i][h]);
-}
-
-/*
- * Sixteen columns (two halves of eight) of MS rows: acc[i][h] += a[i][k] * w[k] in k order.
- * Half 1 runs two cache lines of depth behind half 0. Weight rows are often a multiple of
- * 4 KiB apart (rows of 2048, 4096 or 14336 bf16 values), so that the sixteen rows' lines at
- * one depth share one set of the 8-way L1 and evict each other before they are used up; with
- * the lag each set holds eight (2-core EPYC, one thread, rows 8 KiB apart: 4.4 -> 6.3 G bf16
- * weights a second).
- */
-L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf16, int64_t kc,
-                 float *c, int64_t ldc, const int ms)
-{
-    __m256 acc[MF_GEMM_STREAM_MS][2];
-    for (int i = 0; i < ms; i++)
-        for (int h = 0; h < 2; h++)
-            acc[i][h] = _mm256_loadu_ps(c + i * ldc + 8 * h);
-    const int64_t k8 = kc & ~(int64_t)7, lag = bf16 ? 64 : 32; /* 128 bytes */
-    int64_t k = 0;
-    for (; k < k8 + lag; k += 8) {
-        if (k < k8)
-            step8(a, lda, rows, bf16, k, acc, 0, ms);
-        if (k >= lag)
-            step8(a, lda, rows, bf16, k - lag, acc, 1, ms);
-    }
-    k = k8;
-    for (; k < kc; k++) /* the block's last depth positions, one at a time */
-        for (int h = 0; h < 2; h++) {
-            float v[8];
-            for (int j = 0; j < 8; j++)
-                v[j] = load1(rows[8 * h + j], k, bf16);
-            const __m256 w = _mm256_loadu_ps(v);
-            for (int i = 0; i < ms; i++)
-                acc[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + k]), w, acc[i][h]);
-        }
-    for (int i = 0; i < ms; i++)
-        for (int h = 0; h < 2; h++)
-            _mm256_storeu_ps(c + i * ldc + 8 * h, acc[i][h]);
-}
-
-void mf_cpu_gemm_stream_avx2(const float *a, int64_t lda, int64_t ms, const char *wbase,
-                             int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
-                             int64_t ncols, int64_t kc, float *c, int64_t ldc)
-{
-    const int bf16 = wdt == MOEFUSE_BF16;
-    for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
-        const char *rows[16];
-        for (int j = 0; j < 16; j++) {
-            const int64_t id = n0 + j < ncols ? b_rows[n0 + j] : -1;
-            rows[j] = id >= 0 ? wbase + id * wrow_bytes : (const char *)zero_row;
-        }
-        switch (ms) { /* the row count fixed at compile time: accumulators stay in registers */
-        case 1: columns16(a, lda, rows, bf16, kc, c + n0, ldc, 1); break;
-        case 2: columns16(a, lda, rows, bf16, kc, c + n0, ldc, 2); break;
-        case 3: columns16(a, lda, rows, bf16, kc, c + n0, ldc, 3); break;
-        default: columns16(a, lda, rows, bf16, kc, c + n0, ldc, 4); break;
-        }
-    }
-}
+#define GS_FN mf_cpu_gemm_stream_avx2
+#define GS_MS 4
+#include "cpu/gemm_stream_x86.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -53,7 +53,7 @@ static size_t work_layout(const mf_moe_args *a, bool need_y, work *w)
         w->chunk = c < w->chunk ? c : w->chunk;
     }
     const int64_t rowlen = K > NB ? K : NB;
-    w->thread_stride = round64((size_t)MB * KC * 4) + round64((size_t)NB * KC * 4) +
+    w->thread_stride = round64((size_t)MF_GEMM_A_PACK * 4) + round64((size_t)NB * KC * 4) +
                        round64((size_t)NR * KC * 4) + round64((size_t)MB * NB * 4) +
                        round64((size_t)NB * 8) + round64((size_t)rowlen * 4);
     const size_t plan_bytes = mf_slot_plan_bytes(S, E);
@@ -101,7 +101,7 @@ static thread_bufs thread_scratch(const work *w)
 {
     thread_bufs t;
     char *q = w->thread_mem + (size_t)mf_cpu_thread_id() * w->thread_stride;
-    t.g.a_pack = (float *)q, q += round64((size_t)MB * KC * 4);
+    t.g.a_pack = (float *)q, q += round64((size_t)MF_GEMM_A_PACK * 4);
     t.g.b_pack = (float *)q, q += round64((size_t)NB * KC * 4);
     t.g.tmp = (float *)q, q += round64((size_t)NR * KC * 4);
     t.c = (float *)q, q += round64((size_t)MB * NB * 4);

@@ -30,6 +30,9 @@
  * 16-lane gather from the 32 KiB activation table costs more than the whole computation
  * (Zen 4: act_quant 25% faster computed) */
 #define SIMD_ACT_TABLE 0
+/* 8 rows: AVX512VL's 32 vector registers hold their accumulators (gemm_stream_avx512.c) */
+#define SIMD_GEMM_STREAM mf_cpu_gemm_stream_avx512
+#define SIMD_GEMM_STREAM_MS 8
 
 typedef __m512 vf;
 typedef __m512i vi;

@@ -33,7 +33,10 @@ const mf_cpu_row_kernels *mf_cpu_row_kernels_of(mf_cpu_isa isa)
                                                                                : NULL;
     case MF_CPU_ISA_AVX512:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") ? &mf_cpu_rows_avx512 : NULL;
+        /* VL too: the level's stream tile uses AVX-512's 32 registers at 256 bits */
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")
+                   ? &mf_cpu_rows_avx512
+                   : NULL;
 #endif
     default: return NULL;
     }

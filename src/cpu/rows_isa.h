@@ -76,7 +76,7 @@ typedef struct mf_cpu_row_kernels {
     /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
     void (*exp_array)(const float *x, float *y, int64_t n);
     /*
-     * Optional (NULL: the packed GEMM of gemm.c). c[i][n] (i < ms <= MF_GEMM_STREAM_MS, n <
+     * Optional (NULL: the packed GEMM of gemm.c). c[i][n] (i < ms <= gemm_stream_ms, n <
      * ncols, row stride ldc) += a[i][k] * w_n[k] for k = 0 .. kc-1 in order, one fmaf each
      * (the packed GEMM's bits): a holds ms rows of kc floats (stride lda), w_n is the weight
      * row of b_rows[n] at wbase + b_rows[n] * wrow_bytes (f32 or bf16; b_rows[n] < 0 or n past
@@ -86,6 +86,7 @@ typedef struct mf_cpu_row_kernels {
     void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                         int64_t ncols, int64_t kc, float *c, int64_t ldc);
+    int gemm_stream_ms; /* the most A rows gemm_stream takes (at most MF_GEMM_STREAM_MS) */
 } mf_cpu_row_kernels;
 
 /* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c); NULL for an
@@ -103,10 +104,14 @@ const char *mf_cpu_isa_name(mf_cpu_isa isa);
 /* The scalar reference (rows.c). */
 extern const mf_cpu_row_kernels mf_cpu_rows_scalar;
 #if defined(MF_CPU_HAVE_X86_SIMD)
-/* The weight-stream GEMM tile of the AVX2 and AVX-512 levels (gemm_stream_avx2.c). */
+/* The weight-stream GEMM tiles of the AVX2 (4 rows) and AVX-512 (8 rows) levels
+ * (gemm_stream_x86.h). */
 void mf_cpu_gemm_stream_avx2(const float *a, int64_t lda, int64_t ms, const char *wbase,
                              int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                              int64_t ncols, int64_t kc, float *c, int64_t ldc);
+void mf_cpu_gemm_stream_avx512(const float *a, int64_t lda, int64_t ms, const char *wbase,
+                               int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
+                               int64_t ncols, int64_t kc, float *c, int64_t ldc);
 #endif
 /* h of one channel, by the reference's own compiled code: the vector kernels hand it every
  * lane they do not compute themselves (NaN, |g| >= 86.5, the gelu forms), so those lanes

@@ -29,8 +29,15 @@
  *   simd_exp_table, simd_exp_table_init, simd_exp_lookup (mf_exp.h's table);
  *   SIMD_FN (function qualifiers), SIMD_ISA and SIMD_ISA_NAME (the level),
  *   SIMD_NAME (prefix of the kernels) and SIMD_TABLE (the kernel table's name);
- *   SIMD_ACT_TABLE: 1 where silu is faster gathered from the activation table than computed.
+ *   SIMD_ACT_TABLE: 1 where silu is faster gathered from the activation table than computed;
+ *   optionally SIMD_GEMM_STREAM and SIMD_GEMM_STREAM_MS, the level's weight-stream tile and
+ *   the most A rows it takes (rows_isa.h: gemm_stream; by default AVX2's, 4 rows).
  */
+#ifndef SIMD_GEMM_STREAM
+#define SIMD_GEMM_STREAM mf_cpu_gemm_stream_avx2
+#define SIMD_GEMM_STREAM_MS 4
+#endif
+
 #if !defined(SIMD_TABLE) || !defined(SIMD_ACT_TABLE)
 #error "rows_simd.h is included by rows_avx2.c and rows_avx512.c only"
 #endif
@@ -614,5 +621,5 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
 const mf_cpu_row_kernels SIMD_TABLE = {
     SIMD_ISA,           SIMD_ISA_NAME,        SIMD_NAME(quant_row),
     SIMD_NAME(act_mul_row), SIMD_NAME(dequant_span), SIMD_NAME(exp_array),
-    mf_cpu_gemm_stream_avx2, /* both x86 levels: AVX-512 machines have AVX2 */
+    SIMD_GEMM_STREAM,   SIMD_GEMM_STREAM_MS,
 };
