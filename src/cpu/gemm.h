@@ -21,17 +21,17 @@
 #define MF_GEMM_KC 256  /* depth of one cache block */
 #define MF_GEMM_MB 48   /* rows of A per work item (multiple of MR) */
 #define MF_GEMM_NB 128  /* columns of B per work item (multiple of NR) */
-/* Tiles of few A rows stream the weights unpacked where the level has a stream tile
- * (gemm_stream_x86.h): for a few rows, packing the weights costs more than the product. The
- * level says how many rows (mf_cpu_row_kernels.gemm_stream_ms: AVX2 4, AVX-512 8); this is the
- * most any level takes. */
-#define MF_GEMM_STREAM_MS 8
-/* A tile of up to this many rows streams in groups of the level's rows, column block by column
- * block: a block's weights (16 rows of a depth block) stay in L2 for the next group. */
+/*
+ * Tiles of up to this many A rows stream the weights unpacked where the level has a stream tile
+ * (gemm_stream_x86.h): for a few dozen rows, packing the weights costs more than the products.
+ * The tile takes the level's rows at a time (mf_cpu_row_kernels.gemm_stream_ms: AVX2 4,
+ * AVX-512 8), 16 columns at a time, so that each group after the first finds those columns'
+ * weights in L2. 48-row tiles were faster packed (2-core Zen 4, Mixtral M=256 bf16).
+ */
 #define MF_GEMM_STREAM_TILE 32
 /* Depth of one streamed block: long runs of each weight row, which the hardware prefetchers
  * follow (one thread, bf16 rows of 4096: 4.6 G weights a second at 256, 6.3 at 4096); the A
- * rows of a block fit the tile scratch's a_pack (MB * KC floats). */
+ * rows of a block fit the tile scratch's a_pack (MF_GEMM_A_PACK floats). */
 #define MF_GEMM_STREAM_KC 2048
 
 /* Floats of a_pack: a cache block of MB packed rows, or a streamed block of a tile's rows. */

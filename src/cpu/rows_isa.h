@@ -86,7 +86,7 @@ typedef struct mf_cpu_row_kernels {
     void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                         int64_t ncols, int64_t kc, float *c, int64_t ldc);
-    int gemm_stream_ms; /* the most A rows gemm_stream takes (at most MF_GEMM_STREAM_MS) */
+    int gemm_stream_ms; /* the most A rows gemm_stream takes */
 } mf_cpu_row_kernels;
 
 /* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c); NULL for an
