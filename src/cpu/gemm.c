@@ -140,11 +140,6 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
         }
         const char *wbase = mf_at3(b, lead, 0, k0);
         const int64_t per = kern->gemm_stream_ms;
-        if (ms <= per) {
-            kern->gemm_stream(s->a_pack, kc, ms, wbase, wrow_bytes, b->dtype, b_rows, ncols, kc, c,
-                              ldc);
-            continue;
-        }
         for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
             const int64_t nc = ncols - n0 < 16 ? ncols - n0 : 16;
             for (int64_t i0 = 0; i0 < ms; i0 += per)
