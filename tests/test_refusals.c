@@ -4,7 +4,8 @@
  *  - a tensor that runs past the end of its buffer (backends that know sizes);
  *  - an output sharing bytes with another operand, for every operation;
  *  - an eps so small that an all-zero group would get NaN codes;
- *  - empty tensors with any strides (numpy's [0, N] arrays);
+ *  - empty tensors with any strides (numpy's [0, N] arrays), and unit dimensions with any
+ *    stride;
  *  - a second thread inside a call on the same context.
  * Refused calls leave every output and canary untouched (h_check_all).
  */
@@ -299,6 +300,39 @@ START_TEST(t_sizes_that_overflow)
 }
 END_TEST
 
+START_TEST(t_unit_dim_any_stride)
+{
+    /* a unit dimension is never stepped, so the core takes any stride for it: w2 [E, 1, I]
+     * with stride[1] = INT64_MAX made the CPU's weight stream multiply that stride by the
+     * element size (signed overflow; UBSan in fuzz_api). The same call with the dense w2 gives
+     * the same bits. */
+    const int64_t M = 3, E = 4, k = 2, K = 1, I = 16;
+    tbuf *x = tb_upload_unif(tb_new2("x", MOEFUSE_F32, M, K, 0, 1), -1, 1);
+    tbuf *w1 = tb_upload_unif(tb_new3("w1", MOEFUSE_F32, E, 2 * I, K, 0, 1), -1, 1);
+    tbuf *w2 = tb_upload_unif(tb_new3("w2", MOEFUSE_F32, E, K, I, 0, 1), -1, 1);
+    tbuf *ids = tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1);
+    tbuf *wts = tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+    h_fill_simple_routing(ids, wts, M, k, E);
+    moefuse_routing r;
+    memset(&r, 0, sizeof r);
+    r.topk_ids = ids->t;
+    r.topk_weights = wts->t;
+    tbuf *dense = tb_new2("out_dense", MOEFUSE_F32, M, K, 0, 0);
+    tbuf *wild = tb_new2("out_wild", MOEFUSE_F32, M, K, 0, 0);
+    expect_ok(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), NULL, NULL, &r, T(dense), NULL),
+              "moe_forward, dense w2");
+    moefuse_tensor w2_wild = w2->t;
+    w2_wild.stride[1] = INT64_MAX;
+    expect_ok(moefuse_moe_forward(g_ctx, T(x), T(w1), &w2_wild, NULL, NULL, &r, T(wild), NULL),
+              "moe_forward, w2 [E, 1, I] with stride[1] INT64_MAX");
+    h_check_all(0);
+    for (int64_t m = 0; m < M; m++)
+        HCHECK(memcmp(tb_el(dense, m, 0, 0), tb_el(wild, m, 0, 0), sizeof(float)) == 0,
+               "row %lld: %g with the dense w2, %g with the wild stride", (long long)m,
+               tb_get(dense, m, 0, 0), tb_get(wild, m, 0, 0));
+}
+END_TEST
+
 /* --------------------------------------------------------------- busy */
 
 START_TEST(t_busy_context)
@@ -337,6 +371,7 @@ int main(void)
     tcase_add_test(tc, t_eps_minimum);
     tcase_add_test(tc, t_empty_with_any_strides);
     tcase_add_test(tc, t_sizes_that_overflow);
+    tcase_add_test(tc, t_unit_dim_any_stride);
     tcase_add_test(tc, t_busy_context);
     return h_run(s);
 }

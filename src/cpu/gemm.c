@@ -128,7 +128,9 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
     if (ms < 1 || !kern->gemm_stream || ms > MF_GEMM_STREAM_TILE ||
         (b->dtype != MOEFUSE_F32 && b->dtype != MOEFUSE_BF16))
         return false;
-    const int64_t wrow_bytes = b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype);
+    /* a dimension of one row is never stepped, and the core accepts any stride for it */
+    const int64_t wrow_bytes =
+        b->shape[1] > 1 ? b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype) : 0;
     for (int64_t k0 = 0; k0 < depth; k0 += MF_GEMM_STREAM_KC) {
         const int64_t kc = depth - k0 < MF_GEMM_STREAM_KC ? depth - k0 : MF_GEMM_STREAM_KC;
         for (int64_t i = 0; i < ms; i++) {
