@@ -96,6 +96,8 @@ static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int ra
                  int64_t topk, const int64_t *rows, int64_t n, int64_t k0, int64_t kc,
                  float *restrict tmp)
 {
+    void (*panel16)(float *restrict, const float *restrict, int64_t) =
+        p == 16 ? mf_cpu_row_kernels_active()->pack_panel16 : NULL;
     for (int64_t r0 = 0; r0 < n; r0 += p) {
         /* convert the panel's rows into tmp[i][k], then interleave as dst[k][i] */
         for (int64_t i = 0; i < p; i++) {
@@ -109,6 +111,10 @@ static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int ra
                         t->dtype, kc);
         }
         float *d = dst + r0 * kc;
+        if (panel16) {
+            panel16(d, tmp, kc);
+            continue;
+        }
         for (int64_t k = 0; k < kc; k++)
             for (int64_t i = 0; i < p; i++)
                 d[k * p + i] = tmp[i * kc + k];

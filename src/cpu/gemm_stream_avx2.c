@@ -13,6 +13,7 @@
 
 #define GS_FN mf_cpu_gemm_stream_avx2
 #define GS_MS 4
+#define GS_PACK_FN mf_cpu_pack_panel16_avx2 /* the AVX-512 level's too: the same text */
 #include "cpu/gemm_stream_x86.h"
 
 #if defined(__clang__)

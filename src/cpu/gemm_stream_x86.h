@@ -9,6 +9,8 @@
  * Included by gemm_stream_avx2.c and gemm_stream_avx512.c after their target pragma, with
  * GS_FN (the function's name) and GS_MS (the most A rows it takes): each row keeps two
  * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8.
+ * GS_PACK_FN, where defined, names the packed GEMM's panel transpose built from the same
+ * eight-by-eight transposes.
  */
 #include <immintrin.h>
 
@@ -133,5 +135,26 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
 #undef GS_CASE
     }
 }
+
+#ifdef GS_PACK_FN
+/* The packed GEMM's weight panel (rows_isa.h: pack_panel16), eight depth positions of eight
+ * rows at a time: a scalar loop moved each value alone and took as long as the products. */
+void GS_PACK_FN(float *restrict d, const float *restrict tmp, int64_t kc)
+{
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = _mm256_loadu_ps(tmp + (8 * h + j) * kc + k);
+            transpose8(r);
+            for (int q = 0; q < 8; q++)
+                _mm256_storeu_ps(d + (k + q) * 16 + 8 * h, r[q]);
+        }
+    for (; k < kc; k++)
+        for (int i = 0; i < 16; i++)
+            d[k * 16 + i] = tmp[i * kc + k];
+}
+#endif
 
 #undef L

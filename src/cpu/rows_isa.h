@@ -87,6 +87,11 @@ typedef struct mf_cpu_row_kernels {
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                         int64_t ncols, int64_t kc, float *c, int64_t ldc);
     int gemm_stream_ms; /* the most A rows gemm_stream takes */
+    /*
+     * Optional (NULL: a scalar loop in gemm.c). The packed GEMM's weight panel from 16 rows of
+     * kc floats: d[k * 16 + i] = tmp[i * kc + k] for i < 16 and k < kc.
+     */
+    void (*pack_panel16)(float *restrict d, const float *restrict tmp, int64_t kc);
 } mf_cpu_row_kernels;
 
 /* The table of an activation (MOEFUSE_ACT_*), built on first use (act_table.c); NULL for an
@@ -112,6 +117,8 @@ void mf_cpu_gemm_stream_avx2(const float *a, int64_t lda, int64_t ms, const char
 void mf_cpu_gemm_stream_avx512(const float *a, int64_t lda, int64_t ms, const char *wbase,
                                int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                                int64_t ncols, int64_t kc, float *c, int64_t ldc);
+/* pack_panel16 of both levels: eight-by-eight transposes in AVX registers (gemm_stream_x86.h) */
+void mf_cpu_pack_panel16_avx2(float *restrict d, const float *restrict tmp, int64_t kc);
 #endif
 /* h of one channel, by the reference's own compiled code: the vector kernels hand it every
  * lane they do not compute themselves (NaN, |g| >= 86.5, the gelu forms), so those lanes

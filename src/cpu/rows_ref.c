@@ -119,4 +119,5 @@ const mf_cpu_row_kernels mf_cpu_rows_scalar = {
     MF_CPU_ISA_SCALAR,   "scalar",         quant_row_scalar,
     act_mul_row_scalar, dequant_span_scalar, exp_array_scalar,
     NULL, 0, /* the packed GEMM */
+    NULL,    /* its panels packed by a scalar loop */
 };

@@ -621,5 +621,5 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
 const mf_cpu_row_kernels SIMD_TABLE = {
     SIMD_ISA,           SIMD_ISA_NAME,        SIMD_NAME(quant_row),
     SIMD_NAME(act_mul_row), SIMD_NAME(dequant_span), SIMD_NAME(exp_array),
-    SIMD_GEMM_STREAM,   SIMD_GEMM_STREAM_MS,
+    SIMD_GEMM_STREAM,   SIMD_GEMM_STREAM_MS,  mf_cpu_pack_panel16_avx2,
 };
