@@ -29,23 +29,6 @@ static __device__ __forceinline__ uint32_t saddr(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* d = (accumulate ? d : 0) + A (64 x 32, descriptor da) * B (32 x 128, db), e4m3, K-major. */
-static __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_DREGS_64 "}, %64, "
-                 "%65, p, 1, 1;\n}\n"
-                 : WG_DOUTS_64(d)
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
-static __device__ __forceinline__ void pin(float (&d)[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* Random e4m3 codes without NaN (bit patterns 0x7f / 0xff cleared by the mask). */
 static __device__ void fill(uint32_t *words, int n)
 {
@@ -57,6 +40,28 @@ static __device__ void fill(uint32_t *words, int n)
         words[i] = x & 0x7e7e7e7eu;
     }
     hp_fence_proxy_async();
+}
+
+static __device__ __forceinline__ void zero_accumulators(float (&acc)[64], float (&m)[128])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 128; i++)
+        m[i] = 0.0f;
+}
+
+/* A store nobody takes, so that the compiler keeps the work that made acc and m. */
+static __device__ __forceinline__ void keep(const float (&acc)[64], const float (&m)[128],
+                                            float *sink)
+{
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        s += acc[i] + m[i] + m[64 + i];
+    if (s == 12345.0f)
+        sink[threadIdx.x] = s;
 }
 
 /* One stage of one consumer warpgroup: two waves (B rows [0, 128), [128, 256)), each waited
@@ -71,8 +76,9 @@ static __device__ __forceinline__ void stage(float (&acc)[64], float (&m)[128], 
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            mma(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + w * 128 * 128 + kk * 32),
-                PROMOTE ? kk > 0 : 1); /* unpromoted waves accumulate: none is dead code */
+            wgmma_e4m3_m64n128k32(acc, wg_desc(a0 + kk * 32),
+                                  wg_desc(b0 + w * 128 * 128 + kk * 32),
+                                  PROMOTE ? kk > 0 : 1); /* unpromoted waves accumulate: none is dead code */
         wgmma_commit();
         wgmma_wait<0>();
         pin(acc);
@@ -94,12 +100,7 @@ __global__ void __launch_bounds__(256, 1) alone(int iters, unsigned long long *c
     fill((uint32_t *)smem_raw, SMEM_BYTES / 4 - 256);
     __syncthreads();
     float acc[64], m[128];
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        acc[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 128; i++)
-        m[i] = 0.0f;
+    zero_accumulators(acc, m);
     const uint32_t a0 = base + (threadIdx.x / 128) * 64 * 128, b0 = base + 128 * 128;
     const unsigned long long t0 = clock64();
     for (int it = 0; it < iters; it++)
@@ -107,12 +108,7 @@ __global__ void __launch_bounds__(256, 1) alone(int iters, unsigned long long *c
     const unsigned long long t1 = clock64();
     if (threadIdx.x == 0)
         cycles[blockIdx.x] = t1 - t0;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        s += acc[i] + m[i] + m[64 + i];
-    if (s == 12345.0f)
-        sink[threadIdx.x] = s;
+    keep(acc, m, sink);
 #else
     (void)iters, (void)cycles, (void)sink;
 #endif
@@ -147,12 +143,7 @@ __global__ void __launch_bounds__(384, 1) ringed(int iters, unsigned long long *
     }
     hp_regs_inc<232>();
     float acc[64], m[128];
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        acc[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 128; i++)
-        m[i] = 0.0f;
+    zero_accumulators(acc, m);
     const uint32_t a0 = base + ((threadIdx.x - 128) / 128) * 64 * 128, b0 = base + 128 * 128;
     HpPipe<STAGES> ps = {0, 0u};
     const unsigned long long t0 = clock64();
@@ -166,12 +157,7 @@ __global__ void __launch_bounds__(384, 1) ringed(int iters, unsigned long long *
     const unsigned long long t1 = clock64();
     if (threadIdx.x == 128)
         cycles[blockIdx.x] = t1 - t0;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        s += acc[i] + m[i] + m[64 + i];
-    if (s == 12345.0f)
-        sink[threadIdx.x] = s;
+    keep(acc, m, sink);
 #else
     (void)iters, (void)cycles, (void)sink;
 #endif

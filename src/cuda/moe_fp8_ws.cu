@@ -78,31 +78,13 @@ typedef struct F8Params {
     (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * F8_SC_STRIDE * 4 + 256)
 
 #ifdef MOE_WGMMA_DEVICE
-/* d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 128, db), K-major. */
-static __device__ __forceinline__ void f8_wgmma(float (&d)[64], uint64_t da, uint64_t db,
-                                                int accumulate)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_DREGS_64 "}, %64, "
-                 "%65, p, 1, 1;\n}\n"
-                 : WG_DOUTS_64(d)
-                 : "l"(da), "l"(db), "r"(accumulate));
-}
-
-static __device__ __forceinline__ void f8_pin(float (&d)[64])
-{
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* One stage: d = A (64 rows at a0) x B (128 rows at b0) over 128 bytes of depth, in order. */
 static __device__ __forceinline__ void f8_block(float (&d)[64], uint32_t a0, uint32_t b0)
 {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-        f8_wgmma(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kk > 0);
+        wgmma_e4m3_m64n128k32(d, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kk > 0);
     wgmma_commit();
 }
 
@@ -338,10 +320,10 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
             const float *sc = scs + ps.stage * F8_SC_STRIDE;
             const float s_lo = sc[r0], s_hi = sc[r0 + 8], swa = sc[F8_BM], swb = sc[F8_BM + 1];
             /* wave 0: weight rows [0, 128) */
-            f8_pin(acc);
+            pin(acc);
             f8_block(acc, a0, b0);
             wgmma_wait<0>();
-            f8_pin(acc);
+            pin(acc);
             const float lo_a = __fmul_rn(s_lo, swa), hi_a = __fmul_rn(s_hi, swa);
             const float lo_b = __fmul_rn(s_lo, swb), hi_b = __fmul_rn(s_hi, swb);
             if (GATE)
@@ -351,7 +333,7 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
             /* wave 1: weight rows [128, 256) */
             f8_block(acc, a0, b0 + 128 * 128);
             wgmma_wait<0>();
-            f8_pin(acc);
+            pin(acc);
             hp_mbar_arrive(smem_u32(&empty[ps.stage]));
             ps.advance();
             if (GATE)

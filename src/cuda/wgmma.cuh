@@ -171,6 +171,25 @@ static __device__ __forceinline__ void pin(float (&d)[128])
     for (int i = 0; i < 128; i++)
         asm volatile("" : "+f"(d[i])::"memory");
 }
+
+static __device__ __forceinline__ void pin(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d = (accumulate ? d : 0) + A (64 x 32 e4m3, descriptor da) * B (32 x 128, db), K-major
+ * (the FP8 large tile's wave step, moe_fp8_ws.cu). */
+static __device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t da,
+                                                             uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_DREGS_64 "}, %64, "
+                 "%65, p, 1, 1;\n}\n"
+                 : WG_DOUTS_64(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
 #endif /* MOE_WGMMA_DEVICE */
 
 #endif /* MOEFUSE_CUDA_WGMMA_CUH */
