@@ -37,6 +37,7 @@
 #define SIMD_NAME(f) w16_##f
 #define SIMD_TABLE w16_rows
 #define SIMD_ACT_TABLE 0 /* as rows_avx512.c: silu computed */
+#define SIMD_SILU_ONE_PASS 1 /* as rows_avx512.c (AVX2 covers the two passes) */
 #define LANES for (int l = 0; l < 16; l++)
 
 typedef struct { float v[16]; } vf;
@@ -86,6 +87,8 @@ static unsigned vm_bits(vm m) { return m; }
 static vf vf_blend(vm m, vf t, vf f) { LANES if (m >> l & 1) f.v[l] = t.v[l]; return f; }
 static vi vi_blend(vm m, vi t, vi f) { LANES if (m >> l & 1) f.v[l] = t.v[l]; return f; }
 static vf vf_zero_unless(vm m, vf a) { return vf_blend(~m, vf_set(0.0f), a); }
+static vi vi_or_and(vi a, vi b, vi c) { LANES a.v[l] |= b.v[l] & c.v[l]; return a; }
+static vi vi_sub_where(vm m, vi a, vi b, vi c) { LANES if (m >> l & 1) a.v[l] = b.v[l] - c.v[l]; return a; }
 static float vf_hmax(vf a) { float m = a.v[0]; LANES m = a.v[l] > m ? a.v[l] : m; return m; }
 static int32_t vi_hmax(vi a) { int32_t m = (int32_t)a.v[0]; LANES m = (int32_t)a.v[l] > m ? (int32_t)a.v[l] : m; return m; }
 static void store_u8(uint8_t *p, vi c) { LANES p[l] = (uint8_t)c.v[l]; }

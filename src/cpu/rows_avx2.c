@@ -94,6 +94,10 @@ L vm vi_eq(vi a, vi b) { return _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)); }
 L unsigned vm_bits(vm m) { return (unsigned)_mm256_movemask_ps(m); }
 L vf vf_blend(vm m, vf t, vf f) { return _mm256_blendv_ps(f, t, m); }
 L vi vi_blend(vm m, vi t, vi f) { return _mm256_blendv_epi8(f, t, _mm256_castps_si256(m)); }
+/* a | (b & c) */
+L vi vi_or_and(vi a, vi b, vi c) { return _mm256_or_si256(a, _mm256_and_si256(b, c)); }
+/* b - c in the lanes of m, a elsewhere */
+L vi vi_sub_where(vm m, vi a, vi b, vi c) { return vi_blend(m, _mm256_sub_epi32(b, c), a); }
 L vf vf_zero_unless(vm m, vf a) { return _mm256_and_ps(m, a); }
 
 L int32_t vi_hmax(vi a)

@@ -30,6 +30,8 @@
  * 16-lane gather from the 32 KiB activation table costs more than the whole computation
  * (Zen 4: act_quant 25% faster computed) */
 #define SIMD_ACT_TABLE 0
+/* silu in one pass: 32 registers hold an iteration's chain (rows_simd.h) */
+#define SIMD_SILU_ONE_PASS 1
 /* 8 rows: AVX512VL's 32 vector registers hold their accumulators (gemm_stream_avx512.c) */
 #define SIMD_GEMM_STREAM mf_cpu_gemm_stream_avx512
 #define SIMD_GEMM_STREAM_MS 8
@@ -81,6 +83,10 @@ L unsigned vm_bits(vm m) { return (unsigned)m; }
 L vf vf_blend(vm m, vf t, vf f) { return _mm512_mask_blend_ps(m, f, t); }
 L vi vi_blend(vm m, vi t, vi f) { return _mm512_mask_blend_epi32(m, f, t); }
 L vf vf_zero_unless(vm m, vf a) { return _mm512_maskz_mov_ps(m, a); }
+/* a | (b & c), one vpternlogd */
+L vi vi_or_and(vi a, vi b, vi c) { return _mm512_ternarylogic_epi32(a, b, c, 0xF8); }
+/* b - c in the lanes of m, a elsewhere: one masked vpsubd */
+L vi vi_sub_where(vm m, vi a, vi b, vi c) { return _mm512_mask_sub_epi32(a, m, b, c); }
 
 L float vf_hmax(vf a) { return _mm512_reduce_max_ps(a); }
 L int32_t vi_hmax(vi a) { return _mm512_reduce_max_epi32(a); }
