@@ -18,7 +18,7 @@ typedef struct mf_slot_plan {
     int64_t *start;     /* [E+1] start of each expert's slots in list */
     int64_t *fill;      /* [E+1] */
     int64_t *items;     /* [E+1] prefix of work items per expert */
-    int64_t tile;       /* slots per work item */
+    int64_t tile;       /* most slots per work item (an expert's tiles are of near-equal size) */
     int64_t col_blocks; /* column blocks per slot tile */
 } mf_slot_plan;
 
@@ -35,7 +35,8 @@ size_t mf_slot_plan_bytes(int64_t S, int64_t E);
 char *mf_slot_plan_place(mf_slot_plan *p, char *mem, int64_t S, int64_t E);
 /* expert_of of every routed slot of a. */
 void mf_slot_plan_experts(mf_slot_plan *p, const mf_moe_args *a);
-/* Group the valid slots [s0, s1) by expert, in tiles of `tile`, each in col_blocks items. */
+/* Group the valid slots [s0, s1) by expert, in tiles of at most `tile` (an expert's of
+ * near-equal size), each in col_blocks items. */
 void mf_slot_plan_group(mf_slot_plan *p, int64_t E, int64_t s0, int64_t s1, int64_t tile,
                         int64_t col_blocks);
 /* Work item w: its expert, its slots [*slots, *slots + *count), its column block. */
