@@ -74,7 +74,7 @@ void mf_slot_plan_item(const mf_slot_plan *p, int64_t E, int64_t w, int64_t *e,
             hi = mid - 1;
     }
     /* the expert's n slots in its ceil(n / tile) tiles of near-equal size, at most p->tile:
-     * 64 slots as one tile of 64 rather than 48 and 16, which would read the weights twice */
+     * with tile 48, 64 slots were a tile of 48 and one of 16, each reading the weights */
     const int64_t r = w - p->items[lo], tile = r / p->col_blocks;
     const int64_t n = p->start[lo + 1] - p->start[lo];
     const int64_t tiles = (p->items[lo + 1] - p->items[lo]) / p->col_blocks;
