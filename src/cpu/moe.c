@@ -1,9 +1,9 @@
 /*
  * moe_gate and moe_final: slots (m, j) are grouped by local expert, then each
  * expert's slots are processed in tiles of at most MB rows (an expert's of near-equal
- * size) against blocks of NB weight rows (work items spread over threads). Each output is written by
- * exactly one work item, and its dot product is accumulated in a fixed order
- * (gemm.h), so results do not depend on the thread count or the schedule.
+ * size) against blocks of NB weight rows (work items spread over threads). Each output
+ * is written by exactly one work item, and its dot product is accumulated in a fixed
+ * order (gemm.h), so results do not depend on the thread count or the schedule.
  */
 #include "cpu/activation.h"
 #include "cpu/cpu_internal.h"

@@ -88,7 +88,6 @@ static void plan_slots(const mf_moe_args *a, mf_slot_plan *p, int64_t s0, int64_
         p->start[e + 1] = p->start[e] + n;
         p->items[e + 1] = p->items[e] + (n + TILE - 1) / TILE * col_blocks;
     }
-    p->tile = TILE;
     p->col_blocks = col_blocks;
 }
 

@@ -58,7 +58,6 @@ void mf_slot_plan_group(mf_slot_plan *p, int64_t E, int64_t s0, int64_t s1, int6
     for (int64_t s = s0; s < s1; s++)
         if (p->expert_of[s] >= 0)
             p->list[p->fill[p->expert_of[s]]++] = s;
-    p->tile = tile;
     p->col_blocks = col_blocks;
 }
 
@@ -73,8 +72,8 @@ void mf_slot_plan_item(const mf_slot_plan *p, int64_t E, int64_t w, int64_t *e,
         else
             hi = mid - 1;
     }
-    /* the expert's n slots in its ceil(n / tile) tiles of near-equal size, at most p->tile:
-     * with tile 48, 64 slots were a tile of 48 and one of 16, each reading the weights */
+    /* the expert's n slots in its ceil(n / tile) tiles (items / col_blocks) of near-equal
+     * size: with tiles of exactly 48, 64 slots were 48 and 16, each reading the weights */
     const int64_t r = w - p->items[lo], tile = r / p->col_blocks;
     const int64_t n = p->start[lo + 1] - p->start[lo];
     const int64_t tiles = (p->items[lo + 1] - p->items[lo]) / p->col_blocks;

@@ -18,7 +18,6 @@ typedef struct mf_slot_plan {
     int64_t *start;     /* [E+1] start of each expert's slots in list */
     int64_t *fill;      /* [E+1] */
     int64_t *items;     /* [E+1] prefix of work items per expert */
-    int64_t tile;       /* most slots per work item (an expert's tiles are of near-equal size) */
     int64_t col_blocks; /* column blocks per slot tile */
 } mf_slot_plan;
 

@@ -203,6 +203,13 @@ SIMD_INLINE vf up_offset(const h_opts *o, vf u)
     return (o && o->has_beta) ? vf_add(u, vf_set(o->beta)) : u;
 }
 
+/* mf_clamp_gate and mf_clamp_up of W lanes, lim the call's limit and nlim its negation. */
+SIMD_INLINE vf clamp_gate(vf g, vf lim) { return vf_blend(vm_gt(g, lim), lim, g); }
+SIMD_INLINE vf clamp_up(vf u, vf lim, vf nlim)
+{
+    return vf_blend(vm_gt(u, lim), lim, vf_blend(vm_lt(u, nlim), nlim, u));
+}
+
 /* h from a = act(g) and u: the intermediate rounding and factors of NUMERICS.md, in order. */
 SIMD_INLINE vf product(const h_opts *o, vf a, vf u, float rs, float es)
 {
@@ -281,8 +288,8 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
         for (; c + SIMD_W <= n; c += SIMD_W) {
             vf g = load_in(gp, c0 + c, dt), u = load_in(up, c0 + c, dt);
             if (o && o->clamp) {
-                g = vf_blend(vm_gt(g, lim), lim, g);
-                u = vf_blend(vm_gt(u, lim), lim, vf_blend(vm_lt(u, nlim), nlim, u));
+                g = clamp_gate(g, lim);
+                u = clamp_up(u, lim, nlim);
             }
             const vf a = scaled ? vf_mul(alpha, g) : g;
             atop = vi_max(atop, vf_bits(vf_abs(a)));
@@ -297,7 +304,7 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
         for (; c + SIMD_W <= n; c += SIMD_W) {
             vf g = load_in(gp, c0 + c, dt);
             if (o && o->clamp)
-                g = vf_blend(vm_gt(g, lim), lim, g);
+                g = clamp_gate(g, lim);
             const vf a = scaled ? vf_mul(alpha, g) : g;
             atop = vi_max(atop, vf_bits(vf_abs(a)));
             vf_storeu(h + c, vf_add(vf_set(1.0f), exp_neg_fast(a, t)));
@@ -305,8 +312,8 @@ SIMD_INLINE uint32_t h_span_dt(const mf_row_plan *p, const h_opts *o, const void
         for (int64_t l = 0; l < c; l += SIMD_W) {
             vf g = load_in(gp, c0 + l, dt), u = load_in(up, c0 + l, dt);
             if (o && o->clamp) {
-                g = vf_blend(vm_gt(g, lim), lim, g);
-                u = vf_blend(vm_gt(u, lim), lim, vf_blend(vm_lt(u, nlim), nlim, u));
+                g = clamp_gate(g, lim);
+                u = clamp_up(u, lim, nlim);
             }
             const vf hv = product(o, vf_div(g, vf_loadu(h + l)), up_offset(o, u), rs, es);
             top = vi_max(top, vf_bits(vf_abs(hv)));
