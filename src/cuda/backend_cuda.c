@@ -146,6 +146,13 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
                         "cuda: MOEFUSE_CUDA_FP8=%.64s is none of portable, wgmma, decode",
                         getenv("MOEFUSE_CUDA_FP8"));
     }
+    s->fp8_a = mf_cuda_fp8_a_from_env();
+    if (s->fp8_a < 0) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_FP8_A=%.64s is neither tma nor gather",
+                        getenv("MOEFUSE_CUDA_FP8_A"));
+    }
     s->forced_router = mf_cuda_router_from_env();
     if (s->forced_router < 0) {
         free(s);

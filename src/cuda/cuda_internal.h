@@ -70,6 +70,9 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_FP8: the FP8 GEMM forced (enum fp8_gemm_kind), or 0 for the choice by
      * device (mf_cuda_fp8_gemm_from_env; moe_fp8.cu's fp8_gemm_for) */
     int fp8_gemm;
+    /* MOEFUSE_CUDA_FP8_A: how the large-tile FP8 kernel loads A (enum fp8_a_load), or 0 for
+     * the choice by shape (mf_cuda_fp8_a_from_env; moe_fp8.cu's ws_a_copied) */
+    int fp8_a;
     /* MOEFUSE_CUDA_ROUTER: topk_route's kernel forced (enum route_kernel in router.h), or 0
      * for the choice by shape (mf_cuda_router_from_env) */
     int forced_router;
@@ -178,6 +181,9 @@ moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, void *state
 /* MOEFUSE_CUDA_FP8 as an FP8 GEMM (enum fp8_gemm_kind, moe_fp8.h): 0 when unset or empty,
  * -1 when it names none. */
 int mf_cuda_fp8_gemm_from_env(void);
+/* MOEFUSE_CUDA_FP8_A as an enum fp8_a_load (moe_fp8.h): 0 when unset or empty, -1 when it
+ * names none. */
+int mf_cuda_fp8_a_from_env(void);
 /* The bytes of scratch each takes (backend.h's *_workspace members). */
 moefuse_status mf_cuda_rows_workspace(moefuse_context *ctx, void *state, const mf_rows_args *a,
                                       size_t *bytes);

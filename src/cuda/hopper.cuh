@@ -136,6 +136,19 @@ static __device__ __forceinline__ void hp_tma_load_3d(uint32_t dst, const void *
            : "memory");
 }
 
+/*
+ * A bulk copy of `bytes` (a multiple of 16) from global src to shared dst, both 16-byte
+ * aligned; completes the bytes on bar (announced by hp_mbar_arrive_tx).
+ */
+static __device__ __forceinline__ void hp_bulk_load(uint32_t dst, const void *src, unsigned bytes,
+                                                    uint32_t bar)
+{
+    HP_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+           "[%3];\n" ::"r"(dst),
+           "l"(src), "r"(bytes), "r"(bar)
+           : "memory");
+}
+
 /* An L2 policy under which lines go first: for data read once (a weight stream). */
 static __device__ __forceinline__ uint64_t hp_policy_evict_first(void)
 {

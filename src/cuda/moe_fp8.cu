@@ -37,6 +37,16 @@ extern "C" int mf_cuda_fp8_gemm_from_env(void)
     return -1;
 }
 
+extern "C" int mf_cuda_fp8_a_from_env(void)
+{
+    const char *v = getenv("MOEFUSE_CUDA_FP8_A");
+    if (!v || !*v)
+        return FP8_A_AUTO;
+    if (strcmp(v, "gather") == 0)
+        return FP8_A_GATHER;
+    return strcmp(v, "tma") == 0 ? FP8_A_TMA : -1;
+}
+
 /*
  * The FP8 GEMM a call runs: what MOEFUSE_CUDA_FP8 forces, else by device. The one place to
  * choose: the Hopper kernel, once written, goes here (sm_90a built and a 9.0 device), and
@@ -50,6 +60,9 @@ static int fp8_gemm_for(const cuda_state *s)
 }
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* ws_a_copied: the weight rows from which a routed GEMM's A copy pays */
+#define WS_A_COPY_MIN_ROWS 16384
 
 /*
  * Whether a call runs the decode kernel (moe_fp8_decode.cu): few rows per expert, where a GEMM
@@ -89,6 +102,8 @@ typedef struct fp8_plan {
     int dense_a;   /* wgmma: A's scales are copied to f32 rows first (not row-major f32) */
     int64_t mtiles; /* wgmma, masked: bound of the m-tiles of F8_BM rows */
     size_t off_ws_tiles, off_ws_start, off_ws_end, off_ws_tile_expert, off_ws_ctr, off_ws_sc;
+    int copy_a;      /* wgmma, routed: A's rows copied into list order for TMA (ws_a_copied) */
+    size_t off_ws_a; /* and where */
     int64_t S, rows, blocks; /* slots (routed) or Tmax (masked); expert blocks of x (1 routed) */
     int64_t tiles_bound;
     size_t off_count, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of, off_list;
@@ -109,6 +124,22 @@ static bool reserve(size_t *at, size_t *off, size_t a, size_t b, size_t c)
         return false;
     *off = align256(*at);
     return !__builtin_add_overflow(*off, n, at);
+}
+
+/*
+ * Whether a routed GEMM on the Hopper kernel copies A's rows into list order once (S x depth
+ * bytes) to load them by TMA rather than gather them by cp.async. Measured (H200,
+ * docs/PERFORMANCE.md, stop 49): TMA saves the kernel 1-4%, and the copy costs about 1/(2N) of
+ * the GEMM, N its weight rows an expert; the layer gained where N was 28672 (Mixtral's gate)
+ * and gained nothing or lost up to 4% at 1536 to 7168. From the shapes alone, so that the
+ * workspace query agrees.
+ */
+static int ws_a_copied(const cuda_state *s, int gate, const mf_moe_args *a)
+{
+    if (s->fp8_a != FP8_A_AUTO)
+        return s->fp8_a == FP8_A_TMA;
+    const int64_t weight_rows = gate ? 2 * a->inter_dim : a->model_dim;
+    return weight_rows >= WS_A_COPY_MIN_ROWS;
 }
 
 /* Tile height: from the rows per touched expert (routed) or Tmax (masked). */
@@ -231,9 +262,20 @@ static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *
             ok = ok && reserve(&at, &pl->off_ws_end, (size_t)E, 8, 1);
             ok = ok && reserve(&at, &pl->off_ws_tile_expert, (size_t)pl->mtiles + 1, 4, 1);
         }
-        if (pl->dense_a)
-            ok = ok && reserve(&at, &pl->off_ws_sc, (size_t)pl->blocks * (size_t)a_rows(a, pl),
-                               (size_t)(depth / FP8_BLOCK), 4);
+        /* A's f32 scales: dense rows (the gather), or by TMA a stage's rows consecutive */
+        const int64_t sc_rows = a_rows(a, pl) > pl->rows ? a_rows(a, pl) : pl->rows;
+        /* (and a stage's bulk copy of 132 from the 16-byte boundary at or before its first row
+         * reads up to 128 past the last column) */
+        if (pl->dense_a || !pl->dec) {
+            size_t cols = 0, slack_at;
+            ok = ok && !__builtin_mul_overflow((size_t)pl->blocks, (size_t)(depth / FP8_BLOCK),
+                                               &cols);
+            ok = ok && reserve(&at, &pl->off_ws_sc, cols, (size_t)(sc_rows + 3) / 4 * 4, 4);
+            ok = ok && reserve(&at, &slack_at, F8_BM, 4, 1);
+        }
+        pl->copy_a = !a->masked && !pl->dec && ws_a_copied(s, gate, a);
+        if (pl->copy_a)
+            ok = ok && reserve(&at, &pl->off_ws_a, (size_t)pl->S, (size_t)depth, 1);
     }
     if (!ok)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
@@ -386,6 +428,33 @@ static bool ws_suits(const cuda_state *s, const fp8_plan *pl, const Fp8Gemm *g)
     return pl->wgmma && g->row_step == 1 && moe_fp8_ws_weights_ok(s, g, pl->gate);
 }
 
+/*
+ * Whether the Hopper kernel loads A by TMA (x's tma_* set): where A's rows are 16-byte aligned,
+ * the plan holds the scratch (ws_a_copied when routed) and the driver takes the map.
+ */
+static bool ws_a_by_tma(const cuda_state *s, const mf_moe_args *a, const fp8_plan *pl,
+                        char *scratch, const Fp8Gemm *g, Fp8WsExtra *x)
+{
+    if (pl->dec || !g->vec_a || s->fp8_a == FP8_A_GATHER || (!a->masked && !pl->copy_a))
+        return false;
+    if (a->masked) {
+        x->tma_a = g->a; /* [E, Tmax, depth] in place */
+        x->tma_rows = a->tokens;
+        x->tma_blocks = a->experts;
+        x->tma_row_s = g->a_s1;
+        x->tma_block_s = g->a_s0;
+    } else {
+        x->tma_a = (const uint8_t *)(scratch + pl->off_ws_a);
+        x->tma_rows = pl->S;
+        x->tma_blocks = 1;
+        x->tma_row_s = g->depth;
+        x->tma_block_s = pl->S * g->depth;
+    }
+    x->tma_sc = (const float *)(scratch + pl->off_ws_sc);
+    x->tma_rows_pad = (x->tma_rows + 3) / 4 * 4;
+    return moe_fp8_ws_a_tma_ok(s, x, g->depth) != 0;
+}
+
 /* The GEMM on the Hopper kernel: its tile table, its counter, A's f32 scales, the launch. */
 static moefuse_status launch_ws(moefuse_context *ctx, cuda_state *s, const char *op,
                                 const mf_moe_args *a, const fp8_plan *pl, char *scratch,
@@ -419,6 +488,22 @@ static moefuse_status launch_ws(moefuse_context *ctx, cuda_state *s, const char 
     cudaError_t e = cudaMemsetAsync(x.tile_ctr, 0, 4, s->stream);
     if (e != cudaSuccess)
         return mf_cuda_fail(ctx, e, op, "cudaMemsetAsync(tile counter)");
+    if (ws_a_by_tma(s, a, pl, scratch, g, &x)) {
+        /* routed: the rows and scales in list order; masked: the scales a stage's rows
+         * consecutive. The same codes and scale values as the gather reads: the same bits */
+        Fp8WsASource src;
+        memset(&src, 0, sizeof src);
+        src.a = g->a;
+        src.a_s0 = g->a_s0;
+        src.a_s1 = g->a_s1;
+        src.as = g->as;
+        src.div = x.div;
+        src.scale_by_p = pl->gate && !a->masked; /* x's scale rows are tokens */
+        MF_TRY(moe_fp8_ws_a_copy(ctx, s, op, &x, &src, a->masked ? NULL : g->rt.offs + a->experts,
+                                 g->depth));
+        x.a_tma = 1;
+        return moe_fp8_ws_launch(ctx, s, op, pl->gate, g, &x);
+    }
     const int64_t nkb = g->depth / FP8_BLOCK;
     const float *base = (const float *)g->as.p;
     int64_t row_s = g->as.s1, block_s = g->as.s0; /* row-major f32: element (b, t, g) */

@@ -16,6 +16,13 @@ enum fp8_gemm_kind {
     FP8_GEMM_DECODE = 3    /* the decode kernel (moe_fp8_decode.cu) wherever it can run */
 };
 
+/* How the Hopper kernel loads A; s->fp8_a holds the one MOEFUSE_CUDA_FP8_A forces, or AUTO. */
+enum fp8_a_load {
+    FP8_A_AUTO = 0,   /* TMA where A lies in place (masked) or its copy pays (ws_a_copied) */
+    FP8_A_GATHER = 1, /* every row by cp.async through the slot list */
+    FP8_A_TMA = 2     /* TMA wherever the rows are 16-byte aligned, routed rows copied first */
+};
+
 /* One GEMM on the portable kernel: tiles of bm rows (8 or 32; the final also 64), gate or
  * final epilogue as p->epi says. */
 extern "C" moefuse_status fp8_launch_portable(moefuse_context *ctx, cuda_state *s, const char *op,

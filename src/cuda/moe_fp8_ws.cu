@@ -7,11 +7,13 @@
  * Tile: 128 rows (slots) x 256 weight rows, one stage per 128-deep block (128 bytes of every
  * row: the block of the scales). Roles (384 threads, one block per SM):
  *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
- *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)), the A rows gathered
- *    by cp.async (TMA cannot gather; rows not 16-byte aligned by byte loads), and the stage's
- *    scales beside it in shared memory: each A row's by cp.async, the two weight blocks' read
- *    a stage ahead by one thread. The consumers read them there: loaded from global memory by
- *    the consumers a stage ahead, they cost 10-13% of the layer (docs/PERFORMANCE.md).
+ *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)); the A rows by TMA
+ *    too where they lie in rows of a tensor (masked, or routed rows copied into list order
+ *    first, moe_fp8.cu's ws_a_copied), with their scales by one bulk copy, else gathered by
+ *    cp.async with each row's scale (TMA cannot gather; rows not 16-byte aligned by byte
+ *    loads); and the two weight blocks' scales, read a stage ahead by one thread. All beside
+ *    the stage in shared memory: loaded from global memory by the consumers a stage ahead,
+ *    the scales cost 10-13% of the layer (docs/PERFORMANCE.md).
  *  - consumers, warpgroups 1 and 2: warpgroup w owns rows [64 w, 64 w + 64) of the tile and
  *    multiplies them by the 256 weight rows in two waves of 128 (wgmma m64n128k32, four per
  *    wave, the first overwriting the wave accumulator); after each wave it waits and promotes:
@@ -44,10 +46,14 @@
 #define F8_BOX_BYTES (F8_BOX_ROWS * 128)
 #define F8_B_BYTES (F8_BN * 128)
 #define F8_STAGE_BYTES (F8_A_BYTES + F8_B_BYTES)
-/* the producer threads' cp.async, the TMA bytes, and the weight scales' writer (F8_WSC_THREAD) */
+/* the producer threads' cp.async, the TMA bytes, and the weight scales' writer (F8_WSC_THREAD);
+ * with A by TMA only the last two */
 #define F8_FULL_ARRIVALS (128 + 1 + 1)
-/* A stage's scales beside its operands: the A rows' [0, F8_BM), then the two weight blocks' */
-#define F8_SC_STRIDE (F8_BM + 4)
+#define F8_FULL_ARRIVALS_TMA (1 + 1)
+/* the A rows' scales of a stage: with A by TMA, a bulk copy from the 16-byte boundary at or
+ * before the tile's first row (F8Tiles shift), so 4 more */
+#define F8_SCA_FLOATS (F8_BM + 4)
+#define F8_SCA_BYTES (F8_SCA_FLOATS * 4)
 #define F8_WSC_THREAD 32 /* a producer thread of another warp than the TMA issuer's */
 /* every consumer thread: each one reads the stage's scales (not only wgmma its operands), and
  * its own arrival orders those reads before the producer's next writes */
@@ -65,17 +71,19 @@ struct F8Tiles {
     uint64_t full[F8_TILE_SLOTS];  /* 128 producer arrivals: tile and rows written */
     uint64_t empty[F8_TILE_SLOTS]; /* 1 arrival: the consumers have read the slot */
     long long e[F8_TILE_SLOTS], nb[F8_TILE_SLOTS];
+    int shift[F8_TILE_SLOTS]; /* A by TMA: the first row's scale at [shift] of a stage's */
     long long row[F8_TILE_SLOTS][F8_BM];
 };
 
 typedef struct F8Params {
-    CUtensorMap map_w; /* the weights as [E, rows, depth] bytes */
+    CUtensorMap map_w;  /* the weights as [E, rows, depth] bytes */
+    CUtensorMap map_a;  /* A by TMA: codes [blocks, rows, depth] bytes (Fp8WsExtra tma_*) */
     Fp8Gemm g;
     Fp8WsExtra x;
 } F8Params;
 
 #define F8_STATIC_SMEM                                                                           \
-    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * F8_SC_STRIDE * 4 + 256)
+    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * (F8_SCA_BYTES + 8) + 384)
 
 #ifdef MOE_WGMMA_DEVICE
 /* One stage: d = A (64 rows at a0) x B (128 rows at b0) over 128 bytes of depth, in order. */
@@ -132,10 +140,10 @@ static __device__ __forceinline__ int f8_box_row(const Fp8Gemm &p, long long nb,
     return (int)(nb * F8_BN + box * F8_BOX_ROWS);
 }
 
-template <bool GATE>
+template <bool GATE, bool ATMA>
 static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, F8Tiles &tl,
-                                                  float *scs)
+                                                  float *sca, float *scw)
 {
     const Fp8Gemm &p = P.g;
     const Fp8WsExtra &x = P.x;
@@ -156,6 +164,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                        &count);
             tl.e[slot] = e;
             tl.nb[slot] = nb;
+            tl.shift[slot] = ATMA ? (int)(first % x.tma_rows) & 3 : 0;
             first_s = first;
             count_s = count;
         }
@@ -181,10 +190,14 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         moe_sync<F8_BAR_PRODUCER, 128>();         /* first_s, count_s read by all */
         if (e < 0)
             break;
+        /* A by TMA: the tile's rows are rows q0.. of block pp of the map (a tile never spans
+         * two blocks), past its count another expert's or zeros, which no epilogue stores */
+        const int tma_pp = ATMA ? (int)(first / x.tma_rows) : 0;
+        const int tma_q0 = ATMA ? (int)(first % x.tma_rows) : 0;
         /* the scales go with the stage, so that no consumer waits on a global load: row tid's
          * A scale by cp.async (0 past the tile), the weight blocks' read a stage ahead */
         const float *a_sc = nullptr;
-        if (tid < count) {
+        if (!ATMA && tid < count) {
             const long long row = tl.row[slot][tid];
             a_sc = x.a_sc + (row / x.div) * x.sc_p + (row % x.div) * x.sc_q;
         }
@@ -199,7 +212,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
         for (long long kb = 0; kb < nkb; kb++) {
             const uint32_t stage = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t fb = smem_u32(&full[ps.stage]);
-            float *sc = scs + ps.stage * F8_SC_STRIDE;
+            float *sc = sca + ps.stage * F8_SCA_FLOATS;
             hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
             if (tid == F8_WSC_THREAD) {
                 float swa_next = 0.0f, swb_next = 0.0f;
@@ -207,20 +220,29 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                     swa_next = fp8_w_scale(p.ws, e, rb_a, kb + 1);
                     swb_next = live_b ? fp8_w_scale(p.ws, e, rb_b, kb + 1) : 0.0f;
                 }
-                sc[F8_BM] = swa;
-                sc[F8_BM + 1] = swb;
+                scw[2 * ps.stage] = swa;
+                scw[2 * ps.stage + 1] = swb;
                 hp_mbar_arrive(fb); /* release: the two stores */
                 swa = swa_next;
                 swb = swb_next;
             }
             if (tid == 0) {
-                hp_mbar_arrive_tx(fb, F8_B_BYTES);
+                hp_mbar_arrive_tx(fb, ATMA ? F8_B_BYTES + F8_A_BYTES + F8_SCA_BYTES : F8_B_BYTES);
 #pragma unroll
                 for (int b = 0; b < 4; b++)
                     hp_tma_load_3d(stage + F8_A_BYTES + b * F8_BOX_BYTES, &P.map_w, fb,
                                    (int)(kb * F8_BK), f8_box_row<GATE>(p, nb, b), (int)e);
+                if (ATMA) {
+                    hp_tma_load_3d(stage, &P.map_a, fb, (int)(kb * F8_BK), tma_q0, tma_pp);
+                    hp_bulk_load(smem_u32(sc),
+                                 x.tma_sc + ((long long)tma_pp * nkb + kb) * x.tma_rows_pad +
+                                     (tma_q0 & ~3),
+                                 F8_SCA_BYTES, fb);
+                }
             }
-            if (p.vec_a) {
+            if (ATMA) {
+                /* the stage is the TMA's and the scales thread's */
+            } else if (p.vec_a) {
 #pragma unroll
                 for (int i = 0; i < ROWS; i++)
                     cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
@@ -271,11 +293,11 @@ static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (
     }
 }
 
-template <bool GATE>
+template <bool GATE, bool ATMA>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
                                                   uint32_t sbase, uint64_t *full, uint64_t *empty,
-                                                  F8Tiles &tl, const float *scs, float *buf,
-                                                  uint32_t tabs)
+                                                  F8Tiles &tl, const float *sca,
+                                                  const float *scw, float *buf, uint32_t tabs)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
@@ -292,6 +314,7 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
         hp_mbar_wait(smem_u32(&tl.full[slot]), ts.phase);
         ts.advance();
         const long long e = tl.e[slot], nb = tl.nb[slot];
+        const int shift = ATMA ? tl.shift[slot] : 0;
         const long long row[2] = {e >= 0 ? tl.row[slot][r0] : -1,
                                   e >= 0 ? tl.row[slot][r0 + 8] : -1};
         /* a warpgroup whose 64 rows hold no slot (decode tiles) only passes the stages on */
@@ -312,13 +335,15 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
                 continue;
             }
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
-            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+            if (!ATMA)
+                hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
             const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + F8_A_BYTES;
             /* this thread's two rows' A scales and the weight blocks', read before the stage
              * is released */
-            const float *sc = scs + ps.stage * F8_SC_STRIDE;
-            const float s_lo = sc[r0], s_hi = sc[r0 + 8], swa = sc[F8_BM], swb = sc[F8_BM + 1];
+            const float *sc = sca + ps.stage * F8_SCA_FLOATS + shift;
+            const float s_lo = sc[r0], s_hi = sc[r0 + 8];
+            const float swa = scw[2 * ps.stage], swb = scw[2 * ps.stage + 1];
             /* wave 0: weight rows [0, 128) */
             pin(acc);
             f8_block(acc, a0, b0);
@@ -351,7 +376,9 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
 }
 #endif
 
-template <bool GATE>
+/* ATMA: A by TMA (Fp8WsExtra a_tma); a template argument, so that neither producer pays for
+ * the other's branches in its stage loop */
+template <bool GATE, bool ATMA>
 __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_constant__ F8Params P)
 {
 #ifdef MOE_WGMMA_DEVICE
@@ -359,14 +386,15 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
     __shared__ uint64_t full[F8_STAGES], empty[F8_STAGES];
     __shared__ F8Tiles tl;
     __shared__ __align__(8) float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
-    __shared__ __align__(16) float scs[F8_STAGES * F8_SC_STRIDE]; /* the stages' scales */
+    __shared__ __align__(16) float sca[F8_STAGES * F8_SCA_FLOATS]; /* stages' A rows' scales */
+    __shared__ __align__(8) float scw[F8_STAGES * 2];       /* and weight blocks' */
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
                            F8_STAGES * F8_STAGE_BYTES);
     if (threadIdx.x == 0) {
         for (int st = 0; st < F8_STAGES; st++) {
-            hp_mbar_init(smem_u32(&full[st]), F8_FULL_ARRIVALS);
+            hp_mbar_init(smem_u32(&full[st]), ATMA ? F8_FULL_ARRIVALS_TMA : F8_FULL_ARRIVALS);
             hp_mbar_init(smem_u32(&empty[st]), F8_EMPTY_ARRIVALS);
         }
         for (int st = 0; st < F8_TILE_SLOTS; st++) {
@@ -375,8 +403,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
         }
         hp_mbar_init_fence();
     }
-    if (threadIdx.x == 32)
+    if (threadIdx.x == 32) {
         hp_tma_prefetch(&P.map_w);
+        if (ATMA)
+            hp_tma_prefetch(&P.map_a);
+    }
     if (threadIdx.x >= 64 && threadIdx.x < 128)
         exp_tab[threadIdx.x - 64] = MF_EXP_TABLE[threadIdx.x - 64];
     __syncthreads();
@@ -385,10 +416,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
      * them in registers, and the producer, idle most of the time, spills a few instead. */
     if (threadIdx.x < 128) {
         hp_regs_dec<40>();
-        f8_produce<GATE>(P, sbase, full, empty, tl, scs);
+        f8_produce<GATE, ATMA>(P, sbase, full, empty, tl, sca, scw);
     } else {
         hp_regs_inc<232>();
-        f8_consume<GATE>(P.g, P.x, sbase, full, empty, tl, scs, buf + (threadIdx.x - 128),
+        f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw, buf + (threadIdx.x - 128),
                          (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else
@@ -419,6 +450,38 @@ int moe_fp8_weights_map(const cuda_state *s, const Fp8Gemm *g, int gate, unsigne
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/*
+ * A's map (Fp8WsExtra tma_*): codes in boxes of 128 rows x 128 bytes, swizzled as the
+ * weights' are; NULL map: only whether. The scales need 16-byte aligned columns for their
+ * bulk copies (a multiple of 4 rows).
+ */
+static int a_map(const cuda_state *s, const Fp8WsExtra *x, long long depth, CUtensorMap *map)
+{
+    if (!s->tensor_map_encode || !x->tma_a || !x->tma_sc || depth % F8_BK != 0 ||
+        depth >= INT_MAX || x->tma_rows <= 0 || x->tma_rows >= INT_MAX || x->tma_blocks <= 0 ||
+        x->tma_blocks >= INT_MAX || x->tma_rows_pad < x->tma_rows || x->tma_rows_pad % 4 != 0 ||
+        ((uintptr_t)x->tma_a & 15u) != 0 || ((uintptr_t)x->tma_sc & 15u) != 0 ||
+        x->tma_row_s % 16 != 0 || x->tma_block_s % 16 != 0 || x->tma_row_s <= 0 ||
+        (x->tma_blocks > 1 && x->tma_block_s <= 0))
+        return 0;
+    f8_encode_fn encode = (f8_encode_fn)s->tensor_map_encode;
+    CUtensorMap scratch_map;
+    const long long block_s = x->tma_blocks > 1 ? x->tma_block_s : x->tma_row_s * x->tma_rows;
+    const cuuint64_t dims[3] = {(cuuint64_t)depth, (cuuint64_t)x->tma_rows,
+                                (cuuint64_t)x->tma_blocks};
+    const cuuint64_t strides[2] = {(cuuint64_t)x->tma_row_s, (cuuint64_t)block_s};
+    const cuuint32_t box[3] = {F8_BK, F8_BM, 1}, estride[3] = {1, 1, 1};
+    return encode(map ? map : &scratch_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)x->tma_a,
+                  dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int moe_fp8_ws_a_tma_ok(const cuda_state *s, const Fp8WsExtra *x, long long depth)
+{
+    return a_map(s, x, depth, NULL);
+}
+
 int moe_fp8_ws_usable(const cuda_state *s)
 {
     return moe_wgmma_usable(s) && s->tensor_map_encode &&
@@ -430,13 +493,13 @@ int moe_fp8_ws_weights_ok(const cuda_state *s, const Fp8Gemm *g, int gate)
     return moe_fp8_weights_map(s, g, gate, F8_BOX_ROWS, NULL);
 }
 
-template <bool GATE>
+template <bool GATE, bool ATMA>
 static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op,
                              const Fp8Gemm *g, const Fp8WsExtra *x)
 {
-    void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE>;
+    void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE, ATMA>;
     MF_TRY(moe_ready_smem(ctx, s, op, kern, F8_SMEM, F8_SMEM + F8_STATIC_SMEM,
-                          &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0)),
+                          &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0) + (ATMA ? 2 : 0)),
                           "cudaFuncSetAttribute(moe_fp8_ws_kernel)"));
     if (!g)
         return MOEFUSE_OK;
@@ -447,11 +510,16 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                         "%s: internal error: the driver refused the FP8 weights' tensor map "
                         "after accepting them",
                         op);
+    if (x->a_tma && !a_map(s, x, g->depth, &P.map_a))
+        return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                        "%s: internal error: the driver refused A's tensor map after "
+                        "accepting it",
+                        op);
     P.g = *g;
     P.x = *x;
     const long long tiles = x->lin_bound;
     const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
-    moe_fp8_ws_kernel<GATE><<<grid > 0 ? grid : 1, F8_THREADS, F8_SMEM, s->stream>>>(P);
+    kern<<<grid > 0 ? grid : 1, F8_THREADS, F8_SMEM, s->stream>>>(P);
     return mf_cuda_launched(ctx, op,
                             GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
 }
@@ -459,7 +527,10 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
 moefuse_status moe_fp8_ws_launch(moefuse_context *ctx, cuda_state *s, const char *op, int gate,
                                  const Fp8Gemm *g, const Fp8WsExtra *x)
 {
-    return gate ? launch<true>(ctx, s, op, g, x) : launch<false>(ctx, s, op, g, x);
+    const bool tma = x && x->a_tma;
+    if (gate)
+        return tma ? launch<true, true>(ctx, s, op, g, x) : launch<true, false>(ctx, s, op, g, x);
+    return tma ? launch<false, true>(ctx, s, op, g, x) : launch<false, false>(ctx, s, op, g, x);
 }
 
 /* One block: the prefix of m-tiles per expert (thread 0), then each expert's tiles. */
@@ -494,6 +565,58 @@ moefuse_status moe_fp8_ws_masked_tiles(moefuse_context *ctx, cuda_state *s, cons
                                                          g->tmax, tiles, tile_expert, row_start,
                                                          row_end);
     return mf_cuda_launched(ctx, op, "fp8_ws_masked_tiles_kernel");
+}
+
+/*
+ * One warp a row: routed, list entry p's A row copied to row p of tma_a (16-byte chunks) and
+ * its scales to column p; masked, the scales of row (e, t) to column t of block e.
+ */
+__global__ void fp8_ws_a_copy_kernel(Fp8WsExtra x, Fp8WsASource src, const long long *count,
+                                     long long depth)
+{
+    const long long nkb = depth / F8_BK;
+    const long long rows = x.list ? x.tma_rows : x.tma_blocks * x.tma_rows;
+    long long n = rows;
+    if (x.list) {
+        n = *count; /* device data: clamped */
+        n = n < 0 ? 0 : (n > rows ? rows : n);
+    }
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+    for (long long r = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; r < n;
+         r += warps) {
+        long long blk = 0, col = r, srow = 0;
+        if (x.list) {
+            long long slot = x.list[r];
+            slot = slot < 0 ? 0 : (slot >= x.tma_rows ? x.tma_rows - 1 : slot); /* S slots */
+            const long long pp = slot / src.div, q = slot % src.div;
+            srow = src.scale_by_p ? pp : slot;
+            const uint4 *from = (const uint4 *)(src.a + pp * src.a_s0 + q * src.a_s1);
+            uint4 *to = (uint4 *)(x.tma_a + r * x.tma_row_s);
+            for (long long c = lane; c < depth / 16; c += 32)
+                to[c] = from[c];
+        } else {
+            blk = r / x.tma_rows;
+            col = r % x.tma_rows;
+            srow = col;
+        }
+        float *sc = (float *)x.tma_sc + blk * nkb * x.tma_rows_pad + col;
+        for (long long b = lane; b < nkb; b += 32)
+            sc[b * x.tma_rows_pad] = fp8_act_scale(src.as, blk, srow, b);
+    }
+}
+
+moefuse_status moe_fp8_ws_a_copy(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const Fp8WsExtra *x, const Fp8WsASource *src,
+                                 const long long *count, long long depth)
+{
+    const long long rows = x->list ? x->tma_rows : x->tma_blocks * x->tma_rows;
+    if (rows == 0)
+        return MOEFUSE_OK;
+    const long long want = (rows + 7) / 8;
+    const unsigned grid = (unsigned)(want < 8L * s->sm_count ? want : 8L * s->sm_count);
+    fp8_ws_a_copy_kernel<<<grid, 256, 0, s->stream>>>(*x, *src, count, depth);
+    return mf_cuda_launched(ctx, op, "fp8_ws_a_copy_kernel");
 }
 
 __global__ void fp8_ws_dense_scales_kernel(Fp8ActScales v, float *out, long long blocks,

@@ -31,7 +31,29 @@ typedef struct Fp8WsExtra {
     /* the f32 scale of A row (p, q), depth block b: a_sc[p * sc_p + q * sc_q + b] */
     const float *a_sc;
     long long sc_p, sc_q;
+    /*
+     * A by TMA (a_tma 1): entry row r is row r % tma_rows of block r / tma_rows of a tensor
+     * [tma_blocks, tma_rows, depth] of codes (row stride tma_row_s, block stride tma_block_s
+     * bytes), its scales f32 [tma_blocks, depth / 128, tma_rows_pad] (a stage's 128 rows
+     * consecutive; 128 floats readable past the end). Routed: the rows copied into list order
+     * (moe_fp8_ws_a_copy); masked: x or h itself. a_tma 0: the rows gathered by cp.async with
+     * the scales above.
+     */
+    int a_tma;
+    const uint8_t *tma_a;
+    long long tma_rows, tma_blocks, tma_row_s, tma_block_s;
+    const float *tma_sc;
+    long long tma_rows_pad;
 } Fp8WsExtra;
+
+/* What moe_fp8_ws_a_copy reads: A's codes and scales at entry (p, q) as the gather does. */
+typedef struct Fp8WsASource {
+    const uint8_t *a;
+    long long a_s0, a_s1;
+    Fp8ActScales as;
+    long long div;     /* entry row = p * div + q */
+    int scale_by_p;    /* scale row p (the gate's x: a token) rather than p * div + q */
+} Fp8WsASource;
 
 /* The kernel is built (sm_90a) and this device and driver can run it. */
 int moe_fp8_ws_usable(const cuda_state *s);
@@ -51,6 +73,19 @@ moefuse_status moe_fp8_ws_launch(moefuse_context *ctx, cuda_state *s, const char
 moefuse_status moe_fp8_ws_masked_tiles(moefuse_context *ctx, cuda_state *s, const char *op,
                                        const Fp8Gemm *g, long long *tiles, int *tile_expert,
                                        long long *row_start, long long *row_end);
+/*
+ * Whether A as x describes it (tma_* set, a_tma ignored) can be loaded by TMA: 16-byte aligned
+ * rows and a driver that takes the two tensor maps.
+ */
+int moe_fp8_ws_a_tma_ok(const cuda_state *s, const Fp8WsExtra *x, long long depth);
+/*
+ * Prepares A for TMA. Routed (list non-NULL): the rows of list entries [0, *count) copied from
+ * src into list order at x->tma_a, and their scales; masked (list NULL): only the scales of
+ * every (e, t < Tmax), A being used in place. count: the route's offs + E (device data).
+ */
+moefuse_status moe_fp8_ws_a_copy(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const Fp8WsExtra *x, const Fp8WsASource *src,
+                                 const long long *count, long long depth);
 /* A rows' scales of any act layout as dense f32 [blocks, rows, groups]. */
 moefuse_status moe_fp8_ws_dense_scales(moefuse_context *ctx, cuda_state *s, const char *op,
                                        const Fp8ActScales *v, float *out, long long blocks,
