@@ -7,7 +7,7 @@
 #include <string.h>
 
 enum { MR = MF_GEMM_MR, NR = MF_GEMM_NR, KC = MF_GEMM_KC };
-_Static_assert(MF_GEMM_STREAM_TILE * MF_GEMM_STREAM_KC <= MF_GEMM_A_PACK,
+_Static_assert(MF_GEMM_STREAM_TILE * MF_GEMM_STREAM_LDA(MF_GEMM_STREAM_KC) <= MF_GEMM_A_PACK,
                "a streamed block's A rows fit a_pack");
 
 /* c[MR x NR] (stride ldc) += a_panel[kc x MR] * b_panel[kc x NR], k in order. */
@@ -139,11 +139,12 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
         b->shape[1] > 1 ? b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype) : 0;
     for (int64_t k0 = 0; k0 < depth; k0 += MF_GEMM_STREAM_KC) {
         const int64_t kc = depth - k0 < MF_GEMM_STREAM_KC ? depth - k0 : MF_GEMM_STREAM_KC;
+        const int64_t lda = MF_GEMM_STREAM_LDA(kc);
         for (int64_t i = 0; i < ms; i++) {
             if (a_rows[i] < 0)
-                memset(s->a_pack + i * kc, 0, (size_t)kc * sizeof(float));
+                memset(s->a_pack + i * lda, 0, (size_t)kc * sizeof(float));
             else
-                mf_load_row(s->a_pack + i * kc, a_row(a, a_rank3, topk, a_rows[i], k0),
+                mf_load_row(s->a_pack + i * lda, a_row(a, a_rank3, topk, a_rows[i], k0),
                             a->dtype, kc);
         }
         const char *wbase = mf_at3(b, lead, 0, k0);
@@ -151,7 +152,7 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
         for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
             const int64_t nc = ncols - n0 < 16 ? ncols - n0 : 16;
             for (int64_t i0 = 0; i0 < ms; i0 += per)
-                kern->gemm_stream(s->a_pack + i0 * kc, kc, ms - i0 < per ? ms - i0 : per, wbase,
+                kern->gemm_stream(s->a_pack + i0 * lda, lda, ms - i0 < per ? ms - i0 : per, wbase,
                                   wrow_bytes, b->dtype, b_rows + n0, nc, kc, c + i0 * ldc + n0,
                                   ldc);
         }

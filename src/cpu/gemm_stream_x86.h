@@ -63,7 +63,10 @@ L void step8(const float *a, int64_t lda, const char *const rows[16], int bf16, 
     for (int j = 0; j < 8; j++)
         r[j] = load8(rows[8 * h + j], k, bf16);
     transpose8(r);
+    /* unrolled: a loop over q keeps r in memory, and its chains apart from the other half's */
+#pragma GCC unroll 8
     for (int q = 0; q < 8; q++)
+#pragma GCC unroll 8
         for (int i = 0; i < ms; i++)
             acc[i][h] = _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda + k + q]), r[q], acc[i][h]);
 }
