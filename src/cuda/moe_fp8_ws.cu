@@ -379,7 +379,8 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
 /* ATMA: A by TMA (Fp8WsExtra a_tma); a template argument, so that neither producer pays for
  * the other's branches in its stage loop */
 template <bool GATE, bool ATMA>
-__global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_constant__ F8Params P)
+__global__ void __launch_bounds__(F8_THREADS, 1)
+    moe_fp8_ws_kernel(const __grid_constant__ F8Params P)
 {
 #ifdef MOE_WGMMA_DEVICE
     extern __shared__ uint4 smem_raw[];
@@ -419,8 +420,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1) moe_fp8_ws_kernel(const __grid_
         f8_produce<GATE, ATMA>(P, sbase, full, empty, tl, sca, scw);
     } else {
         hp_regs_inc<232>();
-        f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw, buf + (threadIdx.x - 128),
-                         (uint32_t)__cvta_generic_to_shared(exp_tab));
+        f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw,
+                               buf + (threadIdx.x - 128),
+                               (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
@@ -569,7 +571,8 @@ moefuse_status moe_fp8_ws_masked_tiles(moefuse_context *ctx, cuda_state *s, cons
 
 /*
  * One warp a row: routed, list entry p's A row copied to row p of tma_a (16-byte chunks) and
- * its scales to column p; masked, the scales of row (e, t) to column t of block e.
+ * its scales to column p; masked, the scales of row (e, t) to column t of block e (every
+ * t < Tmax, as the dense scales' copy does: no tile stores a row past n[e]).
  */
 __global__ void fp8_ws_a_copy_kernel(Fp8WsExtra x, Fp8WsASource src, const long long *count,
                                      long long depth)
