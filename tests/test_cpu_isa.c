@@ -823,7 +823,7 @@ START_TEST(t_gemm_stream_exact)
         levels++;
         for (int n = 0; n < 40; n++) {
             const int bf16 = n % 2;
-            const int64_t ms = h_randint(1, kern->gemm_stream_ms), kc = Ks[h_randint(0, 9)];
+            const int64_t ms = h_randint(1, MF_GEMM_STREAM_TILE), kc = Ks[h_randint(0, 9)];
             /* c's rows have room for the columns up to the next multiple of 16 (rows_isa.h) */
             const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40);
             const int64_t ldc = (ncols + 15) / 16 * 16 + h_randint(0, 3);

@@ -122,8 +122,8 @@ static void pack(float *restrict dst, int64_t p, const moefuse_tensor *t, int ra
 }
 
 /* Few A rows: the weights streamed unpacked by the level's kernel, the A rows widened to f32
- * per cache block of depth; more rows than the kernel takes go in groups, 16 columns at a time.
- * False where the level or the weights' dtype has no such kernel. */
+ * per cache block of depth (the kernel takes them in groups, 16 columns at a time). False where
+ * the level or the weights' dtype has no such kernel. */
 static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
                         const int64_t *a_rows, int64_t ms, const moefuse_tensor *b, int64_t lead,
                         const int64_t *b_rows, int64_t ncols, int64_t depth, float *c,
@@ -147,15 +147,8 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
                 mf_load_row(s->a_pack + i * lda, a_row(a, a_rank3, topk, a_rows[i], k0),
                             a->dtype, kc);
         }
-        const char *wbase = mf_at3(b, lead, 0, k0);
-        const int64_t per = kern->gemm_stream_ms;
-        for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
-            const int64_t nc = ncols - n0 < 16 ? ncols - n0 : 16;
-            for (int64_t i0 = 0; i0 < ms; i0 += per)
-                kern->gemm_stream(s->a_pack + i0 * lda, lda, ms - i0 < per ? ms - i0 : per, wbase,
-                                  wrow_bytes, b->dtype, b_rows + n0, nc, kc, c + i0 * ldc + n0,
-                                  ldc);
-        }
+        kern->gemm_stream(s->a_pack, lda, ms, mf_at3(b, lead, 0, k0), wrow_bytes, b->dtype,
+                          b_rows, ncols, kc, c, ldc);
     }
     return true;
 }

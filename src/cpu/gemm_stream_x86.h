@@ -109,6 +109,84 @@ L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf
             _mm256_storeu_ps(c + i * ldc + 8 * h, acc[i][h]);
 }
 
+/* Depth positions of a transposed panel: 16 columns of them are 4 KiB, in L1. */
+#define GS_PANEL_K 64
+
+/* panel[q * 16 + j] = w_j[k + q], q < kb: sixteen columns' weights transposed once. */
+L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, float *panel)
+{
+    int64_t q = 0;
+    for (; q + 8 <= kb; q += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = load8(rows[8 * h + j], k + q, bf16);
+            transpose8(r);
+            for (int t = 0; t < 8; t++)
+                _mm256_store_ps(panel + (q + t) * 16 + 8 * h, r[t]);
+        }
+    for (; q < kb; q++)
+        for (int j = 0; j < 16; j++)
+            panel[q * 16 + j] = load1(rows[j], k + q, bf16);
+}
+
+/* MS rows times a panel: acc[i][h] += a[i][k + q] * panel[q][8 h ..] in q order. */
+L void rows_panel(const float *a, int64_t lda, const float *panel, int64_t k, int64_t kb,
+                  float *c, int64_t ldc, const int ms)
+{
+    __m256 acc[GS_MS][2];
+    for (int i = 0; i < ms; i++)
+        for (int h = 0; h < 2; h++)
+            acc[i][h] = _mm256_loadu_ps(c + i * ldc + 8 * h);
+#pragma GCC unroll 2
+    for (int64_t q = 0; q < kb; q++) {
+        const __m256 w0 = _mm256_load_ps(panel + q * 16), w1 = _mm256_load_ps(panel + q * 16 + 8);
+#pragma GCC unroll 8
+        for (int i = 0; i < ms; i++) {
+            const __m256 x = _mm256_set1_ps(a[i * lda + k + q]);
+            acc[i][0] = _mm256_fmadd_ps(x, w0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(x, w1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < ms; i++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(c + i * ldc + 8 * h, acc[i][h]);
+}
+
+/*
+ * More rows than a group (GS_MS): each 16 columns' weights are transposed once a panel of
+ * GS_PANEL_K depth positions, and every group of rows multiplies that panel; streaming each
+ * group on its own transposed every weight once a group.
+ */
+L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *const rows[16],
+                        int bf16, int64_t kc, float *c, int64_t ldc)
+{
+    float panel[GS_PANEL_K * 16] __attribute__((aligned(32)));
+    for (int64_t k0 = 0; k0 < kc; k0 += GS_PANEL_K) {
+        const int64_t kb = kc - k0 < GS_PANEL_K ? kc - k0 : GS_PANEL_K;
+        panel16(rows, bf16, k0, kb, panel);
+        for (int64_t i0 = 0; i0 < ms; i0 += GS_MS) {
+            const float *ai = a + i0 * lda;
+            float *ci = c + i0 * ldc;
+#define GS_PANEL_CASE(n)                                                                          \
+    case n: rows_panel(ai, lda, panel, k0, kb, ci, ldc, n); break;
+            switch (ms - i0 < GS_MS ? ms - i0 : GS_MS) {
+                GS_PANEL_CASE(1)
+                GS_PANEL_CASE(2)
+                GS_PANEL_CASE(3)
+#if GS_MS > 4
+                GS_PANEL_CASE(4)
+                GS_PANEL_CASE(5)
+                GS_PANEL_CASE(6)
+                GS_PANEL_CASE(7)
+#endif
+            default: rows_panel(ai, lda, panel, k0, kb, ci, ldc, GS_MS); break;
+            }
+#undef GS_PANEL_CASE
+        }
+    }
+}
+
 void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t wrow_bytes,
            moefuse_dtype wdt, const int64_t *b_rows, int64_t ncols, int64_t kc, float *c,
            int64_t ldc)
@@ -119,6 +197,10 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
         for (int j = 0; j < 16; j++) {
             const int64_t id = n0 + j < ncols ? b_rows[n0 + j] : -1;
             rows[j] = id >= 0 ? wbase + id * wrow_bytes : (const char *)zero_row;
+        }
+        if (ms > GS_MS) {
+            columns16_groups(a, lda, ms, rows, bf16, kc, c + n0, ldc);
+            continue;
         }
         /* the row count fixed at compile time: the accumulators stay in registers */
 #define GS_CASE(n)                                                                                \

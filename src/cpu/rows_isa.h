@@ -76,7 +76,7 @@ typedef struct mf_cpu_row_kernels {
     /* y[i] = mf_exp_f32(x[i]) (for the exhaustive check of the vector exp) */
     void (*exp_array)(const float *x, float *y, int64_t n);
     /*
-     * Optional (NULL: the packed GEMM of gemm.c). c[i][n] (i < ms <= gemm_stream_ms, n <
+     * Optional (NULL: the packed GEMM of gemm.c). c[i][n] (i < ms <= MF_GEMM_STREAM_TILE, n <
      * ncols, row stride ldc) += a[i][k] * w_n[k] for k = 0 .. kc-1 in order, one fmaf each
      * (the packed GEMM's bits): a holds ms rows of kc floats (stride lda), w_n is the weight
      * row of b_rows[n] at wbase + b_rows[n] * wrow_bytes (f32 or bf16; b_rows[n] < 0 or n past
@@ -86,7 +86,7 @@ typedef struct mf_cpu_row_kernels {
     void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                         int64_t ncols, int64_t kc, float *c, int64_t ldc);
-    int gemm_stream_ms; /* the most A rows gemm_stream takes */
+    int gemm_stream_ms; /* the A rows gemm_stream keeps in registers at a time (a group) */
     /*
      * Optional (NULL: a scalar loop in gemm.c). The packed GEMM's weight panel from 16 rows of
      * kc floats: d[k * 16 + i] = tmp[i * kc + k] for i < 16 and k < kc.
