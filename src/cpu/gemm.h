@@ -25,8 +25,9 @@
  * Tiles of up to this many A rows stream the weights unpacked where the level has a stream tile
  * (gemm_stream_x86.h): for a few dozen rows, packing the weights costs more than the products.
  * The tile takes the level's rows at a time (mf_cpu_row_kernels.gemm_stream_ms: AVX2 4,
- * AVX-512 8), 16 columns at a time, so that each group after the first finds those columns'
- * weights in L2. 48-row tiles were faster packed (2-core Zen 4, Mixtral M=256 bf16); an
+ * AVX-512 8), 16 columns at a time; with more rows, every group multiplies one transposed
+ * panel of those columns (gemm_stream_x86.h). 48-row tiles were faster packed (2-core Zen 4,
+ * Mixtral M=256 bf16, before the shared panel); an
  * expert's slots go in tiles of near-equal size of at most MF_GEMM_MB (moe_slots.c), so that
  * 64 or 128 are one packed tile (132 rows: 10-14% faster than 72 at 128 slots an expert).
  */

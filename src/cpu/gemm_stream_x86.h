@@ -7,8 +7,9 @@
  * from the value in c.
  *
  * Included by gemm_stream_avx2.c and gemm_stream_avx512.c after their target pragma, with
- * GS_FN (the function's name) and GS_MS (the most A rows it takes): each row keeps two
- * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8.
+ * GS_FN (the function's name) and GS_MS (the A rows of a group): each row keeps two
+ * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8. A tile
+ * of more rows (up to MF_GEMM_STREAM_TILE) goes in groups over a shared transposed panel.
  * GS_PACK_FN, where defined, names the packed GEMM's panel transpose built from the same
  * eight-by-eight transposes.
  */
