@@ -756,8 +756,9 @@ static int exp_all(void)
 START_TEST(t_moe_gemm_levels)
 {
     static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
-    /* 17 tokens: tiles past MF_GEMM_STREAM_TILE slots, which the vector levels pack too */
-    static const int64_t Ms[] = {1, 2, 3, 4, 5, 9, 17},
+    /* 17 tokens: streamed tiles of several row groups; 70: tiles past MF_GEMM_STREAM_TILE
+     * slots (an expert of 70 or more), which the vector levels pack too */
+    static const int64_t Ms[] = {1, 2, 3, 4, 9, 17, 70},
                          Ks[] = {8, 13, 40, 256, 300, 517, 2100}, Is[] = {8, 24, 70};
     for (int n = 0; n < 36; n++) {
         const int64_t M = Ms[h_randint(0, 6)], E = h_randint(1, 4), k = h_randint(1, 3);

@@ -26,12 +26,13 @@
  * (gemm_stream_x86.h): for a few dozen rows, packing the weights costs more than the products.
  * The tile takes the level's rows at a time (mf_cpu_row_kernels.gemm_stream_ms: AVX2 4,
  * AVX-512 8), 16 columns at a time; with more rows, every group multiplies one transposed
- * panel of those columns (gemm_stream_x86.h). 48-row tiles were faster packed (2-core Zen 4,
- * Mixtral M=256 bf16, before the shared panel); an
- * expert's slots go in tiles of near-equal size of at most MF_GEMM_MB (moe_slots.c), so that
- * 64 or 128 are one packed tile (132 rows: 10-14% faster than 72 at 128 slots an expert).
+ * panel of those columns (gemm_stream_x86.h). With that panel, 64-row tiles stream faster than
+ * they pack (2-core Zen 4, Mixtral M=256: bf16 -7 to -14%, f32 -5%); before it, 48-row tiles
+ * were faster packed. An expert's slots go in tiles of near-equal size of at most MF_GEMM_MB
+ * (moe_slots.c), so that 64 slots are one streamed tile and 128 one packed tile (132 rows:
+ * 10-14% faster than 72 at 128 slots an expert).
  */
-#define MF_GEMM_STREAM_TILE 32
+#define MF_GEMM_STREAM_TILE 64
 /* Depth of one streamed block: long runs of each weight row, which the hardware prefetchers
  * follow (one thread, bf16 rows of 4096: 4.6 G weights a second at 256, 6.3 at 4096); the A
  * rows of a block fit the tile scratch's a_pack (MF_GEMM_A_PACK floats). */
