@@ -24,8 +24,8 @@
 /*
  * Tiles of up to this many A rows stream the weights unpacked where the level has a stream tile
  * (gemm_stream_x86.h): for a few dozen rows, packing the weights costs more than the products.
- * The tile takes the level's rows at a time (mf_cpu_row_kernels.gemm_stream_ms: AVX2 4,
- * AVX-512 8), 16 columns at a time; with more rows, every group multiplies one transposed
+ * The tile takes the level's rows in groups (AVX2 4, AVX-512 8: gemm_stream_x86.h's GS_MS),
+ * 16 columns at a time; with more rows, every group multiplies one transposed
  * panel of those columns (gemm_stream_x86.h). With that panel, 64-row tiles stream faster than
  * they pack (2-core Zen 4, Mixtral M=256: bf16 -7 to -14%, f32 -5%); before it, 48-row tiles
  * were faster packed. An expert's slots go in tiles of near-equal size of at most MF_GEMM_MB

@@ -124,7 +124,7 @@ L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, floa
                 r[j] = load8(rows[8 * h + j], k + q, bf16);
             transpose8(r);
             for (int t = 0; t < 8; t++)
-                _mm256_store_ps(panel + (q + t) * 16 + 8 * h, r[t]);
+                _mm256_storeu_ps(panel + (q + t) * 16 + 8 * h, r[t]);
         }
     for (; q < kb; q++)
         for (int j = 0; j < 16; j++)
@@ -223,23 +223,15 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
 }
 
 #ifdef GS_PACK_FN
-/* The packed GEMM's weight panel (rows_isa.h: pack_panel16), eight depth positions of eight
- * rows at a time: a scalar loop moved each value alone and took as long as the products. */
+/* The packed GEMM's weight panel (rows_isa.h: pack_panel16): the stream tile's panel16 over
+ * the 16 f32 rows of tmp. A scalar loop moved each value alone and took as long as the
+ * products. */
 void GS_PACK_FN(float *restrict d, const float *restrict tmp, int64_t kc)
 {
-    int64_t k = 0;
-    for (; k + 8 <= kc; k += 8)
-        for (int h = 0; h < 2; h++) {
-            __m256 r[8];
-            for (int j = 0; j < 8; j++)
-                r[j] = _mm256_loadu_ps(tmp + (8 * h + j) * kc + k);
-            transpose8(r);
-            for (int q = 0; q < 8; q++)
-                _mm256_storeu_ps(d + (k + q) * 16 + 8 * h, r[q]);
-        }
-    for (; k < kc; k++)
-        for (int i = 0; i < 16; i++)
-            d[k * 16 + i] = tmp[i * kc + k];
+    const char *rows[16];
+    for (int j = 0; j < 16; j++)
+        rows[j] = (const char *)(tmp + j * kc);
+    panel16(rows, 0, 0, kc, d);
 }
 #endif
 

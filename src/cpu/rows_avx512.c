@@ -32,9 +32,9 @@
 #define SIMD_ACT_TABLE 0
 /* silu in one pass: 32 registers hold an iteration's chain (rows_simd.h) */
 #define SIMD_SILU_ONE_PASS 1
-/* 8 rows: AVX512VL's 32 vector registers hold their accumulators (gemm_stream_avx512.c) */
+/* groups of 8 rows: AVX512VL's 32 vector registers hold their accumulators
+ * (gemm_stream_avx512.c) */
 #define SIMD_GEMM_STREAM mf_cpu_gemm_stream_avx512
-#define SIMD_GEMM_STREAM_MS 8
 
 typedef __m512 vf;
 typedef __m512i vi;

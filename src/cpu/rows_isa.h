@@ -86,7 +86,6 @@ typedef struct mf_cpu_row_kernels {
     void (*gemm_stream)(const float *a, int64_t lda, int64_t ms, const char *wbase,
                         int64_t wrow_bytes, moefuse_dtype wdt, const int64_t *b_rows,
                         int64_t ncols, int64_t kc, float *c, int64_t ldc);
-    int gemm_stream_ms; /* the A rows gemm_stream keeps in registers at a time (a group) */
     /*
      * Optional (NULL: a scalar loop in gemm.c). The packed GEMM's weight panel from 16 rows of
      * kc floats: d[k * 16 + i] = tmp[i * kc + k] for i < 16 and k < kc.

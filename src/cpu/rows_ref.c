@@ -118,6 +118,6 @@ static void exp_array_scalar(const float *x, float *y, int64_t n)
 const mf_cpu_row_kernels mf_cpu_rows_scalar = {
     MF_CPU_ISA_SCALAR,   "scalar",         quant_row_scalar,
     act_mul_row_scalar, dequant_span_scalar, exp_array_scalar,
-    NULL, 0, /* the packed GEMM */
+    NULL, /* the packed GEMM */
     NULL,    /* its panels packed by a scalar loop */
 };

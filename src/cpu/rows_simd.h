@@ -30,8 +30,8 @@
  *   SIMD_FN (function qualifiers), SIMD_ISA and SIMD_ISA_NAME (the level),
  *   SIMD_NAME (prefix of the kernels) and SIMD_TABLE (the kernel table's name);
  *   SIMD_ACT_TABLE: 1 where silu is faster gathered from the activation table than computed;
- *   optionally SIMD_GEMM_STREAM and SIMD_GEMM_STREAM_MS, the level's weight-stream tile and
- *   the most A rows it takes (rows_isa.h: gemm_stream; by default AVX2's, 4 rows);
+ *   optionally SIMD_GEMM_STREAM, the level's weight-stream tile (rows_isa.h: gemm_stream; by
+ *   default AVX2's);
  *   optionally SIMD_SILU_ONE_PASS 1: the computed silu in one pass, not two (needs 32
  *   registers: AVX2 was 10% slower with it, AVX-512 2-3% faster).
  */
@@ -40,7 +40,6 @@
 #endif
 #ifndef SIMD_GEMM_STREAM
 #define SIMD_GEMM_STREAM mf_cpu_gemm_stream_avx2
-#define SIMD_GEMM_STREAM_MS 4
 #endif
 
 #if !defined(SIMD_TABLE) || !defined(SIMD_ACT_TABLE)
@@ -649,5 +648,5 @@ static void SIMD_NAME(exp_array)(const float *x, float *y, int64_t n)
 const mf_cpu_row_kernels SIMD_TABLE = {
     SIMD_ISA,           SIMD_ISA_NAME,        SIMD_NAME(quant_row),
     SIMD_NAME(act_mul_row), SIMD_NAME(dequant_span), SIMD_NAME(exp_array),
-    SIMD_GEMM_STREAM,   SIMD_GEMM_STREAM_MS,  mf_cpu_pack_panel16_avx2,
+    SIMD_GEMM_STREAM,   mf_cpu_pack_panel16_avx2,
 };
