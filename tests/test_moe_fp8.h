@@ -6,7 +6,8 @@
 #include "harness.h"
 
 #define BLK 128
-/* NUMERICS.md: relative 2-norm error of out (and of dequantized h) of any backend */
+/* NUMERICS.md: relative 2-norm error of out and of dequantized h, the exact backends' (a
+ * Hopper path's h: h_code_step) */
 #define FP8_BOUND 2e-2
 /*
  * The CPU backend's dequantized h against the oracle's: a code may differ only where the f32
@@ -52,6 +53,12 @@ void oracle_x_row(const cfg *c, tbuf *x, tbuf *xs, int64_t e, int64_t t, uint8_t
 void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf *w1, tbuf *w1s, tbuf *b1,
                  int64_t e, uint8_t *hq, double *hs, double *hraw);
 int h_tie_flip(uint8_t got, uint8_t want, double raw, double s);
+/*
+ * One e4m3 code step at the larger of two dequantized h values, on the coarser of their two
+ * groups' scales (s_got, s_ref), with 1e-3 of it for the scales' own rounding: the most a
+ * Hopper path's h may be from the oracle's (NUMERICS.md).
+ */
+double h_code_step(double got, double ref, double s_got, double s_ref);
 void oracle_final(const cfg *c, const uint8_t *hq, const double *hs, tbuf *w2, tbuf *w2s, tbuf *b2,
                   int64_t e, double *y);
 double rel_err_nan(const char *what, const cfg *c, const double *got, const double *ref, size_t n,

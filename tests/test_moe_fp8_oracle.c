@@ -213,6 +213,15 @@ double rel_err_nan(const char *what, const cfg *c, const double *got, const doub
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+double h_code_step(double got, double ref, double s_got, double s_ref)
+{
+    const double sc = fmax(s_got, s_ref), q = fmax(fabs(got), fabs(ref)) / sc;
+    int e = 0;
+    frexp(q, &e); /* q in [2^(e-1), 2^e): e4m3 steps there are 2^(e-4), subnormals' 2^-9 */
+    const double step = q < 0x1p-6 ? 0x1p-9 : ldexp(1.0, e - 4);
+    return step * sc * 1.001;
+}
+
 int is_cpu(void) { return strcmp(h_backend(), "cpu") == 0; }
 
 /* Backends whose p_b are exact: bit for bit equal to the CPU backend. */

@@ -100,6 +100,7 @@ void run_routed(cfg c)
     double *y_chain = calloc((size_t)(S * K + 1), sizeof(double)), *y_lib = calloc((size_t)(S * K + 1), sizeof(double));
     double *got_y = malloc(sizeof(double) * (size_t)(S * K + 1));
     double *untied_h = malloc(sizeof(double) * (size_t)(S * I + 1)); /* got_h, ties as the oracle's */
+    double *step_h = malloc(sizeof(double) * (size_t)(S * I + 1)); /* one code step, see below */
     size_t nh = 0;
     uint8_t lq[4096];
     double ls[64], hraw[4096];
@@ -138,7 +139,9 @@ void run_routed(cfg c)
                 untied_h[nh] = h_tie_flip(lq[i], want, hraw[i], hsd[s * GI + i / BLK])
                                    ? f8val[want] * ls[i / BLK]
                                    : got_h[nh];
-                ref_h[nh++] = f8val[want] * hsd[s * GI + i / BLK];
+                ref_h[nh] = f8val[want] * hsd[s * GI + i / BLK];
+                step_h[nh] = h_code_step(got_h[nh], ref_h[nh], ls[i / BLK], hsd[s * GI + i / BLK]);
+                nh++;
             }
             oracle_final(&c, hq + s * I, hsd + s * GI, w2, w2s, b2, e, yr);
             oracle_final(&c, lq, ls, w2, w2s, b2, e, yl);
@@ -152,13 +155,13 @@ void run_routed(cfg c)
         }
     }
     const double herr = rel_err_nan("h (dequantized)", &c, got_h, ref_h, nh, 0.0);
+    const int hopper = !is_cpu() && !exact_backend();
     for (int64_t m = 0; m < M; m++)
         for (int64_t r = 0; r < K; r++) got_out[m * K + r] = tb_get(out, m, r, 0);
     const double floor = h_gemm_floor(c.odt);
     /* The final alone, against the final of the backend's own h: the CPU's one f32 fmaf per
      * block, then the output's rounding; a Hopper path's block sums too. End to end, only the
      * exact paths: a Hopper path's moved codes of h are held by h's bounds, not here. */
-    const int hopper = !is_cpu() && !exact_backend();
     const double fbound = h_gemm_bound(c.odt) + (hopper ? HOPPER_BLOCK_BOUND : 0.0);
     const double oerr_own = rel_err_nan("out", &c, got_out, out_lib, (size_t)(M * K), floor);
     const double oerr = rel_err_nan("out", &c, got_out, out_chain, (size_t)(M * K), floor);
@@ -174,7 +177,13 @@ void run_routed(cfg c)
         fprintf(stderr, "fp8 %s %s: h %.3g (%zu of %zu codes differ), out %.3g (vs the final of its own h %.3g)\n",
                 h_backend(), desc(&c), herr, ndiff, ncodes, oerr, oerr_own);
     }
-    HCHECK(herr <= FP8_BOUND, "h %s: rel err %.3g > %.3g", desc(&c), herr, FP8_BOUND);
+    /* a Hopper path's h, code by code (NUMERICS.md): a few codes of large values moved in a
+     * small problem can take its 2-norm past FP8_BOUND, which holds the exact paths */
+    HCHECK(hopper || herr <= FP8_BOUND, "h %s: rel err %.3g > %.3g", desc(&c), herr, FP8_BOUND);
+    for (size_t i = 0; hopper && i < nh; i++)
+        HCHECK(isnan(ref_h[i]) || fabs(got_h[i] - ref_h[i]) <= step_h[i],
+               "h %s: element %zu is %g, the oracle's %g: more than one code step (%g) apart", desc(&c), i,
+               got_h[i], ref_h[i], step_h[i]);
     if (is_cpu()) {
         const double uerr = rel_err_nan("h (dequantized)", &c, untied_h, ref_h, nh, 0.0);
         HCHECK(uerr <= CPU_H_BOUND, "h on the CPU, past rounding ties %s: rel err %.3g > %.3g", desc(&c), uerr,
@@ -227,7 +236,7 @@ void run_routed(cfg c)
         }
     }
     (void)ue;
-    free(qa), free(hq), free(sa), free(hsd), free(got_h), free(untied_h), free(ref_h), free(yr), free(yl);
+    free(qa), free(hq), free(sa), free(hsd), free(got_h), free(untied_h), free(step_h), free(ref_h), free(yr), free(yl);
     free(out_chain), free(out_lib), free(got_out), free(y_chain), free(y_lib), free(got_y), free(mapv);
     tb_free_all();
 }
