@@ -102,6 +102,18 @@ START_TEST(test_masked)
         const int32_t counts[5] = {-4, 0, (int32_t)Tmax + 7, (int32_t)h_randint(1, Tmax - 1), (int32_t)Tmax};
         run_masked(c, Tmax, counts);
     }
+    /* experts of several 128-row tiles, odd and even counts of them (the CUDA backend's
+     * large tile pairs two m-tiles of a column block, and an odd last one by columns) */
+    for (int i = 0; i < 2; i++) {
+        cfg c = base_cfg();
+        c.E = 4, c.K = i ? 640 : 256, c.I = i ? 128 : 256;
+        c.xdt = i ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16;
+        c.layout = i ? MOEFUSE_SCALE_COLUMN_MAJOR : MOEFUSE_SCALE_ROW_MAJOR;
+        c.bias = i;
+        const int64_t Tmax = 300;
+        const int32_t counts[4] = {300, 129, (int32_t)h_randint(1, 127), 256};
+        run_masked(c, Tmax, counts);
+    }
 }
 END_TEST
 
