@@ -22,6 +22,8 @@
  * dtype's bound (h_gemm_bound): its block sums, measured off by 2.4e-4 */
 #define HOPPER_BLOCK_BOUND 1e-3
 #define TIE_REL 1e-5
+/* NUMERICS.md: a Hopper path's block sum within this much of the sum of its products' magnitudes */
+#define HOPPER_SUM_REL 0x1p-12
 
 typedef struct {
     int64_t M, K, I, E, k, Eg;
@@ -51,12 +53,13 @@ void zero_logical(tbuf *tb);
 void fill_x_row(const cfg *c, tbuf *x, tbuf *xs, int64_t e, int64_t t);
 void oracle_x_row(const cfg *c, tbuf *x, tbuf *xs, int64_t e, int64_t t, uint8_t *q, double *s);
 void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf *w1, tbuf *w1s, tbuf *b1,
-                 int64_t e, uint8_t *hq, double *hs, double *hraw);
+                 int64_t e, uint8_t *hq, double *hs, double *hraw, double *hslack);
 int h_tie_flip(uint8_t got, uint8_t want, double raw, double s);
 /*
  * One e4m3 code step at the larger of two dequantized h values, on the coarser of their two
- * groups' scales (s_got, s_ref), with 1e-3 of it for the scales' own rounding: the most a
- * Hopper path's h may be from the oracle's (NUMERICS.md).
+ * groups' scales (s_got, s_ref), with 1e-3 of it for the scales' own rounding. A Hopper path's
+ * h may be that far from the oracle's, and by what its block sums' error moves h (oracle_gate's
+ * hslack) (NUMERICS.md).
  */
 double h_code_step(double got, double ref, double s_got, double s_ref);
 void oracle_final(const cfg *c, const uint8_t *hq, const double *hs, tbuf *w2, tbuf *w2s, tbuf *b2,

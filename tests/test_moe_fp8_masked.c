@@ -55,7 +55,7 @@ static void run_masked(cfg c, int64_t Tmax, const int32_t *counts)
         }
         for (int64_t t = 0; t < ne; t++) {
             oracle_x_row(&c, x, xs, e, t, qa, sa);
-            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq, hsd, NULL);
+            oracle_gate(&c, qa, sa, w1, w1s, b1, e, hq, hsd, NULL, NULL);
             oracle_final(&c, hq, hsd, w2, w2s, b2, e, yr);
             for (int64_t r = 0; r < K; r++) {
                 got[n] = tb_get(out, e, t, r);

@@ -150,9 +150,43 @@ static double oracle_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws,
     return bias ? acc + tb_get(bias, e, r, 0) : acc;
 }
 
+/* The products' magnitudes of oracle_dot's sum, each block's times its two scales (no bias). */
+static double oracle_abs_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws, int64_t e,
+                             int64_t r, int64_t D)
+{
+    double acc = 0.0;
+    for (int64_t b = 0; b < D / BLK; b++) {
+        double p = 0.0;
+        for (int64_t d = b * BLK; d < (b + 1) * BLK; d++)
+            p += fabs(f8val[qa[d]] * f8val[*(uint8_t *)tb_el(w, e, r, d)]);
+        acc += p * fabs(sa[b] * weight_scale(ws, e, r / BLK, b));
+    }
+    return acc;
+}
+
+/*
+ * How far h = act(g) (u + beta) moves when g and u move by HOPPER_SUM_REL of their products'
+ * magnitudes: the largest change at the four corners, with a quarter more for the curvature
+ * inside (the box is a few ulps of the products wide).
+ */
+static double oracle_h_slack(const cfg *c, const or_act_opt *ao, const uint8_t *qa, const double *sa,
+                             tbuf *w1, tbuf *w1s, int64_t e, int64_t ch, double gv, double uv, double h)
+{
+    const double dg = HOPPER_SUM_REL * oracle_abs_dot(qa, sa, w1, w1s, e, or_gate_pos(c->order, c->I, ch), c->K);
+    const double du = HOPPER_SUM_REL * oracle_abs_dot(qa, sa, w1, w1s, e, or_up_pos(c->order, c->I, ch), c->K);
+    double worst = 0.0;
+    for (int sg = -1; sg <= 1; sg += 2)
+        for (int su = -1; su <= 1; su += 2) {
+            double p, lo, hi;
+            or_act_elem(gv + sg * dg, uv + su * du, 1.0, 1.0, ao, &p, &lo, &hi);
+            worst = fmax(worst, fabs(p - h));
+        }
+    return 1.25 * worst;
+}
+
 /* Gate of one slot of expert e in double, then h quantized in double: codes hq[I], scales hs. */
 void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf *w1, tbuf *w1s, tbuf *b1,
-                 int64_t e, uint8_t *hq, double *hs, double *hraw)
+                 int64_t e, uint8_t *hq, double *hs, double *hraw, double *hslack)
 {
     const int64_t I = c->I, K = c->K;
     or_act_opt ao = {c->act, c->order, c->limit, 0, c->alpha, c->up_offset};
@@ -166,6 +200,8 @@ void oracle_gate(const cfg *c, const uint8_t *qa, const double *sa, tbuf *w1, tb
             or_act_elem(gv, uv, 1.0, 1.0, &ao, &h[i], &lo, &hi);
             if (hraw)
                 hraw[ch] = h[i];
+            if (hslack)
+                hslack[ch] = oracle_h_slack(c, &ao, qa, sa, w1, w1s, e, ch, gv, uv, h[i]);
         }
         hs[g] = or_quant_group(h, BLK, 1, c->ue8m0 || c->layout == MOEFUSE_SCALE_PACKED_UE8M0,
                                c->eps > 0 ? c->eps : 1e-10f, hq + g * BLK, NULL);
@@ -267,15 +303,15 @@ void same_values(const char *what, const cfg *c, tbuf *a, tbuf *b, int64_t n0, i
 
 /*
  * Hopper tolerance of NUMERICS.md for h rows [rows, I] against the CPU's: each scale within
- * 2e-2 (UE8M0: equal, or a factor of 2 apart), at most 5% of the codes different, and h
- * dequantized within 2e-2 in relative 2-norm.
+ * 2e-2 (UE8M0: equal, or a factor of 2 apart), at most 5% of the codes different, NaN codes
+ * where the CPU's are. The values are held element by element against the oracle's, whose
+ * block sums' magnitudes give the bound (run_routed's bound_h).
  */
 void near_h(const cfg *c, tbuf *h, tbuf *hs, tbuf *rh, tbuf *rhs, int64_t n0, int64_t n1, int lead3)
 {
     const int64_t I = c->I, G = I / BLK;
     const int ue = c->ue8m0 || c->layout == MOEFUSE_SCALE_PACKED_UE8M0;
     int64_t differ = 0, total = 0;
-    double num = 0, den = 0;
     for (int64_t a = 0; a < n0; a++)
         for (int64_t b = 0; b < n1; b++) {
             const int64_t e = lead3 ? a : 0, t = lead3 ? b : a * n1 + b;
@@ -294,16 +330,11 @@ void near_h(const cfg *c, tbuf *h, tbuf *hs, tbuf *rh, tbuf *rhs, int64_t n0, in
                         continue;
                     }
                     differ += q != rq;
-                    const double v = f8val[q] * s, rv = f8val[rq] * rs;
-                    num += (v - rv) * (v - rv);
-                    den += rv * rv;
                 }
             }
         }
     HCHECK(differ * 100 <= 5 * total, "h %s: %lld of %lld codes differ from the CPU's (over 5%%)",
            desc(c), (long long)differ, (long long)total);
-    HCHECK(num <= 4e-4 * den, "h %s: dequantized, %g relative to the CPU's (over 2e-2)", desc(c),
-           den > 0 ? sqrt(num / den) : sqrt(num));
 }
 
 double rel_between(tbuf *a, tbuf *b, int64_t n0, int64_t n1, int64_t n2)
