@@ -192,8 +192,8 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
 
 /*
  * y + bias of a chunk: pair (j, j + 1) of row (j & 2) >> 1 (output element base0 / base1, -1:
- * no row) at columns c0 + 8 (j >> 2) and the next; rounded once; f32 pairs in one store where
- * they are 8-byte aligned. bb: the bias element of column c0.
+ * no row) at columns c0 + 8 (j >> 2) and the next; rounded once; pairs in one store where they
+ * are aligned to it (f32 8 bytes, bf16 and f16 4). bb: the bias element of column c0.
  */
 static __device__ __noinline__ void f8_y_chunk(void *out, int out_dt, const void *bias,
                                                int bias_dt, long long bb, long long c0,
@@ -216,6 +216,11 @@ static __device__ __noinline__ void f8_y_chunk(void *out, int out_dt, const void
         const long long at = base + c;
         if (two && out_dt == MF_DT_F32 && (((uintptr_t)((float *)out + at)) & 7u) == 0) {
             *(float2 *)((float *)out + at) = make_float2(y0, y1);
+        } else if (two && out_dt != MF_DT_F32 && (((uintptr_t)((uint16_t *)out + at)) & 3u) == 0) {
+            const bool bf = out_dt == MF_DT_BF16; /* each rounded once, as mfm_store does */
+            *(uint32_t *)((uint16_t *)out + at) =
+                (uint32_t)(bf ? mf_f32_to_bf16(y0) : mf_f32_to_f16(y0)) |
+                ((uint32_t)(bf ? mf_f32_to_bf16(y1) : mf_f32_to_f16(y1)) << 16);
         } else {
             mfm_store(out, out_dt, at, y0);
             if (two)
