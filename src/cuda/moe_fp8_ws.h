@@ -1,7 +1,7 @@
 /*
  * The Hopper FP8 GEMM of the MoE layer (moe_fp8_ws.cu): the launch, and what it needs beyond
- * Fp8Gemm (fp8.cuh): a persistent kernel's tile table and the A rows' scales as f32.
- * Included by .cu files only (C++, C style).
+ * Fp8Gemm (fp8.cuh): a persistent kernel's tile table and the A rows' scales as f32, which
+ * moe_fp8_ws_prep.cu makes. Included by .cu files only (C++, C style).
  */
 #ifndef MOEFUSE_CUDA_MOE_FP8_WS_H
 #define MOEFUSE_CUDA_MOE_FP8_WS_H
