@@ -5,8 +5,9 @@
  * reference, is held to tight bounds (see CPU_H_BOUND); backends that form p_b exactly (opencl,
  * and cuda with MOEFUSE_CUDA_FP8=portable) must equal it bit for bit, and all of these meet the
  * 2e-2 output bound of "Agreement between backends" end to end. CUDA's Hopper paths (the wgmma
- * kernel, the decode kernel) are held as NUMERICS.md says: h code by code (h_code_step), and the
- * final against the final of their own h (HOPPER_BLOCK_BOUND). A backend without FP8 MoE makes the program exit with SKIP.
+ * kernel, the decode kernel) are held as NUMERICS.md says: h element by element (a code step
+ * and the block sums' error), and the final against the final of their own h
+ * (HOPPER_BLOCK_BOUND). A backend without FP8 MoE makes the program exit with SKIP.
  */
 #include <stdlib.h>
 #include <string.h>
