@@ -7,7 +7,7 @@
 
 #define BLK 128
 /* NUMERICS.md: relative 2-norm error of out and of dequantized h, the exact backends' (a
- * Hopper path's h: h_code_step) */
+ * Hopper path's h goes element by element: h_code_step and oracle_gate's hslack) */
 #define FP8_BOUND 2e-2
 /*
  * The CPU backend's dequantized h against the oracle's: a code may differ only where the f32
