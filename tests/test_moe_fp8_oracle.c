@@ -136,32 +136,31 @@ void oracle_x_row(const cfg *c, tbuf *x, tbuf *xs, int64_t e, int64_t t, uint8_t
     }
 }
 
-/* Step 2 of NUMERICS.md in double: sum over blocks of exact block sum * sa * sw, + bias. */
+/*
+ * Step 2 of NUMERICS.md in double: sum over blocks of exact block sum * sa * sw, + bias. With
+ * magnitudes, the same sum of |product| times |sa| |sw| (no bias): what a Hopper path's block
+ * sums' error is measured against.
+ */
+static double oracle_sum(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws, int64_t e, int64_t r,
+                         int64_t D, tbuf *bias, int magnitudes)
+{
+    double acc = 0.0;
+    for (int64_t b = 0; b < D / BLK; b++) {
+        double p = 0.0;
+        for (int64_t d = b * BLK; d < (b + 1) * BLK; d++) {
+            const double v = f8val[qa[d]] * f8val[*(uint8_t *)tb_el(w, e, r, d)];
+            p += magnitudes ? fabs(v) : v;
+        }
+        const double sw = weight_scale(ws, e, r / BLK, b);
+        acc += magnitudes ? p * fabs(sa[b]) * fabs(sw) : p * sa[b] * sw;
+    }
+    return bias && !magnitudes ? acc + tb_get(bias, e, r, 0) : acc;
+}
+
 static double oracle_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws, int64_t e, int64_t r,
                          int64_t D, tbuf *bias)
 {
-    double acc = 0.0;
-    for (int64_t b = 0; b < D / BLK; b++) {
-        double p = 0.0;
-        for (int64_t d = b * BLK; d < (b + 1) * BLK; d++)
-            p += f8val[qa[d]] * f8val[*(uint8_t *)tb_el(w, e, r, d)];
-        acc += p * sa[b] * weight_scale(ws, e, r / BLK, b);
-    }
-    return bias ? acc + tb_get(bias, e, r, 0) : acc;
-}
-
-/* The products' magnitudes of oracle_dot's sum, each block's times its two scales (no bias). */
-static double oracle_abs_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf *ws, int64_t e,
-                             int64_t r, int64_t D)
-{
-    double acc = 0.0;
-    for (int64_t b = 0; b < D / BLK; b++) {
-        double p = 0.0;
-        for (int64_t d = b * BLK; d < (b + 1) * BLK; d++)
-            p += fabs(f8val[qa[d]] * f8val[*(uint8_t *)tb_el(w, e, r, d)]);
-        acc += p * fabs(sa[b] * weight_scale(ws, e, r / BLK, b));
-    }
-    return acc;
+    return oracle_sum(qa, sa, w, ws, e, r, D, bias, 0);
 }
 
 /*
@@ -172,8 +171,8 @@ static double oracle_abs_dot(const uint8_t *qa, const double *sa, tbuf *w, tbuf 
 static double oracle_h_slack(const cfg *c, const or_act_opt *ao, const uint8_t *qa, const double *sa,
                              tbuf *w1, tbuf *w1s, int64_t e, int64_t ch, double gv, double uv, double h)
 {
-    const double dg = HOPPER_SUM_REL * oracle_abs_dot(qa, sa, w1, w1s, e, or_gate_pos(c->order, c->I, ch), c->K);
-    const double du = HOPPER_SUM_REL * oracle_abs_dot(qa, sa, w1, w1s, e, or_up_pos(c->order, c->I, ch), c->K);
+    const double dg = HOPPER_SUM_REL * oracle_sum(qa, sa, w1, w1s, e, or_gate_pos(c->order, c->I, ch), c->K, NULL, 1);
+    const double du = HOPPER_SUM_REL * oracle_sum(qa, sa, w1, w1s, e, or_up_pos(c->order, c->I, ch), c->K, NULL, 1);
     double worst = 0.0;
     for (int sg = -1; sg <= 1; sg += 2)
         for (int su = -1; su <= 1; su += 2) {
