@@ -73,6 +73,10 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_FP8_A: how the large-tile FP8 kernel loads A (enum fp8_a_load), or 0 for
      * the choice by shape (mf_cuda_fp8_a_from_env; moe_fp8.cu's ws_a_copied) */
     int fp8_a;
+    /* moe_fp8.cu: the scratch where a layer's FP8 gate left its route (mf_moe_args.layer), and
+     * the tile height it was listed for, for the layer's final to take; NULL when none */
+    const void *fp8_route_left;
+    int fp8_route_bm;
     /* MOEFUSE_CUDA_ROUTER: topk_route's kernel forced (enum route_kernel in router.h), or 0
      * for the choice by shape (mf_cuda_router_from_env) */
     int forced_router;

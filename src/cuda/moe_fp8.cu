@@ -280,9 +280,9 @@ static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *
     if (!ok)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
     pl->bytes = at;
-    if (gate && a->layer && pl->dec) {
-        /* the layer's final must not regrow (and so lose) the scratch the gate leaves: ask
-         * for the most it can take, its reduced form */
+    if (gate && a->layer && (pl->dec || !a->masked)) {
+        /* the layer's final must not regrow (and so lose) the scratch, and the route, the gate
+         * leaves: ask for the most it can take, its reduced form */
         mf_moe_args f = *a;
         f.reduce = !a->masked;
         fp8_plan fp;
@@ -733,6 +733,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
     static const char op[] = "moe_gate_fp8";
     cuda_state *s = (cuda_state *)state;
     fp8_plan pl;
+    s->fp8_route_left = NULL;
     MF_TRY(plan_fp8(ctx, s, op, a, 1, &pl));
     if (!a->masked && pl.S == 0)
         return MOEFUSE_OK; /* h has no rows */
@@ -776,7 +777,13 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
     const bool ws = ws_suits(s, &pl, &g);
     if (!a->masked) {
         const MoeZero none = {NULL, 0, 0, 0, 0}; /* the fill below zeroes h's invalid rows */
-        MF_TRY(moe_route(ctx, s, op, &rt, &b, ws ? F8_BM : pl.bm, a->tokens, &none, &none));
+        const int bm = ws ? F8_BM : pl.bm;
+        MF_TRY(moe_route(ctx, s, op, &rt, &b, bm, a->tokens, &none, &none));
+        if (a->layer && mf_cuda_scratch_kept(ctx, s)) {
+            /* the route lies first in the scratch, where the final's plan puts it too */
+            s->fp8_route_left = scratch;
+            s->fp8_route_bm = bm;
+        }
     }
     if (ws)
         MF_TRY(launch_ws(ctx, s, op, a, &pl, scratch, &g));
@@ -791,6 +798,8 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
     static const char op[] = "moe_final_fp8";
     cuda_state *s = (cuda_state *)state;
     fp8_plan pl;
+    const void *route_left = s->fp8_route_left; /* the layer's gate's route, taken once */
+    s->fp8_route_left = NULL;
     MF_TRY(plan_fp8(ctx, s, op, a, 0, &pl));
     const int64_t K = a->model_dim, I = a->inter_dim;
     if (!a->masked && pl.S == 0) {
@@ -838,7 +847,13 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
             z.width = K;
             z.dt = (int)a->out.dtype;
         }
-        MF_TRY(moe_route(ctx, s, op, &rt, &b, ws ? F8_BM : pl.bm, a->tokens, &z, &none));
+        const int bm = ws ? F8_BM : pl.bm;
+        /* a layer's final (reduced: no rows to zero) takes the route its gate listed in this
+         * scratch for the same tile height */
+        const bool listed = a->layer && a->reduce && !pl.dec && route_left == scratch &&
+                            s->fp8_route_bm == bm;
+        if (!listed)
+            MF_TRY(moe_route(ctx, s, op, &rt, &b, bm, a->tokens, &z, &none));
     }
     if (ws)
         MF_TRY(launch_ws(ctx, s, op, a, &pl, scratch, &g));

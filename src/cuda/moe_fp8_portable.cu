@@ -323,28 +323,6 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_gemm_portable(const Fp8Gemm p
 }
 
 /*
- * The reduced output: out[m, c] = sum over the valid slots j = 0..k-1 of w[m, j] * y[m, j, c],
- * from 0, in f32 with the CPU's NaN bits, rounded once (a token without a valid slot gets 0).
- */
-__global__ void __launch_bounds__(256) fp8_reduce_topk(const float *y, const int *expert_of,
-                                                       const float *tw, long long tw_s0,
-                                                       long long M, long long k, long long K,
-                                                       void *out, long long out_s0, int out_dt)
-{
-    const long long n = M * K, step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        const long long m = i / K, c = i - m * K;
-        float acc = 0.0f;
-        for (long long j = 0; j < k; j++) {
-            if (expert_of[m * k + j] < 0)
-                continue; /* an invalid slot adds nothing, not even a signed zero */
-            acc = fp8_add(acc, mf_mul(tw[m * tw_s0 + j], y[(m * k + j) * K + c]));
-        }
-        mfm_store(out, out_dt, m * out_s0 + c, acc);
-    }
-}
-
-/*
  * The gate's rows that no tile writes: codes 0 and scale bytes 0 for the invalid slots
  * (routed; rt.ids non-NULL), and the scales' padding rows rows..rows_padded-1 of each of the
  * `blocks` expert blocks (column-major and packed layouts). A warp per row.
@@ -407,18 +385,6 @@ extern "C" moefuse_status fp8_launch_portable(moefuse_context *ctx, cuda_state *
     return bm == 8    ? launch_cfg<8, 1, 4, 0>(ctx, s, op, p, tiles)
            : bm == 32 ? launch_cfg<32, 4, 4, 0>(ctx, s, op, p, tiles)
                       : launch_cfg<64, 8, 4, 0>(ctx, s, op, p, tiles);
-}
-
-extern "C" moefuse_status fp8_launch_reduce(moefuse_context *ctx, cuda_state *s, const char *op,
-                                            const float *y, const int *expert_of,
-                                            const mf_moe_args *a)
-{
-    const long long M = a->tokens, K = a->model_dim;
-    const unsigned grid = mf_cuda_grid(s, M * K, 256, 8);
-    fp8_reduce_topk<<<grid, 256, 0, s->stream>>>(
-        y, expert_of, (const float *)mf_cuda_base(&a->topk_weights), a->topk_weights.stride[0],
-        M, a->topk, K, mf_cuda_base(&a->out), a->out.stride[0], (int)a->out.dtype);
-    return mf_cuda_launched(ctx, op, "fp8_reduce_topk");
 }
 
 extern "C" moefuse_status fp8_launch_gate_fill(moefuse_context *ctx, cuda_state *s,
