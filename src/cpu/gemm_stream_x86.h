@@ -114,10 +114,61 @@ L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf
 /* Depth positions of a transposed panel: 16 columns of them are 4 KiB, in L1. */
 #define GS_PANEL_K 64
 
+#ifdef GS_ZMM
+/* Sixteen values of a weight row from depth k (f32 or bf16, widened exactly). */
+L __m512 load16(const char *row, int64_t k, int bf16)
+{
+    if (bf16) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)row + k);
+}
+
+/* r[j][q] -> r[q][j] for sixteen rows of sixteen: 64 shuffles where two 8 x 8 transposes a
+ * half take 96 instructions for half the values. */
+L void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) { /* lane L: rows i, i + 1 at 4 L, 4 L + 1 | 4 L + 2, 4 L + 3 */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* r[4 g + c], lane L: rows 4 g .. 4 g + 3 at column 4 L + c */
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) { /* the 4 x 4 transpose of 128-bit lanes: column 4 L + c */
+        const __m512 p0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        const __m512 p1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        const __m512 p2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 p3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_f32x4(p0, p2, 0x88);      /* column c */
+        t[4 + c] = _mm512_shuffle_f32x4(p1, p3, 0x88);  /* column 4 + c */
+        t[8 + c] = _mm512_shuffle_f32x4(p0, p2, 0xDD);  /* column 8 + c */
+        t[12 + c] = _mm512_shuffle_f32x4(p1, p3, 0xDD); /* column 12 + c */
+    }
+    for (int q = 0; q < 16; q++)
+        r[q] = t[q];
+}
+#endif
+
 /* panel[q * 16 + j] = w_j[k + q], q < kb: sixteen columns' weights transposed once. */
 L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, float *panel)
 {
     int64_t q = 0;
+#ifdef GS_ZMM
+    for (; q + 16 <= kb; q += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] = load16(rows[j], k + q, bf16);
+        transpose16(r);
+        for (int t = 0; t < 16; t++)
+            _mm512_storeu_ps(panel + (q + t) * 16, r[t]);
+    }
+#endif
     for (; q + 8 <= kb; q += 8)
         for (int h = 0; h < 2; h++) {
             __m256 r[8];
