@@ -19,7 +19,7 @@
 
 #define GS_FN mf_cpu_gemm_stream_avx512
 #define GS_MS 8
-#define GS_ZMM 1 /* the panel's rows by 512-bit FMAs */
+#define GS_ZMM 1 /* the panel transposed and multiplied in 512-bit registers */
 #include "cpu/gemm_stream_x86.h"
 
 #if defined(__clang__)

@@ -10,9 +10,9 @@
  * GS_FN (the function's name) and GS_MS (the A rows of a group): each row keeps two
  * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8. A tile
  * of more rows (up to MF_GEMM_STREAM_TILE) goes in groups over a shared transposed panel;
- * GS_ZMM (AVX-512F) multiplies the panel with one 16-wide accumulator a row.
- * GS_PACK_FN, where defined, names the packed GEMM's panel transpose built from the same
- * eight-by-eight transposes.
+ * GS_ZMM (AVX-512F) transposes the panel sixteen by sixteen and multiplies it with one
+ * 16-wide accumulator a row. GS_PACK_FN, where defined, names the packed GEMM's panel
+ * transpose built from the same transposes.
  */
 #include <immintrin.h>
 
@@ -125,8 +125,8 @@ L __m512 load16(const char *row, int64_t k, int bf16)
     return _mm512_loadu_ps((const float *)row + k);
 }
 
-/* r[j][q] -> r[q][j] for sixteen rows of sixteen: 64 shuffles where two 8 x 8 transposes a
- * half take 96 instructions for half the values. */
+/* r[j][q] -> r[q][j] for sixteen rows of sixteen: 64 shuffles for 256 values, where the
+ * 8 x 8 transposes of 256-bit halves take 96 (and twice the loads and stores). */
 L void transpose16(__m512 r[16])
 {
     __m512 t[16];
