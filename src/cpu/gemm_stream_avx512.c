@@ -2,7 +2,8 @@
  * The weight-stream GEMM tile of the AVX-512 level: the same eight-wide text (gemm_stream_x86.h)
  * with AVX512VL's 32 vector registers, which hold the accumulators of 8 rows where AVX2's 16
  * hold 4. A tile of 5 to 8 rows (Mixtral at M = 32: 8 slots an expert) then streams its
- * weights instead of packing them for the packed GEMM.
+ * weights instead of packing them for the packed GEMM. Tiles of more rows go over a panel,
+ * which this level transposes and multiplies 16 columns wide (GS_ZMM).
  */
 #include "cpu/gemm.h"
 #include "cpu/rows_isa.h"
