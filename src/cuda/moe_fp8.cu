@@ -861,5 +861,5 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
         MF_TRY(fp8_launch_portable(ctx, s, op, pl.bm, 0, &g));
     if (!pl.reduce)
         return MOEFUSE_OK;
-    return fp8_launch_reduce(ctx, s, op, (const float *)g.out, b.expert_of, a);
+    return moe_launch_reduce(ctx, s, op, (const float *)g.out, b.expert_of, a);
 }

@@ -27,10 +27,6 @@ enum fp8_a_load {
  * final epilogue as p->epi says. */
 extern "C" moefuse_status fp8_launch_portable(moefuse_context *ctx, cuda_state *s, const char *op,
                                               int bm, int gate, const Fp8Gemm *p);
-/* The reduced final's top-k sum of y [S, K] f32 into a->out (slot validity from expert_of). */
-extern "C" moefuse_status fp8_launch_reduce(moefuse_context *ctx, cuda_state *s, const char *op,
-                                            const float *y, const int *expert_of,
-                                            const mf_moe_args *a);
 /* The gate's rows no tile writes: invalid slots (rt->ids non-NULL) and the scales' padding
  * rows [rows, rows_padded) of `blocks` expert blocks. hq: h [M, k, I] or [E, Tmax, I]. */
 extern "C" moefuse_status fp8_launch_gate_fill(moefuse_context *ctx, cuda_state *s,

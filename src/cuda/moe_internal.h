@@ -151,6 +151,10 @@ moefuse_status moe_launch_ws(moefuse_context *ctx, cuda_state *s, const char *op
                              int f16, const MoeGemm *p);
 moefuse_status moe_launch_simt(moefuse_context *ctx, cuda_state *s, const char *op, int cfg,
                                int gate, const MoeGemm *p);
+/* The reduced final's top-k sum of y [M * k, K] f32 into a->out, slot validity from expert_of
+ * (moe_reduce.cu): routed bf16, f16 and f32 finals and every reduced FP8 final. */
+moefuse_status moe_launch_reduce(moefuse_context *ctx, cuda_state *s, const char *op,
+                                 const float *y, const int *expert_of, const mf_moe_args *a);
 
 /* Route buffers inside the call's scratch (moe_ops.cu lays them out). */
 typedef struct MoeRouteBufs {

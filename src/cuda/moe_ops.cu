@@ -17,8 +17,12 @@
  *  - S <= 16: direct mode, the GEMM blocks route themselves (no route
  *    kernels: a decode layer is two launches, gate and final); on sm_90 the
  *    bf16 / f16 tiles' depth may be split over a cluster (decode_split).
- * The reduced final sums the top-k slots itself (fused, moe_tiles.cuh); its
- * f32 y rows go through scratch, so the sum order is fixed (j = 0..k-1).
+ * The reduced final's f32 y rows go through scratch, so the sum order is fixed
+ * (j = 0..k-1): in direct mode the GEMM sums a token's slots itself, the last
+ * block to finish one of its column blocks (fused, moe_tiles.cuh); routed
+ * finals leave the sums to moe_reduce.cu, a stream at memory speed, while the
+ * fused sums held a tile's consumers (and its tensor cores) for as long as
+ * the loads of k rows took.
  */
 #include "cuda/moe_internal.h"
 #include "numerics/mf_activation.h"
@@ -125,6 +129,7 @@ static int decode_split(int64_t tiles, int64_t kt, int64_t resident)
 
 typedef struct moe_plan {
     int cfg, bm, direct, f16, simt;
+    int fused; /* the reduced final's GEMM sums the slots itself (direct mode) */
     int split_gate, split_final; /* blocks sharing a decode tile's depth (MoeGemm.split) */
     int64_t S, tiles_bound;
     int64_t nblk_final; /* column blocks of the final GEMM (fused reduction counters) */
@@ -138,10 +143,11 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 /*
  * Configuration and scratch layout. reduce: the reduced final runs in this
- * call (f32 y [S, K], arrival counters [M, nblk]).
- * Routed mode: count u64 [E] | cnt u32 [M, nblk] + tile counters [2] (one memset zeroes both) |
+ * call (f32 y [S, K]; in direct mode arrival counters [M, nblk]).
+ * Routed mode: count u64 [E] | cnt: tile counters [2] (zeroed with the counts) |
  * fill [E] | offs [E+1] | tiles [E+1] | tile_expert [S/bm + min(E,S)] |
- * expert_of [S] | list [S] | tok_valid [M] | y. Direct mode: cnt | y.
+ * expert_of [S] | list [S] | tok_valid [M] | y. Direct mode: cnt u32 [M, nblk] (the fused
+ * sums' arrival counters) | y.
  */
 static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const char *op,
                                 const mf_moe_args *a, moefuse_dtype a_dt, int reduce, moe_plan *pl)
@@ -193,7 +199,8 @@ static moefuse_status plan_call(moefuse_context *ctx, const cuda_state *s, const
     const int64_t cols = moe_cfg_cols(pl->cfg, 0);
     pl->nblk_final = (K + cols - 1) / cols;
     pl->tile_ctrs = !pl->direct && pl->cfg == MOE_WS_L ? 2 : 0;
-    pl->cnt_n = (reduce ? (size_t)M * (size_t)pl->nblk_final : 0) + (size_t)pl->tile_ctrs;
+    pl->fused = reduce && pl->direct;
+    pl->cnt_n = (pl->fused ? (size_t)M * (size_t)pl->nblk_final : 0) + (size_t)pl->tile_ctrs;
 
     size_t at = 0;
     if (!pl->direct) {
@@ -325,8 +332,8 @@ static MoeGemm gate_params(const mf_moe_args *a, const moe_plan *pl, const MoeRo
 }
 
 /*
- * y: f32 [S, K] scratch of the reduced output (the final sums it itself, fused),
- * else NULL (un-reduced: y rounded straight into a->out).
+ * y: f32 [S, K] scratch of the reduced output (summed by the final itself where pl->fused,
+ * else by moe_launch_reduce after it), else NULL (un-reduced: y rounded straight into a->out).
  */
 static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeRoute *rt,
                             const MoeRouteBufs *b, const moefuse_tensor *h, float *y)
@@ -356,7 +363,7 @@ static MoeGemm final_params(const mf_moe_args *a, const moe_plan *pl, const MoeR
         g.o_s0 = a->topk * K; /* row of slot s = m * k + j at s * K */
         g.o_s1 = K;
         g.out_dt = (int)MOEFUSE_F32;
-        g.fuse = 1;
+        g.fuse = pl->fused;
         g.cnt = b->cnt;
         g.tok_valid = b->tok_valid;
         g.expert_of = b->expert_of;
@@ -505,7 +512,8 @@ extern "C" moefuse_status mf_cuda_moe_final(moefuse_context *ctx, void *state, c
     }
     float *y = a->reduce ? (float *)(scratch + pl.off_y) : NULL;
     const MoeGemm g = final_params(a, &pl, &rt, &b, &a->h, y);
-    return launch_gemm(ctx, s, op, &pl, 0, &g);
+    MF_TRY(launch_gemm(ctx, s, op, &pl, 0, &g));
+    return y && !pl.fused ? moe_launch_reduce(ctx, s, op, y, b.expert_of, a) : MOEFUSE_OK;
 }
 
 /*
@@ -560,8 +568,8 @@ extern "C" moefuse_status mf_cuda_moe_forward_workspace(moefuse_context *ctx, vo
 
 /*
  * The layer: one route for both GEMMs, gate into a->h (the core's scratch
- * [M, k, I] in x's dtype, already allocated), then the final with the fused
- * reduction. Same kernels and configuration as moe_gate then moe_final, so the
+ * [M, k, I] in x's dtype, already allocated), then the final and its top-k
+ * sum. Same kernels and configuration as moe_gate then moe_final, so the
  * same bits. Direct mode (decode) is two launches: the gate zeroes the final's
  * arrival counters on the way.
  */
@@ -599,5 +607,6 @@ extern "C" moefuse_status mf_cuda_moe_forward(moefuse_context *ctx, void *state,
     float *y = (float *)(scratch + pl.off_y);
     MoeGemm gf = final_params(a, &pl, &rt, &b, &h, y);
     gf.pdl = pdl;
-    return launch_gemm(ctx, s, op, &pl, 0, &gf);
+    MF_TRY(launch_gemm(ctx, s, op, &pl, 0, &gf));
+    return pl.fused ? MOEFUSE_OK : moe_launch_reduce(ctx, s, op, y, b.expert_of, a);
 }

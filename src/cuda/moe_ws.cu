@@ -17,11 +17,10 @@
  *  - consumers, warpgroups 1 and 2 (224 registers): each 64 slots x 256 rows
  *    with wgmma m64n256k16, one wgmma group in flight while the next stage is
  *    waited for; a stage is released as soon as the wgmma that read it is done.
- *    Epilogue straight from the accumulators (gate: activation; final: y, or
- *    y in f32 and the fused top-k reduction, moe_tiles.cuh, its loads staged
- *    in registers: the stages belong to the producer), synchronised among the
- *    consumers alone (named barrier WS_BAR), while the producer already loads
- *    the next tile.
+ *    Epilogue from the accumulators (gate: activation; final: y, or y in f32
+ *    for moe_reduce.cu's top-k sum), synchronised among the consumers alone
+ *    (named barrier WS_BAR), while the producer already loads the next tile.
+ *    Routed calls only: direct mode's launches go to moe_wgmma.cu.
  * Scheduler: grid = min(tiles, SMs); each block takes its next tile from a
  * counter (ws_take_tile), in the route's order (expert, column block, m-tile
  * fastest), so the blocks at work at any time share an expert's weight rows
@@ -74,8 +73,7 @@ struct WsTiles {
     uint64_t full[WS_TILE_SLOTS];  /* WS_TILE_FILLERS arrivals: tile and rows written */
     uint64_t empty[WS_TILE_SLOTS]; /* 1 arrival: the consumers copied the slot */
     MoeTileAt at[WS_TILE_SLOTS];
-    long long orow[WS_TILE_SLOTS][WS_BM], tok[WS_TILE_SLOTS][WS_BM];
-    int tokvalid[WS_TILE_SLOTS][WS_BM];
+    long long orow[WS_TILE_SLOTS][WS_BM];
 };
 
 /* Static shared memory of the kernel, bounded from above (the barriers, slots and tile). */
@@ -138,11 +136,8 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
             if (r < at.count) /* none past the last tile: e < 0 has count 0 */
                 m = moe_row_offsets(p, p.rt.list[at.first + r], &ar, &orr);
             arow[i] = m >= 0 ? (const char *)p.a + ar * 2 : nullptr;
-            if (chunk == 0) {
+            if (chunk == 0)
                 sl.orow[slot][r] = orr;
-                sl.tok[slot][r] = m;
-                sl.tokvalid[slot][r] = (m >= 0 && p.fuse) ? p.tok_valid[m] : 0;
-            }
         }
         hp_mbar_arrive(smem_u32(&sl.full[slot])); /* release: this thread's writes are visible */
         if (at.e < 0)
@@ -175,8 +170,8 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
 }
 
 /*
- * The consumers' copy of their next tile (for the epilogue and the
- * reduction), taken from the producer's slot between two barriers.
+ * The consumers' copy of their next tile (for the epilogue), taken from the
+ * producer's slot between two barriers.
  */
 static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
                                                HpPipe<WS_TILE_SLOTS> &ts, MoeTileSmem &t, int ctid)
@@ -193,11 +188,8 @@ static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
         t.first = at.first;
         t.zero_mask = t.zero_tok_mask = t.valid_mask = 0u;
     }
-    if (ctid < WS_BM) {
+    if (ctid < WS_BM)
         t.orow[ctid] = sl.orow[slot][ctid];
-        t.tok[ctid] = sl.tok[slot][ctid];
-        t.tokvalid[ctid] = sl.tokvalid[slot][ctid];
-    }
     moe_sync<WS_BAR, WS_CONSUMERS>();
     if (ctid == 0)
         hp_mbar_arrive(smem_u32(&sl.empty[slot])); /* copied: the producer may take the next */
@@ -315,8 +307,6 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));
         ws_epilogue<GATE>(p, t, acc, buf, ctid, tabs);
-        if (!GATE && p.fuse)
-            moe_fused_reduce<WS_BM, WS_CONSUMERS, WS_BAR, 128>(p, t, WS_BN, nullptr, 0);
     }
 }
 #endif
@@ -409,7 +399,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     MoeWsParams P;
     memset(&P, 0, sizeof P);
     /* (the interleaved order: a 128-row box would hold gate and up rows alike) */
-    if (p->rt.direct || !p->tile_ctr || !p->vec_a || !p->vec_b || p->row_step != 1 ||
+    if (p->rt.direct || p->fuse || !p->tile_ctr || !p->vec_a || !p->vec_b || p->row_step != 1 ||
         !encode_weights(s, p, GATE, F16, &P.map_w))
         return moe_launch_wgmma(ctx, s, op, GATE, F16, p); /* same tile, same bits */
     P.g = *p;
