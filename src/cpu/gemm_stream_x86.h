@@ -183,6 +183,43 @@ L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, floa
             panel[q * 16 + j] = load1(rows[j], k + q, bf16);
 }
 
+#ifdef GS_ZMM
+/* columns16 with the 16 columns in one register: sixteen depth positions of the sixteen rows
+ * transposed at once, then MS FMAs a position. */
+L void columns16z(const float *a, int64_t lda, const char *const rows[16], int bf16, int64_t kc,
+                  float *c, int64_t ldc, const int ms)
+{
+    __m512 acc[GS_MS];
+    for (int i = 0; i < ms; i++)
+        acc[i] = _mm512_loadu_ps(c + i * ldc);
+    const int64_t k16 = kc & ~(int64_t)15;
+    for (int64_t k = 0; k < k16; k += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] = load16(rows[j], k, bf16);
+        transpose16(r);
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; q++)
+#pragma GCC unroll 8
+            for (int i = 0; i < ms; i++)
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + k + q]), r[q], acc[i]);
+    }
+    for (int64_t k = k16; k < kc; k++) { /* the block's last depth positions, one at a time */
+        float v[16];
+        for (int j = 0; j < 16; j++)
+            v[j] = load1(rows[j], k, bf16);
+        const __m512 w = _mm512_loadu_ps(v);
+        for (int i = 0; i < ms; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda + k]), w, acc[i]);
+    }
+    for (int i = 0; i < ms; i++)
+        _mm512_storeu_ps(c + i * ldc, acc[i]);
+}
+#define GS_COLUMNS columns16z
+#else
+#define GS_COLUMNS columns16
+#endif
+
 /* MS rows times a panel: acc[i][h] += a[i][k + q] * panel[q][8 h ..] in q order. */
 L void rows_panel(const float *a, int64_t lda, const float *panel, int64_t k, int64_t kb,
                   float *c, int64_t ldc, const int ms)
@@ -276,7 +313,7 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
         }
         /* the row count fixed at compile time: the accumulators stay in registers */
 #define GS_CASE(n)                                                                                \
-    case n: columns16(a, lda, rows, bf16, kc, c + n0, ldc, n); break;
+    case n: GS_COLUMNS(a, lda, rows, bf16, kc, c + n0, ldc, n); break;
         switch (ms < GS_MS ? ms : GS_MS) {
             GS_CASE(1)
             GS_CASE(2)
@@ -287,7 +324,7 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
             GS_CASE(6)
             GS_CASE(7)
 #endif
-        default: columns16(a, lda, rows, bf16, kc, c + n0, ldc, GS_MS); break;
+        default: GS_COLUMNS(a, lda, rows, bf16, kc, c + n0, ldc, GS_MS); break;
         }
 #undef GS_CASE
     }
