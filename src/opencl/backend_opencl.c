@@ -75,9 +75,9 @@ static void describe_build(ocl_state *s)
 }
 
 /*
- * The activation tables of the table kernels (kernels/rows.cl, MF_SPEC_TAB_*), filled on the
- * device by the shared text and waited for; MOEFUSE_OPENCL_ACT_TABLE=0 leaves them out (the
- * computed kernels run, with the same bits).
+ * The activation tables of the table kernels (kernels/rows_kernels.cl, MF_SPEC_TAB_*), filled
+ * on the device by the shared text and waited for; MOEFUSE_OPENCL_ACT_TABLE=0 leaves them out
+ * (the computed kernels run, with the same bits).
  */
 static moefuse_status build_act_tables(moefuse_context *ctx, ocl_state *s)
 {

@@ -19,7 +19,7 @@
 enum mf_ocl_kernel {
     MF_K_COUNT_PREFIX,
     MF_K_ROWS_QUANT,
-    MF_K_ROWS_QUANT_SILU, /* silu, no options (kernels/rows.cl, MF_SPEC_SILU) */
+    MF_K_ROWS_QUANT_SILU, /* silu, no options (kernels/rows_kernels.cl, MF_SPEC_SILU) */
     MF_K_ROWS_QUANT_H,    /* quant, no activation (MF_SPEC_H) */
     MF_K_ROWS_QUANT_TAB_LOCAL,  /* bf16, no options: act(g) from a local copy of the table */
     MF_K_ROWS_QUANT_TAB_GLOBAL, /* the same reading the table in global memory (CPU devices) */

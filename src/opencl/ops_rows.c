@@ -54,10 +54,10 @@ static size_t item_groups(const ocl_state *s, int64_t items)
     return items < (int64_t)cap ? (size_t)(items > 0 ? items : 0) : cap;
 }
 
-/* The variant of mf_rows_quant a call can take: a specialised one (kernels/rows.cl, MF_SPEC_*)
- * where the call has none of the options it leaves out, else the general one. bf16 x with an
- * activation that has a table (not silu_alpha) and no options takes a table kernel where the
- * context has the tables. */
+/* The variant of mf_rows_quant a call can take: a specialised one (kernels/rows_kernels.cl,
+ * MF_SPEC_*) where the call has none of the options it leaves out, else the general one. bf16 x
+ * with an activation that has a table (not silu_alpha) and no options takes a table kernel where
+ * the context has the tables. */
 static enum mf_ocl_kernel quant_kernel(const ocl_state *s, const mf_rows_args *a, size_t lanes,
                                        bool vec)
 {
