@@ -10,9 +10,9 @@
  * GS_FN (the function's name) and GS_MS (the A rows of a group): each row keeps two
  * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8. A tile
  * of more rows (up to MF_GEMM_STREAM_TILE) goes in groups over a shared transposed panel;
- * GS_ZMM (AVX-512F) transposes the panel sixteen by sixteen and multiplies it with one
- * 16-wide accumulator a row. GS_PACK_FN, where defined, names the packed GEMM's panel
- * transpose built from the same transposes.
+ * GS_ZMM (AVX-512F) transposes sixteen by sixteen, the panel and the few-row tiles' depth
+ * positions alike (columns16z), and keeps one 16-wide accumulator a row. GS_PACK_FN, where
+ * defined, names the packed GEMM's panel transpose built from the same transposes.
  */
 #include <immintrin.h>
 
