@@ -15,70 +15,6 @@
 
 #define F8_BUF(j) buf[(j) * F8_CONSUMERS]
 
-/* The activation of a gate the fast silu does not cover, or of another activation. */
-static __device__ __noinline__ float f8_act_slow(int act, float alpha, float g)
-{
-    return mf_activate_f32(act, alpha, g);
-}
-
-/*
- * Gate: chunk (w, q) holds, for i = 2 q, 2 q + 1 of wave w, the gate values at 0..7 and
- * their up values at 8..15 (h columns c0 + 8 (j >> 2) + (j & 1), rows j & 2); h comes back
- * over the gate values. gb and ub: the bias elements of the chunk's column c0 (gate, up).
- * mfm_gated's steps and bits, with silu by the shared-table exp where it is proved the same
- * (mf_silu_fast).
- */
-static __device__ __noinline__ void f8_gate_chunk(int act, float alpha, float limit, float beta,
-                                                  const void *bias, int bias_dt, long long gb,
-                                                  long long ub, uint32_t tabs, float *buf)
-{
-    float g[8], u[8], a[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        g[j] = F8_BUF(j);
-        u[j] = F8_BUF(8 + j);
-    }
-    if (bias) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int c = 8 * (j >> 2) + (j & 1);
-            g[j] = __fadd_rn(g[j], mfm_load(bias, bias_dt, gb + c));
-            u[j] = __fadd_rn(u[j], mfm_load(bias, bias_dt, ub + c));
-        }
-    }
-    if (limit > 0.0f) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            g[j] = mf_clamp_gate(g[j], limit);
-            u[j] = mf_clamp_up(u[j], limit);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        u[j] = mf_add_up_offset(u[j], beta);
-    if (act == MF_ACT_SILU) {
-        bool ok = true;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            ok &= mf_silu_fast_ok(g[j]) != 0;
-            a[j] = mf_silu_fast(g[j], tabs);
-        }
-        if (!ok) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (!mf_silu_fast_ok(g[j]))
-                    a[j] = f8_act_slow(act, alpha, g[j]);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            a[j] = f8_act_slow(act, alpha, g[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        F8_BUF(j) = mf_mul(a[j], u[j]);
-}
-
 /* One value pair's two codes (low byte: the first), stored at `at`, wherever h's rows start. */
 static __device__ __forceinline__ void f8_code_pair(uint8_t *at, float h0, float h1, float s,
                                                     float y, bool fast)
@@ -129,6 +65,7 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     const float alpha = p.alpha, limit = p.limit, beta = p.up_offset;
     const void *bias = p.bias;
     const long long gb = e * p.bias_s0 + p.gate_row + c0, ub = e * p.bias_s0 + p.up_row + c0;
+    const long long ncols = p.ncols;
     float amax[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int w = 0; w < 2; w++) {
@@ -140,7 +77,8 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
                 F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
             }
             const long long off = 64 * w + 16 * q;
-            f8_gate_chunk(act, alpha, limit, beta, bias, bias_dt, gb + off, ub + off, tabs, buf);
+            mfm_gate_chunk<F8_CONSUMERS>(act, alpha, limit, beta, bias, bias_dt, gb + off,
+                                         ub + off, c0 + off, ncols, tabs, buf);
 #pragma unroll
             for (int x = 0; x < 8; x++) {
                 const float h = F8_BUF(x);

@@ -62,4 +62,74 @@ static __device__ __forceinline__ float mfm_gated_tab(int act, float alpha, floa
     return mf_mul(a, u);
 }
 
+/* The activation of a gate the fast silu does not cover, or of another activation. */
+static __device__ __noinline__ float mfm_act_slow(int act, float alpha, float g)
+{
+    return mf_activate_f32(act, alpha, g);
+}
+
+/*
+ * The gate's epilogue for one chunk of a Hopper tile, out of line, its eight values side by
+ * side so that their latencies overlap (a rolled loop of one value at a time left the tensor
+ * cores idle for a quarter of a Mixtral gate tile). The chunk lies in the calling thread's
+ * column of shared memory, STRIDE floats apart: gate values at 0..7 and their up values at
+ * 8..15, value j of h column c0 + 8 (j >> 2) + (j & 1); h comes back over the gate values.
+ * gb and ub: the bias elements of column c0 (gate, up), read for columns below ncols only.
+ * mfm_gated's steps and bits, silu by the shared-table exp where it is proved the same.
+ */
+template <int STRIDE>
+static __device__ __noinline__ void mfm_gate_chunk(int act, float alpha, float limit, float beta,
+                                                   const void *bias, int bias_dt, long long gb,
+                                                   long long ub, long long c0, long long ncols,
+                                                   uint32_t tabs, float *buf)
+{
+    float g[8], u[8], a[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        g[j] = buf[j * STRIDE];
+        u[j] = buf[(8 + j) * STRIDE];
+    }
+    if (bias) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * (j >> 2) + (j & 1);
+            if (c0 + c < ncols) {
+                g[j] = __fadd_rn(g[j], mfm_load(bias, bias_dt, gb + c));
+                u[j] = __fadd_rn(u[j], mfm_load(bias, bias_dt, ub + c));
+            }
+        }
+    }
+    if (limit > 0.0f) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            g[j] = mf_clamp_gate(g[j], limit);
+            u[j] = mf_clamp_up(u[j], limit);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        u[j] = mf_add_up_offset(u[j], beta);
+    if (act == MF_ACT_SILU) {
+        bool ok = true;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            ok &= mf_silu_fast_ok(g[j]) != 0;
+            a[j] = mf_silu_fast(g[j], tabs);
+        }
+        if (!ok) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (!mf_silu_fast_ok(g[j]))
+                    a[j] = mfm_act_slow(act, alpha, g[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            a[j] = mfm_act_slow(act, alpha, g[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        buf[j * STRIDE] = mf_mul(a[j], u[j]);
+}
+
 #endif /* MOEFUSE_CUDA_MOE_MATH_CUH */

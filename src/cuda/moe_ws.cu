@@ -206,35 +206,53 @@ static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
  * of thousands of instructions, fetched once per tile and never again (the
  * exact activations are long). So the values go in chunks of 16 through this
  * thread's own column of `buf` (stride WS_CONSUMERS floats: no bank conflict,
- * no barrier), and a rolled loop turns each chunk into outputs.
+ * no barrier), and out-of-line functions turn each chunk into outputs, its
+ * values side by side so that their latencies overlap.
  */
-/* One chunk, rolled: pairs q of (gate: 2 gate + 2 up values, final: 2 values) per row h. */
-template <bool GATE>
-static __device__ __forceinline__ void ws_chunk_out(const MoeOut &o, const long long (&orow)[2],
-                                                    long long c0, const float *mine,
-                                                    uint32_t tabs)
+
+/*
+ * Out of line: PAIRS value pairs of a chunk side by side, pair j (mine[2 j], mine[2 j + 1])
+ * of row j & 1 (output rows orow0 / orow1, -1: none) at columns c0 + 8 (j >> 1) and the next;
+ * the final's bias added (bb: the bias element of column c0); each value rounded once, a pair
+ * in one store where the row allows it (vec).
+ */
+template <int PAIRS, bool BIAS>
+static __device__ __noinline__ void ws_store_chunk(void *out, int out_dt, int vec, long long ncols,
+                                                   const void *bias, int bias_dt, long long bb,
+                                                   long long orow0, long long orow1,
+                                                   long long c0, const float *mine)
 {
-    constexpr int PAIRS = GATE ? 2 : 4; /* accumulator columns i in the chunk */
-#pragma unroll 1
-    for (int q = 0; q < PAIRS; q++) {
-        const long long c = c0 + 8 * q;
-#pragma unroll 1
-        for (int h = 0; h < 2; h++) {
-            if (orow[h] < 0 || c >= o.ncols)
-                continue;
-            const float *m = mine + (GATE ? q * 8 : q * 4) * WS_CONSUMERS;
-            float v[2] = {m[(2 * h) * WS_CONSUMERS], m[(2 * h + 1) * WS_CONSUMERS]};
-            if (GATE) {
-                float u[2] = {m[(4 + 2 * h) * WS_CONSUMERS], m[(5 + 2 * h) * WS_CONSUMERS]};
-                moe_add_bias_n<2>(o, o.bias_g, c, v);
-                moe_add_bias_n<2>(o, o.bias_u, c, u);
+    float v[2 * PAIRS];
 #pragma unroll
-                for (int x = 0; x < 2; x++)
-                    v[x] = mfm_gated_tab(o.act, o.alpha, o.limit, o.beta, v[x], u[x], tabs);
-            } else {
-                moe_add_bias_n<2>(o, o.bias_g, c, v);
-            }
-            moe_store_n<2>(o, orow[h], c, v);
+    for (int i = 0; i < 2 * PAIRS; i++)
+        v[i] = mine[i * WS_CONSUMERS];
+    if (BIAS && bias) {
+#pragma unroll
+        for (int i = 0; i < 2 * PAIRS; i++) {
+            const long long c = 8 * (i >> 2) + (i & 1);
+            if (c0 + c < ncols)
+                v[i] = __fadd_rn(v[i], mfm_load(bias, bias_dt, bb + c));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < PAIRS; j++) {
+        const long long orow = (j & 1) ? orow1 : orow0, c = c0 + 8 * (j >> 1);
+        if (orow < 0 || c >= ncols)
+            continue;
+        const long long at = orow + c;
+        if (vec && c + 2 <= ncols) {
+            if (out_dt == MF_DT_F32)
+                *(float2 *)((float *)out + at) = make_float2(v[2 * j], v[2 * j + 1]);
+            else if (out_dt == MF_DT_BF16)
+                *(uint32_t *)((uint16_t *)out + at) =
+                    mf_f32_to_bf16(v[2 * j]) | ((uint32_t)mf_f32_to_bf16(v[2 * j + 1]) << 16);
+            else
+                *(uint32_t *)((uint16_t *)out + at) =
+                    mf_f32_to_f16(v[2 * j]) | ((uint32_t)mf_f32_to_f16(v[2 * j + 1]) << 16);
+        } else {
+            mfm_store(out, out_dt, at, v[2 * j]);
+            if (c + 1 < ncols)
+                mfm_store(out, out_dt, at + 1, v[2 * j + 1]);
         }
     }
 }
@@ -245,29 +263,41 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
                                                    uint32_t tabs)
 {
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
-    const MoeOut o = moe_out_params(p, t.e);
     const int r = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3);
-    const long long orow[2] = {t.orow[r], t.orow[r + 8]};
+    const long long orow0 = t.orow[r], orow1 = t.orow[r + 8];
+    /* a warp without a slot (the padding of a tile) has nothing to write */
+    if (!__any_sync(0xFFFFFFFFu, orow0 >= 0 || orow1 >= 0))
+        return;
+    const long long ncols = p.ncols, be = t.e * p.bias_s0;
     const long long c0 = t.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
     float *mine = buf + ctid;
     constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
-    static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
 #pragma unroll
     for (int ch = 0; ch < (GATE ? 16 : 32) / PER; ch++) {
+        const long long cc = c0 + 8 * PER * ch;
 #pragma unroll
         for (int q = 0; q < PER; q++) {
             const int i = ch * PER + q;
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                if (GATE) {
-                    mine[(q * 8 + v) * WS_CONSUMERS] = acc[4 * i + v];
-                    mine[(q * 8 + 4 + v) * WS_CONSUMERS] = acc[4 * (i + 16) + v];
+                if (GATE) { /* mfm_gate_chunk's layout: gate values at 0..7, up at 8..15 */
+                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * i + v];
+                    mine[(8 + 4 * q + v) * WS_CONSUMERS] = acc[4 * (i + 16) + v];
                 } else {
-                    mine[(q * 4 + v) * WS_CONSUMERS] = acc[4 * i + v];
+                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * i + v];
                 }
             }
         }
-        ws_chunk_out<GATE>(o, orow, c0 + 8 * ch * PER, mine, tabs);
+        if (GATE) { /* (moe_ws.cu takes only weights whose gate and up rows are row_step 1) */
+            mfm_gate_chunk<WS_CONSUMERS>(p.act, p.alpha, p.limit, p.up_offset, p.bias, p.bias_dt,
+                                         be + p.gate_row + cc, be + p.up_row + cc, cc, ncols,
+                                         tabs, mine);
+            ws_store_chunk<4, false>(p.out, p.out_dt, p.vec_out, ncols, nullptr, 0, 0, orow0,
+                                     orow1, cc, mine);
+        } else {
+            ws_store_chunk<8, true>(p.out, p.out_dt, p.vec_out, ncols, p.bias, p.bias_dt, be + cc,
+                                    orow0, orow1, cc, mine);
+        }
     }
 }
 
