@@ -96,10 +96,12 @@ static int forced_cfg(const cuda_state *s, int simt, int cfg)
     return f;
 }
 
-/* Elements of one expert's weight matrix (K x I) from which routed calls take moe_ws.cu:
- * on the H100 it wins from here (Mixtral, DeepSeek-V3) and loses below (Qwen3-30B-A3B's
- * 2048 x 768, where moe_wgmma.cu and the mma.sync tiles are faster). */
-#define MOE_WS_MIN_EXPERT ((int64_t)1 << 22)
+/* Elements of one expert's weight matrix (K x I) from which routed calls take moe_ws.cu. On
+ * an H200, once its epilogue held a chunk's values side by side, it beat moe_wgmma.cu and the
+ * mma.sync tiles on Qwen3-30B-A3B's 2048 x 768 experts (1.5 M) at every routed M measured,
+ * 32 to 4096 (by 2% to 14%), as it did on Mixtral's and DeepSeek-V3's; smaller experts were
+ * not measured and keep the other kernels. */
+#define MOE_WS_MIN_EXPERT ((int64_t)1 << 20)
 
 /* Largest S handled in direct mode (one warp looks at every slot; tile height 16). */
 #define MOE_DIRECT_MAX_SLOTS 16
