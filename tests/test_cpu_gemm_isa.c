@@ -44,6 +44,15 @@ START_TEST(t_moe_gemm_levels)
         memset(&r, 0, sizeof r);
         r.topk_ids = ids->t;
         r.topk_weights = wts->t;
+        /* the gate's epilogue (bias, clamp, up offset, each activation: the row kernels'
+         * act_mul at the vector levels) in the same comparison */
+        tbuf *b1 = h_randint(0, 1) ? tb_upload_unif(tb_new2("b1", dt, E, 2 * I, 0, 1), -1, 1)
+                                   : NULL;
+        const moefuse_moe_options o = {
+            .activation = (moefuse_activation)h_randint(0, MOEFUSE_ACT_COUNT_ - 1),
+            .order = h_randint(0, 1) ? MOEFUSE_GATE_INTERLEAVED : MOEFUSE_GATE_FIRST,
+            .limit = h_randint(0, 1) ? 4.0f : 0.0f,
+            .up_offset = h_randint(0, 1) ? 1.0f : 0.0f};
         unsigned char *pristine = malloc(out->total), *ref = malloc(out->total);
         memcpy(pristine, out->full, out->total);
         for (int lvl = MF_CPU_ISA_SCALAR; lvl < MF_CPU_ISA_COUNT; lvl++) {
@@ -52,7 +61,8 @@ START_TEST(t_moe_gemm_levels)
             memcpy(out->full, pristine, out->total);
             tb_upload(out);
             const moefuse_status st =
-                CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), NULL, NULL, &r, T(out), NULL));
+                CALL(moefuse_moe_forward(g_ctx, T(x), T(w1), T(w2), b1 ? T(b1) : NULL, NULL, &r,
+                                         T(out), &o));
             HCHECK(st == MOEFUSE_OK, "moe_forward at %s: %s (%s)", mf_cpu_isa_name((mf_cpu_isa)lvl),
                    moefuse_status_name(st), moefuse_last_error(g_ctx));
             if (lvl == MF_CPU_ISA_SCALAR) {
@@ -63,10 +73,11 @@ START_TEST(t_moe_gemm_levels)
             while (b < out->total && out->full[b] == ref[b])
                 b++;
             HCHECK(b == out->total,
-                   "moe_forward M=%lld E=%lld k=%lld K=%lld I=%lld dtype %d: %s differs from "
-                   "scalar at byte %zu of %zu",
+                   "moe_forward M=%lld E=%lld k=%lld K=%lld I=%lld dtype %d (bias %d, act %d, "
+                   "order %d, limit %g, up offset %g): %s differs from scalar at byte %zu of %zu",
                    (long long)M, (long long)E, (long long)k, (long long)K, (long long)I, (int)dt,
-                   mf_cpu_isa_name((mf_cpu_isa)lvl), b, out->total);
+                   b1 != NULL, (int)o.activation, (int)o.order, (double)o.limit,
+                   (double)o.up_offset, mf_cpu_isa_name((mf_cpu_isa)lvl), b, out->total);
         }
         free(pristine);
         free(ref);

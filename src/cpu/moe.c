@@ -5,11 +5,12 @@
  * is written by exactly one work item, and its dot product is accumulated in a fixed
  * order (gemm.h), so results do not depend on the thread count or the schedule.
  */
-#include "cpu/activation.h"
+#include "cpu/activation.h" /* mf_gate_at, mf_up_at, mf_gate_step */
 #include "cpu/cpu_internal.h"
 #include "cpu/gemm.h"
 #include "cpu/moe_slots.h"
 #include "cpu/numerics.h"
+#include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
 
 #include <stdbool.h>
@@ -35,7 +36,7 @@ typedef struct thread_bufs {
     mf_gemm_scratch g;
     float *c;      /* MB x NB */
     int64_t *cols; /* NB weight row ids */
-    float *row;    /* max(NB, K) floats */
+    float *row;    /* max(2 NB, K) floats */
 } thread_bufs;
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
@@ -52,7 +53,8 @@ static size_t work_layout(const mf_moe_args *a, bool need_y, work *w)
         c = c < 1 ? 1 : c;
         w->chunk = c < w->chunk ? c : w->chunk;
     }
-    const int64_t rowlen = K > NB ? K : NB;
+    /* the final's y rows (K); the gate's act_mul scratch (3 x NB / 2, rows_isa.h) */
+    const int64_t rowlen = K > 2 * NB ? K : 2 * NB;
     w->thread_stride = round64((size_t)MF_GEMM_A_PACK * 4) + round64((size_t)NB * KC * 4) +
                        round64((size_t)NR * KC * 4) + round64((size_t)MB * NB * 4) +
                        round64((size_t)NB * 8) + round64((size_t)rowlen * 4);
@@ -129,26 +131,34 @@ static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int
     }
     mf_gemm_tile(&a->x, 0, a->topk, slots, ms, &a->w1, e, t->cols, 2 * nbp, a->model_dim, t->c,
                  &t->g);
+    /* h = act(g) * u by the row kernels' act_mul (clamp, up offset, activation, one rounding
+     * to h's dtype: the same steps and bits as computed here one channel at a time, in the
+     * level's vectors) over each tile row, made [g + b | u + b] of nb values each */
+    mf_row_plan act = {0};
+    act.hidden = nb;
+    act.in_dtype = MOEFUSE_F32;
+    act.out_dtype = a->h.dtype;
+    act.activate = true;
+    act.order = MOEFUSE_GATE_FIRST;
+    act.activation = (int)a->opt.activation;
+    act.alpha = a->opt.alpha;
+    act.limit = a->opt.limit;
+    act.up_offset = a->opt.up_offset;
+    const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     const int64_t ldc = 2 * nbp;
     const bool bias = a->b1.data != NULL;
-    const float limit = a->opt.limit;
     for (int64_t r = 0; r < ms; r++) {
-        const float *cg = t->c + r * ldc, *cu = cg + nbp;
-        for (int64_t c = 0; c < nb; c++) {
-            float g = cg[c], u = cu[c];
-            if (bias) {
-                g = g + mf_load_elem(mf_at2(&a->b1, e, t->cols[c]), a->b1.dtype);
-                u = u + mf_load_elem(mf_at2(&a->b1, e, t->cols[nbp + c]), a->b1.dtype);
+        float *cg = t->c + r * ldc, *cu = cg + nbp;
+        if (bias)
+            for (int64_t c = 0; c < nb; c++) {
+                cg[c] = cg[c] + mf_load_elem(mf_at2(&a->b1, e, t->cols[c]), a->b1.dtype);
+                cu[c] = cu[c] + mf_load_elem(mf_at2(&a->b1, e, t->cols[nbp + c]), a->b1.dtype);
             }
-            if (limit > 0.0f) {
-                g = mf_clamp_gate(g, limit);
-                u = mf_clamp_up(u, limit);
-            }
-            u = mf_add_up_offset(u, a->opt.up_offset);
-            t->row[c] = mf_activate(a->opt.activation, a->opt.alpha, g) * u;
-        }
+        if (nbp != nb) /* the up values right after the gate values */
+            memmove(cg + nb, cu, (size_t)nb * sizeof(float));
         const int64_t s = slots[r];
-        mf_store_row(mf_at3(&a->h, s / a->topk, s % a->topk, i0), t->row, a->h.dtype, nb);
+        kern->act_mul_row(&act, cg, 1.0f, 1.0f, mf_at3(&a->h, s / a->topk, s % a->topk, i0),
+                          t->row);
     }
 }
 
