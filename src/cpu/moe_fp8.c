@@ -100,8 +100,8 @@ typedef struct thread_bufs {
     float *acc;     /* [TILE][2 * BLK] */
     float *a_scale; /* [TILE][D / BLK] group scales of the tile's rows */
     const uint8_t **a_rows; /* [TILE] code rows */
-    float *row;     /* max(D, BLK) floats: h or y of one row, quantizer input */
-    float *qtmp;    /* 3 * max(K, BLK) + groups floats, then groups bytes: the quantizer's */
+    float *row;     /* max(D, BLK) floats: y of one row (the final) */
+    float *qtmp;    /* max(3 max(K, BLK), 5 BLK) + groups floats, then groups bytes: the quantizer's */
 } thread_bufs;
 
 typedef struct work {
@@ -138,6 +138,9 @@ static size_t work_layout(const mf_moe_args *a, step st, work *w)
     const int64_t S = slot_count(a), E = a->experts, K = a->model_dim, k = a->topk;
     const int64_t depth = st == STEP_GATE ? K : a->inter_dim;
     const int64_t widest = K > BLK ? K : BLK;
+    /* the quantizer's scratch: x rows of K (3 K), or the gate's interleaved [g, u] rows of
+     * BLK taken apart first (5 BLK, rows_isa.h) */
+    const int64_t qfloats = 3 * widest > 5 * BLK ? 3 * widest : 5 * BLK;
     w->nt = mf_cpu_max_threads();
     w->chunk = a->tokens > 0 ? a->tokens : 1;
     const bool need_y = st == STEP_FINAL && a->reduce;
@@ -150,7 +153,7 @@ static size_t work_layout(const mf_moe_args *a, step st, work *w)
                        round64((size_t)TILE * 2 * BLK * 4) +
                        round64((size_t)TILE * (size_t)(depth / BLK) * 4) +
                        round64((size_t)TILE * sizeof(void *)) + round64((size_t)widest * 4) +
-                       round64((size_t)(3 * widest + K / BLK) * 4 + (size_t)(K / BLK));
+                       round64((size_t)(qfloats + K / BLK) * 4 + (size_t)(K / BLK));
     size_t bytes = round64(256 * 8) + mf_slot_plan_bytes(S, E);
     if (quantizes_x(a, st))
         bytes += round64((size_t)(x_rows(a) * K)) + round64((size_t)(x_rows(a) * (K / BLK)) * 4);
@@ -322,31 +325,34 @@ static void gate_item(const mf_moe_args *a, const work *wk, thread_bufs *t, int6
     gate_tile_rows(a, wk, t, slots, ms);
     block_gemm(wk, t, ms, &a->w1, &a->w1_scales, e, rb, 2, a->model_dim);
 
-    mf_row_plan act = {0};
-    act.activation = (int)a->opt.activation;
-    act.alpha = a->opt.alpha;
-    act.limit = a->opt.limit;
-    act.up_offset = a->opt.up_offset;
-    const mf_row_plan qp = quant_plan(a, MOEFUSE_F32, BLK);
+    /* h of the tile row's [g + b, u + b] in the tile's order, quantized in the same pass: the
+     * row kernels' act_quant (clamp, up offset, activation; no factors, no rounding), in the
+     * level's vectors */
+    mf_row_plan hq = quant_plan(a, MOEFUSE_F32, BLK);
+    hq.activate = true;
+    hq.order = tile_order;
+    hq.activation = (int)a->opt.activation;
+    hq.alpha = a->opt.alpha;
+    hq.limit = a->opt.limit;
+    hq.up_offset = a->opt.up_offset;
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     const bool bias = a->b1.data != NULL;
     const int64_t groups = I / BLK;
     for (int64_t i = 0; i < ms; i++) {
-        const float *tile = t->acc + i * 2 * BLK;
-        for (int64_t c = 0; c < BLK; c++) {
-            float gv = tile[tile_gate + c * step], uv = tile[tile_up + c * step];
-            if (bias) {
-                gv = gv + mf_load_elem(mf_at2(&a->b1, e, gate_row + (c0 + c) * step), a->b1.dtype);
-                uv = uv + mf_load_elem(mf_at2(&a->b1, e, up_row + (c0 + c) * step), a->b1.dtype);
+        float *tile = t->acc + i * 2 * BLK;
+        if (bias)
+            for (int64_t c = 0; c < BLK; c++) {
+                float *gv = tile + tile_gate + c * step, *uv = tile + tile_up + c * step;
+                *gv = *gv + mf_load_elem(mf_at2(&a->b1, e, gate_row + (c0 + c) * step),
+                                         a->b1.dtype);
+                *uv = *uv + mf_load_elem(mf_at2(&a->b1, e, up_row + (c0 + c) * step),
+                                         a->b1.dtype);
             }
-            /* the row kernels' own clamp and activation (no factors, no rounding) */
-            t->row[c] = mf_cpu_h_channel(&act, gv, uv, 1.0f, 1.0f);
-        }
         int64_t i0, i1, lead, row;
         h_coords(a, slots[i], &i0, &i1, &lead, &row);
         float s;
         uint8_t ue;
-        kern->quant_row(&qp, t->row, 1.0f, 1.0f, mf_at3(&a->h, i0, i1, c0), &s, &ue, t->qtmp);
+        kern->quant_row(&hq, tile, 1.0f, 1.0f, mf_at3(&a->h, i0, i1, c0), &s, &ue, t->qtmp);
         mf_cpu_put_scale(&a->h_scales, act_layout(a), lead, row, g, s, ue);
         if (g == groups - 1) /* the unused bytes of the row's last packed word */
             for (int64_t u = groups; u < mf_cpu_scale_slots(act_layout(a), groups); u++)
