@@ -272,6 +272,7 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
     const long long c0 = t.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
     float *mine = buf + ctid;
     constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
+    static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
 #pragma unroll
     for (int ch = 0; ch < (GATE ? 16 : 32) / PER; ch++) {
         const long long cc = c0 + 8 * PER * ch;
