@@ -131,9 +131,9 @@ static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int
     }
     mf_gemm_tile(&a->x, 0, a->topk, slots, ms, &a->w1, e, t->cols, 2 * nbp, a->model_dim, t->c,
                  &t->g);
-    /* h = act(g) * u by the row kernels' act_mul (clamp, up offset, activation, one rounding
-     * to h's dtype: the same steps and bits as computed here one channel at a time, in the
-     * level's vectors) over each tile row, made [g + b | u + b] of nb values each */
+    /* h = act(g) * u by the row kernels' act_mul over each tile row, made [g + b | u + b] of
+     * nb values each: clamp, up offset, activation and one rounding to h's dtype, the steps
+     * and bits of the scalar reference (mf_cpu_h_channel), in the level's vectors */
     mf_row_plan act = {0};
     act.hidden = nb;
     act.in_dtype = MOEFUSE_F32;
