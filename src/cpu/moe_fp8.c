@@ -101,7 +101,8 @@ typedef struct thread_bufs {
     float *a_scale; /* [TILE][D / BLK] group scales of the tile's rows */
     const uint8_t **a_rows; /* [TILE] code rows */
     float *row;     /* max(D, BLK) floats: y of one row (the final) */
-    float *qtmp;    /* max(3 max(K, BLK), 5 BLK) + groups floats, then groups bytes: the quantizer's */
+    float *qtmp;    /* max(3 max(K, BLK), 5 BLK) + groups floats, then groups bytes: the
+                     * quantizer's */
 } thread_bufs;
 
 typedef struct work {
