@@ -132,18 +132,12 @@ static void gate_item(const mf_moe_args *a, int64_t e, const int64_t *slots, int
     mf_gemm_tile(&a->x, 0, a->topk, slots, ms, &a->w1, e, t->cols, 2 * nbp, a->model_dim, t->c,
                  &t->g);
     /* h = act(g) * u by the row kernels' act_mul over each tile row, made [g + b | u + b] of
-     * nb values each: clamp, up offset, activation and one rounding to h's dtype, the steps
-     * and bits of the scalar reference (mf_cpu_h_channel), in the level's vectors */
+     * nb values each, rounded once to h's dtype */
     mf_row_plan act = {0};
     act.hidden = nb;
     act.in_dtype = MOEFUSE_F32;
     act.out_dtype = a->h.dtype;
-    act.activate = true;
-    act.order = MOEFUSE_GATE_FIRST;
-    act.activation = (int)a->opt.activation;
-    act.alpha = a->opt.alpha;
-    act.limit = a->opt.limit;
-    act.up_offset = a->opt.up_offset;
+    mf_slot_gate_act(&act, a, MOEFUSE_GATE_FIRST);
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     const int64_t ldc = 2 * nbp;
     const bool bias = a->b1.data != NULL;

@@ -326,16 +326,10 @@ static void gate_item(const mf_moe_args *a, const work *wk, thread_bufs *t, int6
     gate_tile_rows(a, wk, t, slots, ms);
     block_gemm(wk, t, ms, &a->w1, &a->w1_scales, e, rb, 2, a->model_dim);
 
-    /* h of the tile row's [g + b, u + b] in the tile's order, quantized in the same pass: the
-     * row kernels' act_quant (clamp, up offset, activation; no factors, no rounding), in the
-     * level's vectors */
+    /* h of the tile row's [g + b, u + b] in the tile's order, quantized in the same pass by
+     * the row kernels' act_quant (no factors, no rounding of h) */
     mf_row_plan hq = quant_plan(a, MOEFUSE_F32, BLK);
-    hq.activate = true;
-    hq.order = tile_order;
-    hq.activation = (int)a->opt.activation;
-    hq.alpha = a->opt.alpha;
-    hq.limit = a->opt.limit;
-    hq.up_offset = a->opt.up_offset;
+    mf_slot_gate_act(&hq, a, tile_order);
     const mf_cpu_row_kernels *kern = mf_cpu_row_kernels_active();
     const bool bias = a->b1.data != NULL;
     const int64_t groups = I / BLK;

@@ -2,12 +2,14 @@
  * The routing side of the CPU MoE GEMMs, shared by moe.c (bf16/f16/f32) and moe_fp8.c: the
  * local expert of a slot, the slots of a range grouped by expert into work items (expert,
  * tile of slots, column block), the rows of invalid slots (zeroed), the bias of a final row,
- * and the fixed-order top-k sum of the reduced final.
+ * and the fixed-order top-k sum of the reduced final; and the gate's activation as the row
+ * kernels take it.
  */
 #ifndef MOEFUSE_CPU_MOE_SLOTS_H
 #define MOEFUSE_CPU_MOE_SLOTS_H
 
 #include "core/backend.h"
+#include "cpu/rows_isa.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -20,6 +22,21 @@ typedef struct mf_slot_plan {
     int64_t *items;     /* [E+1] prefix of work items per expert */
     int64_t col_blocks; /* column blocks per slot tile */
 } mf_slot_plan;
+
+/*
+ * The gate's h = act(g) * u (clamp, up offset, activation of the call's options) in a row plan
+ * whose rows hold [g, u] in `order`: the row kernels then compute h with the reference's bits
+ * (mf_cpu_h_channel), in the level's vectors.
+ */
+static inline void mf_slot_gate_act(mf_row_plan *p, const mf_moe_args *a, int order)
+{
+    p->activate = true;
+    p->order = order;
+    p->activation = (int)a->opt.activation;
+    p->alpha = a->opt.alpha;
+    p->limit = a->opt.limit;
+    p->up_offset = a->opt.up_offset;
+}
 
 /* Shared experts as slots (backend.h, mf_shared_args): the ids and weights of k + n slots. */
 moefuse_status mf_cpu_moe_shared_routing(moefuse_context *ctx, void *state,
