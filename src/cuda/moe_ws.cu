@@ -18,15 +18,16 @@
  *    with wgmma m64n256k16, one wgmma group in flight while the next stage is
  *    waited for; a stage is released as soon as the wgmma that read it is done.
  *    Epilogue from the accumulators (gate: activation; final: y, or y in f32
- *    for moe_reduce.cu's top-k sum), synchronised among the consumers alone
- *    (named barrier WS_BAR), while the producer already loads the next tile.
+ *    for moe_reduce.cu's top-k sum), with no barrier among the consumers,
+ *    while the producer already loads the next tile.
  *    Routed calls only: direct mode's launches go to moe_wgmma.cu.
  * Scheduler: grid = min(tiles, SMs); each block takes its next tile from a
  * counter (ws_take_tile), in the route's order (expert, column block, m-tile
  * fastest), so the blocks at work at any time share an expert's weight rows
  * through L2. The producer reads each tile's slot list for its gather anyway
- * and leaves the rows' output offsets in the tile's slot for the consumers,
- * who thus start a tile without a global load.
+ * and leaves the rows' output offsets in a ring of tile slots, where the
+ * consumers read them in place until their epilogue is done: a tile starts
+ * without a global load or a barrier.
  *
  * Numerics: the four k16 steps of a depth tile in order, tiles in order,
  * with the same instruction as moe_wgmma.cu: the same bits (NUMERICS.md).
@@ -54,10 +55,9 @@ static_assert(MOE_BK == 16 * WG_K16_STEPS, "a stage holds the k16 steps of wgmma
 #define WS_BOX_BYTES (128 * 128) /* one TMA box: 128 rows of 64 elements */
 #define WS_STAGE_BYTES ((WS_BM + WS_BN) * 128)
 #define WS_FULL_ARRIVALS (128 + 1) /* producer threads' cp.async, and the TMA announcement */
-#define WS_EMPTY_ARRIVALS 8        /* consumer warps */
-#define WS_BAR 1                   /* named barrier of the consumers */
-#define WS_BAR_PRODUCER 2          /* and of the producer warpgroup */
-#define WS_TILE_SLOTS 2            /* tiles taken ahead of the consumers */
+#define WS_CONSUMER_WARPS 8        /* arrivals that free a stage or a tile slot */
+#define WS_BAR_PRODUCER 2          /* named barrier of the producer warpgroup */
+#define WS_TILE_SLOTS 4            /* tiles taken ahead of the consumers */
 #define WS_TILE_FILLERS 128        /* producer threads that write a slot */
 /* the epilogue's chunks: WS_CHUNK floats a consumer thread */
 #define WS_CHUNK 16
@@ -66,18 +66,19 @@ static_assert(MOE_BK == 16 * WG_K16_STEPS, "a stage holds the k16 steps of wgmma
 
 /*
  * Tiles taken by the producer, waiting for the consumers (ws_take_tile), with
- * what the consumers' epilogue needs of each row, which the producer reads
- * anyway for its gather: the consumers start a tile without a global load.
+ * the output row of each of the tile's slots, which the producer reads anyway
+ * for its gather: the consumers start a tile without a global load, and read
+ * the slot until their epilogue is done.
  */
 struct WsTiles {
     uint64_t full[WS_TILE_SLOTS];  /* WS_TILE_FILLERS arrivals: tile and rows written */
-    uint64_t empty[WS_TILE_SLOTS]; /* 1 arrival: the consumers copied the slot */
+    uint64_t empty[WS_TILE_SLOTS]; /* WS_CONSUMER_WARPS arrivals: their epilogue is done */
     MoeTileAt at[WS_TILE_SLOTS];
     long long orow[WS_TILE_SLOTS][WS_BM];
 };
 
-/* Static shared memory of the kernel, bounded from above (the barriers, slots and tile). */
-#define WS_STATIC_SMEM (sizeof(WsTiles) + sizeof(MoeTileSmem) + 2 * WS_STAGES * 8 + 256)
+/* Static shared memory of the kernel, bounded from above (barriers, slots, exp table). */
+#define WS_STATIC_SMEM (sizeof(WsTiles) + 2 * WS_STAGES * 8 + 64 * 4 + 256)
 
 typedef struct MoeWsParams {
     CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
@@ -91,7 +92,8 @@ typedef struct MoeWsParams {
  * per block, the tiles at work stay a contiguous range of that order, so the
  * blocks reading an expert's weight rows run at the same time and share them
  * in L2 however unevenly blocks progress. Producer thread 0 takes each tile
- * and hands its description to the consumers through a ring of slots.
+ * and hands its description to the consumers through a ring of slots; once
+ * the tiles are out, the end mark (e = -1).
  */
 static __device__ __forceinline__ void ws_take_tile(const MoeGemm &p, WsTiles &sl,
                                                     const HpPipe<WS_TILE_SLOTS> &ts)
@@ -170,33 +172,6 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
 }
 
 /*
- * The consumers' copy of their next tile (for the epilogue), taken from the
- * producer's slot between two barriers.
- */
-static __device__ __forceinline__ bool ws_tile(const MoeGemm &p, WsTiles &sl,
-                                               HpPipe<WS_TILE_SLOTS> &ts, MoeTileSmem &t, int ctid)
-{
-    moe_sync<WS_BAR, WS_CONSUMERS>(); /* the previous tile's epilogue is done with t */
-    const int slot = ts.stage;
-    hp_mbar_wait(smem_u32(&sl.full[slot]), ts.phase);
-    ts.advance();
-    if (ctid == 0) {
-        const MoeTileAt at = sl.at[slot];
-        t.e = at.e;
-        t.nb = at.nb;
-        t.count = at.count;
-        t.first = at.first;
-        t.zero_mask = t.zero_tok_mask = t.valid_mask = 0u;
-    }
-    if (ctid < WS_BM)
-        t.orow[ctid] = sl.orow[slot][ctid];
-    moe_sync<WS_BAR, WS_CONSUMERS>();
-    if (ctid == 0)
-        hp_mbar_arrive(smem_u32(&sl.empty[slot])); /* copied: the producer may take the next */
-    return t.e >= 0;
-}
-
-/*
  * Epilogue from the accumulators. Accumulator 4 i + v of a thread: tile row
  * 64 cw + 16 warp + lane / 4 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4) + (v & 1).
  * Gate: B rows 0..127 are the gate rows of h columns nb * 128 + 0..127, rows
@@ -258,18 +233,19 @@ static __device__ __noinline__ void ws_store_chunk(void *out, int out_dt, int ve
 }
 
 template <bool GATE>
-static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileSmem &t,
+static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileAt &at,
+                                                   const long long *orow,
                                                    const float (&acc)[128], float *buf, int ctid,
                                                    uint32_t tabs)
 {
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int r = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3);
-    const long long orow0 = t.orow[r], orow1 = t.orow[r + 8];
+    const long long orow0 = orow[r], orow1 = orow[r + 8];
     /* a warp without a slot (the padding of a tile) has nothing to write */
     if (!__any_sync(0xFFFFFFFFu, orow0 >= 0 || orow1 >= 0))
         return;
-    const long long ncols = p.ncols, be = t.e * p.bias_s0;
-    const long long c0 = t.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
+    const long long ncols = p.ncols, be = at.e * p.bias_s0;
+    const long long c0 = at.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
     float *mine = buf + ctid;
     constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
     static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
@@ -302,19 +278,26 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
     }
 }
 
-/* Consumers: wait for a stage, four wgmma on it, release the stage the previous group read. */
+/*
+ * Consumers: for each tile, from its slot, wait for a stage, four wgmma on it,
+ * release the stage the previous group read; then the epilogue, and the slot
+ * goes back to the producer.
+ */
 template <bool F16, bool GATE>
 static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, WsTiles &sl,
-                                                  MoeTileSmem &t, float *buf, long long KT,
-                                                  uint32_t tabs)
+                                                  float *buf, long long KT, uint32_t tabs)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, lane = ctid & 31;
     HpPipe<WS_STAGES> ps = {0, 0u};
     HpPipe<WS_TILE_SLOTS> ts = {0, 0u};
     for (;;) {
-        if (!ws_tile(p, sl, ts, t, ctid))
+        const int slot = ts.stage;
+        hp_mbar_wait(smem_u32(&sl.full[slot]), ts.phase);
+        ts.advance();
+        const MoeTileAt at = sl.at[slot];
+        if (at.e < 0)
             break;
         float acc[128];
 #pragma unroll
@@ -337,7 +320,10 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         pin(acc);
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));
-        ws_epilogue<GATE>(p, t, acc, buf, ctid, tabs);
+        ws_epilogue<GATE>(p, at, sl.orow[slot], acc, buf, ctid, tabs);
+        __syncwarp();
+        if (lane == 0)
+            hp_mbar_arrive(smem_u32(&sl.empty[slot])); /* this warp is done with the slot */
     }
 }
 #endif
@@ -349,7 +335,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     extern __shared__ uint4 smem_raw[];
     __shared__ uint64_t full[WS_STAGES], empty[WS_STAGES];
     __shared__ WsTiles sl;
-    __shared__ MoeTileSmem t; /* the consumers' */
+    __shared__ __align__(8) float exp_tab[64]; /* mf_exp_tab_fast's table, gate silu */
     const MoeGemm &p = P.g;
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -360,17 +346,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     if (threadIdx.x == 0) {
         for (int st = 0; st < WS_STAGES; st++) {
             hp_mbar_init(smem_u32(&full[st]), WS_FULL_ARRIVALS);
-            hp_mbar_init(smem_u32(&empty[st]), WS_EMPTY_ARRIVALS);
+            hp_mbar_init(smem_u32(&empty[st]), WS_CONSUMER_WARPS);
         }
         for (int st = 0; st < WS_TILE_SLOTS; st++) {
             hp_mbar_init(smem_u32(&sl.full[st]), WS_TILE_FILLERS);
-            hp_mbar_init(smem_u32(&sl.empty[st]), 1); /* consumer 0, once it has read the slot */
+            hp_mbar_init(smem_u32(&sl.empty[st]), WS_CONSUMER_WARPS);
         }
         hp_mbar_init_fence();
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
-    mf_exp_tab_fill(t.exp_tab, threadIdx.x);
+    mf_exp_tab_fill(exp_tab, threadIdx.x);
     __syncthreads();
     if (p.trigger)
         mf_pdl_trigger(); /* the final may launch once every block of this grid started */
@@ -379,8 +365,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
         ws_produce<GATE>(P, sbase, full, empty, sl, KT);
     } else {
         hp_regs_inc<224>();
-        ws_consume<F16, GATE>(p, sbase, full, empty, sl, t, buf, KT,
-                              (uint32_t)__cvta_generic_to_shared(t.exp_tab));
+        ws_consume<F16, GATE>(p, sbase, full, empty, sl, buf, KT,
+                              (uint32_t)__cvta_generic_to_shared(exp_tab));
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
