@@ -265,9 +265,81 @@ START_TEST(t_gpt_oss)
 }
 END_TEST
 
+/*
+ * A final's output with NaN and Inf: both backends give NaN in the same elements, the same
+ * infinities, and the rest within the GEMMs' bound; bytes around the output untouched.
+ */
+static void cmp_special(pair out, int64_t n0, int64_t n1, int64_t n2, double bound, double floor,
+                        const char *what)
+{
+    const size_t n = (size_t)(n0 * n1 * n2);
+    double *vd = values(out.d, n0, n1, n2), *vc = values(out.c, n0, n1, n2);
+    size_t special = 0;
+    for (size_t i = 0; i < n; i++) {
+        HCHECK(isnan(vd[i]) == isnan(vc[i]) && (isfinite(vc[i]) || isnan(vc[i]) || vd[i] == vc[i]),
+               "%s: element %zu is %a on cpu, %a on %s", what, i, vc[i], vd[i], h_backend());
+        if (!isfinite(vc[i]))
+            special++, vd[i] = vc[i] = 0.0;
+    }
+    HCHECK(special > 0, "%s: no NaN or Inf reached the output", what);
+    const double e = h_rel_err_floor(vd, vc, n, 2 * floor);
+    if (e > seen.gemm_rel) seen.gemm_rel = e;
+    HCHECK(e <= bound, "%s: %s vs cpu: relative error %.3g > %.3g", what, h_backend(), e, bound);
+    free(vd);
+    free(vc);
+    unsigned char *j = judged_new(out);
+    for (size_t i = 0; i < out.d->total; i++) j[i] = out.d->logical[i];
+    same_elsewhere(out, j, what);
+}
+
+/*
+ * The final where its 256-column tiles lie whole inside K (K = 512), which the CUDA kernels
+ * store straight from the registers (a row with NaN again, by the rounding that keeps the
+ * CPU's NaN bits), un-reduced in bf16 and f32 (rows 16-byte aligned) and reduced, with NaN,
+ * +Inf and -Inf in three slots' h.
+ */
+START_TEST(t_moe_final_special)
+{
+    const int64_t M = 24, K = 512, I = 64, E = 4, k = 2;
+    for (int v = 0; v < 2; v++) {
+        ecfg c = ebase(MOEFUSE_BF16);
+        c.M = M, c.K = K, c.I = I, c.E = E, c.k = k, c.bias = v == 0;
+        c.odt = v == 0 ? MOEFUSE_BF16 : MOEFUSE_F32;
+        pair h = pair3("h", c.dt, M, k, I, 1, 1), w2 = pair3("w2", c.dt, E, K, I, 1, 1);
+        pair b2 = c.bias ? pair2("b2", c.dt, E, K, 0, 1) : (pair){NULL, NULL};
+        tb_fill_unif(h.d, -1, 1);
+        tb_set(h.d, 3, 0, 5, NAN);
+        tb_set(h.d, 7, 1, 9, INFINITY);
+        tb_set(h.d, 11, 0, 63, -INFINITY);
+        tb_upload(h.d);
+        tb_upload_unif(w2.d, -2 / sqrt((double)I), 2 / sqrt((double)I));
+        if (c.bias)
+            tb_upload_unif(b2.d, -0.5, 0.5);
+        pair ids = pair2("topk_ids", MOEFUSE_I32, M, k, 1, 1);
+        pair wts = pair2("topk_weights", MOEFUSE_F32, M, k, 0, 1);
+        fill_routing(&c, E, ids, wts, (pair){NULL, NULL});
+        moefuse_routing rd = {.topk_ids = ids.d->t, .topk_weights = wts.d->t};
+        moefuse_routing rc = {.topk_ids = ids.c->t, .topk_weights = wts.c->t};
+        moefuse_moe_options o = {0};
+        pair y = pair3("y", c.odt, M, k, K, 4, 0), out = pair2("out", c.odt, M, K, 4, 0);
+        BOTH(moefuse_moe_final(g_ctx, T(h.d), T(w2.d), T(b2.d), &rd, T(y.d), &o),
+             moefuse_moe_final(g_ref, T(h.c), T(w2.c), T(b2.c), &rc, T(y.c), &o), edesc(&c));
+        cmp_special(y, M, k, K, h_gemm_bound(c.odt), h_gemm_floor(c.odt),
+                    h_fmt("moe_final y (un-reduced, NaN and Inf in h) %s", edesc(&c)));
+        BOTH(moefuse_moe_final(g_ctx, T(h.d), T(w2.d), T(b2.d), &rd, T(out.d), &o),
+             moefuse_moe_final(g_ref, T(h.c), T(w2.c), T(b2.c), &rc, T(out.c), &o), edesc(&c));
+        cmp_special(out, M, K, 1, h_gemm_bound(c.odt), h_gemm_floor(c.odt),
+                    h_fmt("moe_final out (NaN and Inf in h) %s", edesc(&c)));
+        tb_free_all();
+    }
+    finish("moe final special");
+}
+END_TEST
+
 void cross_backend_moe_tests(TCase *tc)
 {
     tcase_add_test(tc, t_moe_edges);
     tcase_add_test(tc, t_moe_random);
     tcase_add_test(tc, t_gpt_oss);
+    tcase_add_test(tc, t_moe_final_special);
 }

@@ -167,45 +167,6 @@ static __device__ __noinline__ void f8_y_chunk(void *out, int out_dt, const void
     }
 }
 
-/* Out of line: the bias, which inline would double the kernel's code. */
-static __device__ __noinline__ float2 f8_bias_pair(const void *bias, int bias_dt, long long i)
-{
-    return make_float2(mfm_load(bias, bias_dt, i), mfm_load(bias, bias_dt, i + 1));
-}
-
-/*
- * Row h's 128 values of y + bias (base: the row's element of the tile's column c0), a pair a
- * store, bf16 by the hardware's pair conversion. That conversion gives mf_f32_to_bf16's bits
- * but for NaN: returns whether any value was NaN, and then the caller stores the row again.
- */
-template <bool BF16>
-static __device__ __forceinline__ bool f8_y_row(void *out, const void *bias, int bias_dt,
-                                                long long bb, long long at0, int h,
-                                                const float (&m)[128])
-{
-    bool nan = false;
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int off = 128 * w + 8 * i;
-            float lo = m[64 * w + 4 * i + 2 * h], hi = m[64 * w + 4 * i + 2 * h + 1];
-            if (bias) { /* no +0 without a bias: it would turn -0 into +0 */
-                const float2 b = f8_bias_pair(bias, bias_dt, bb + off);
-                lo = __fadd_rn(lo, b.x);
-                hi = __fadd_rn(hi, b.y);
-            }
-            if (BF16) {
-                nan |= (lo != lo) | (hi != hi);
-                *(uint32_t *)((uint16_t *)out + at0 + off) = mf_bf16x2_rn(lo, hi);
-            } else {
-                *(float2 *)((float *)out + at0 + off) = make_float2(lo, hi);
-            }
-        }
-    }
-    return nan;
-}
-
 /* Final: y = main + bias in out's dtype; wave w's columns nb * 256 + 128 w + 8 i + ... */
 static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
                                                     long long nb, const long long (&row)[2],
@@ -239,9 +200,9 @@ static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long 
                 if (base[h] < 0)
                     continue;
                 if (out_dt == MF_DT_BF16)
-                    nan |= f8_y_row<true>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
+                    nan |= mfm_y_row<true>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
                 else
-                    f8_y_row<false>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
+                    mfm_y_row<false>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
             }
             if (!nan)
                 return;

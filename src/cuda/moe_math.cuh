@@ -69,26 +69,19 @@ static __device__ __noinline__ float mfm_act_slow(int act, float alpha, float g)
 }
 
 /*
- * The gate's epilogue for one chunk of a Hopper tile, out of line, its eight values side by
- * side so that their latencies overlap (a rolled loop of one value at a time left the tensor
- * cores idle for a quarter of a Mixtral gate tile). The chunk lies in the calling thread's
- * column of shared memory, STRIDE floats apart: gate values at 0..7 and their up values at
- * 8..15, value j of h column c0 + 8 (j >> 2) + (j & 1); h comes back over the gate values.
- * gb and ub: the bias elements of column c0 (gate, up), read for columns below ncols only.
- * mfm_gated's steps and bits, silu by the shared-table exp where it is proved the same.
+ * The gate's epilogue for one chunk of a Hopper tile, its eight values side by side so that
+ * their latencies overlap (a rolled loop of one value at a time left the tensor cores idle
+ * for a quarter of a Mixtral gate tile): g[j] and u[j], value j of h column
+ * c0 + 8 (j >> 2) + (j & 1), and h comes back in g. gb and ub: the bias elements of column
+ * c0 (gate, up), read for columns below ncols only. mfm_gated's steps and bits, silu by the
+ * shared-table exp where it is proved the same.
  */
-template <int STRIDE>
-static __device__ __noinline__ void mfm_gate_chunk(int act, float alpha, float limit, float beta,
-                                                   const void *bias, int bias_dt, long long gb,
-                                                   long long ub, long long c0, long long ncols,
-                                                   uint32_t tabs, float *buf)
+static __device__ __forceinline__ void mfm_gate_vals(int act, float alpha, float limit, float beta,
+                                                     const void *bias, int bias_dt, long long gb,
+                                                     long long ub, long long c0, long long ncols,
+                                                     uint32_t tabs, float (&g)[8], float (&u)[8])
 {
-    float g[8], u[8], a[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        g[j] = buf[j * STRIDE];
-        u[j] = buf[(8 + j) * STRIDE];
-    }
+    float a[8];
     if (bias) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -129,7 +122,69 @@ static __device__ __noinline__ void mfm_gate_chunk(int act, float alpha, float l
     }
 #pragma unroll
     for (int j = 0; j < 8; j++)
-        buf[j * STRIDE] = mf_mul(a[j], u[j]);
+        g[j] = mf_mul(a[j], u[j]);
+}
+
+/*
+ * mfm_gate_vals out of line, on a chunk in the calling thread's column of shared memory,
+ * STRIDE floats apart: gate values at 0..7 and their up values at 8..15; h comes back over
+ * the gate values.
+ */
+template <int STRIDE>
+static __device__ __noinline__ void mfm_gate_chunk(int act, float alpha, float limit, float beta,
+                                                   const void *bias, int bias_dt, long long gb,
+                                                   long long ub, long long c0, long long ncols,
+                                                   uint32_t tabs, float *buf)
+{
+    float g[8], u[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        g[j] = buf[j * STRIDE];
+        u[j] = buf[(8 + j) * STRIDE];
+    }
+    mfm_gate_vals(act, alpha, limit, beta, bias, bias_dt, gb, ub, c0, ncols, tabs, g, u);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        buf[j * STRIDE] = g[j];
+}
+
+/* Out of line: a bias pair (elements i, i + 1), which inline would double a kernel's code. */
+static __device__ __noinline__ float2 mfm_bias_pair(const void *bias, int bias_dt, long long i)
+{
+    return make_float2(mfm_load(bias, bias_dt, i), mfm_load(bias, bias_dt, i + 1));
+}
+
+/*
+ * A final's row of a Hopper tile straight from a thread's m64n256 accumulators (m[4 i + 2 h]
+ * and the next: row h's pair at column 8 i), plus the bias (bb: its element of the thread's
+ * first column), a pair a store at out + at0 + 8 i: some six instructions a pair, where a
+ * chunk through shared memory spends twenty. bf16 by the hardware's pair conversion, which
+ * gives mf_f32_to_bf16's bits but for NaN: returns whether any value was NaN, and then the
+ * caller stores the row again by mfm_store. The caller checks that the pairs are aligned
+ * and inside the output.
+ */
+template <bool BF16>
+static __device__ __forceinline__ bool mfm_y_row(void *out, const void *bias, int bias_dt,
+                                                 long long bb, long long at0, int h,
+                                                 const float (&m)[128])
+{
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        float lo = m[4 * i + 2 * h], hi = m[4 * i + 2 * h + 1];
+        if (bias) { /* no +0 without a bias: it would turn -0 into +0 */
+            const float2 b = mfm_bias_pair(bias, bias_dt, bb + 8 * i);
+            lo = __fadd_rn(lo, b.x);
+            hi = __fadd_rn(hi, b.y);
+        }
+        if (BF16) {
+            nan |= (lo != lo) | (hi != hi);
+            *(uint32_t *)((uint16_t *)out + at0 + 8 * i) = mf_bf16x2_rn(lo, hi);
+        } else {
+            *(float2 *)((float *)out + at0 + 8 * i) = make_float2(lo, hi);
+        }
+    }
+    return nan;
 }
 
 #endif /* MOEFUSE_CUDA_MOE_MATH_CUH */

@@ -186,21 +186,18 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
  */
 
 /*
- * Out of line: PAIRS value pairs of a chunk side by side, pair j (mine[2 j], mine[2 j + 1])
- * of row j & 1 (output rows orow0 / orow1, -1: none) at columns c0 + 8 (j >> 1) and the next;
- * the final's bias added (bb: the bias element of column c0); each value rounded once, a pair
- * in one store where the row allows it (vec).
+ * PAIRS value pairs side by side, pair j (v[2 j], v[2 j + 1]) of row j & 1 (output rows
+ * orow0 / orow1, -1: none) at columns c0 + 8 (j >> 1) and the next; the final's bias added
+ * (bb: the bias element of column c0); each value rounded once, a pair in one store where the
+ * row allows it (vec).
  */
 template <int PAIRS, bool BIAS>
-static __device__ __noinline__ void ws_store_chunk(void *out, int out_dt, int vec, long long ncols,
-                                                   const void *bias, int bias_dt, long long bb,
-                                                   long long orow0, long long orow1,
-                                                   long long c0, const float *mine)
+static __device__ __forceinline__ void ws_store_pairs(void *out, int out_dt, int vec,
+                                                      long long ncols, const void *bias,
+                                                      int bias_dt, long long bb, long long orow0,
+                                                      long long orow1, long long c0,
+                                                      float (&v)[2 * PAIRS])
 {
-    float v[2 * PAIRS];
-#pragma unroll
-    for (int i = 0; i < 2 * PAIRS; i++)
-        v[i] = mine[i * WS_CONSUMERS];
     if (BIAS && bias) {
 #pragma unroll
         for (int i = 0; i < 2 * PAIRS; i++) {
@@ -232,6 +229,40 @@ static __device__ __noinline__ void ws_store_chunk(void *out, int out_dt, int ve
     }
 }
 
+/* Out of line: the final's chunk of 8 pairs from the thread's column of buf (mine). */
+static __device__ __noinline__ void ws_final_chunk(void *out, int out_dt, int vec, long long ncols,
+                                                   const void *bias, int bias_dt, long long bb,
+                                                   long long orow0, long long orow1,
+                                                   long long c0, const float *mine)
+{
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        v[i] = mine[i * WS_CONSUMERS];
+    ws_store_pairs<8, true>(out, out_dt, vec, ncols, bias, bias_dt, bb, orow0, orow1, c0, v);
+}
+
+/*
+ * Out of line: the gate's chunk from the thread's column of buf (mine: gate values at 0..7,
+ * up values at 8..15), activated (mfm_gate_vals) and stored from the registers: h makes no
+ * second trip through shared memory.
+ */
+static __device__ __noinline__ void ws_gate_chunk(const MoeGemm &p, long long gb, long long ub,
+                                                  long long c0, uint32_t tabs, long long orow0,
+                                                  long long orow1, const float *mine)
+{
+    float g[8], u[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        g[j] = mine[j * WS_CONSUMERS];
+        u[j] = mine[(8 + j) * WS_CONSUMERS];
+    }
+    mfm_gate_vals(p.act, p.alpha, p.limit, p.up_offset, p.bias, p.bias_dt, gb, ub, c0, p.ncols,
+                  tabs, g, u);
+    ws_store_pairs<4, false>(p.out, p.out_dt, p.vec_out, p.ncols, nullptr, 0, 0, orow0, orow1, c0,
+                             g);
+}
+
 template <bool GATE>
 static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileAt &at,
                                                    const long long *orow,
@@ -246,6 +277,23 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
         return;
     const long long ncols = p.ncols, be = at.e * p.bias_s0;
     const long long c0 = at.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
+    /* final: the common case straight from the registers (vec_out: every pair aligned) */
+    if (!GATE && p.vec_out && (p.out_dt == MF_DT_F32 || p.out_dt == MF_DT_BF16) &&
+        (at.nb + 1) * WS_BN <= ncols) {
+        bool nan = false;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const long long orow = h ? orow1 : orow0;
+            if (orow < 0)
+                continue;
+            if (p.out_dt == MF_DT_BF16)
+                nan |= mfm_y_row<true>(p.out, p.bias, p.bias_dt, be + c0, orow + c0, h, acc);
+            else
+                mfm_y_row<false>(p.out, p.bias, p.bias_dt, be + c0, orow + c0, h, acc);
+        }
+        if (!nan)
+            return; /* else the chunks below store the rows again, NaN by mf_f32_to_bf16 */
+    }
     float *mine = buf + ctid;
     constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
     static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
@@ -257,7 +305,7 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
             const int i = ch * PER + q;
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                if (GATE) { /* mfm_gate_chunk's layout: gate values at 0..7, up at 8..15 */
+                if (GATE) { /* ws_gate_chunk's layout: gate values at 0..7, up at 8..15 */
                     mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * i + v];
                     mine[(8 + 4 * q + v) * WS_CONSUMERS] = acc[4 * (i + 16) + v];
                 } else {
@@ -265,16 +313,12 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
                 }
             }
         }
-        if (GATE) { /* (moe_ws.cu takes only weights whose gate and up rows are row_step 1) */
-            mfm_gate_chunk<WS_CONSUMERS>(p.act, p.alpha, p.limit, p.up_offset, p.bias, p.bias_dt,
-                                         be + p.gate_row + cc, be + p.up_row + cc, cc, ncols,
-                                         tabs, mine);
-            ws_store_chunk<4, false>(p.out, p.out_dt, p.vec_out, ncols, nullptr, 0, 0, orow0,
-                                     orow1, cc, mine);
-        } else {
-            ws_store_chunk<8, true>(p.out, p.out_dt, p.vec_out, ncols, p.bias, p.bias_dt, be + cc,
-                                    orow0, orow1, cc, mine);
-        }
+        if (GATE) /* (moe_ws.cu takes only weights whose gate and up rows are row_step 1) */
+            ws_gate_chunk(p, be + p.gate_row + cc, be + p.up_row + cc, cc, tabs, orow0, orow1,
+                          mine);
+        else
+            ws_final_chunk(p.out, p.out_dt, p.vec_out, ncols, p.bias, p.bias_dt, be + cc, orow0,
+                           orow1, cc, mine);
     }
 }
 
