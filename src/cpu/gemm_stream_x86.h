@@ -113,6 +113,9 @@ L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf
 
 /* Depth positions of a transposed panel: 16 columns of them are 4 KiB, in L1. */
 #define GS_PANEL_K 64
+/* Panels ahead whose weight lines are asked for in L2 (2-core EPYC, Qwen3-30B-A3B M = 256,
+ * docs/PERFORMANCE.md: 1 ahead gained 3% f32, 2 ahead 9%, 3 no more; into L1, f32 lost) */
+#define GS_PREFETCH 2
 
 #ifdef GS_ZMM
 /* Sixteen values of a weight row from depth k (f32 or bf16, widened exactly). */
@@ -263,6 +266,21 @@ L void rows_panel(const float *a, int64_t lda, const float *panel, int64_t k, in
 }
 
 /*
+ * Asks for bytes [from, from + len) of the sixteen weight rows in L2, not L1: rows a multiple of
+ * 4 KiB apart would put all sixteen lines of one depth in one set of the 8-way L1. Without it
+ * the panel's loads wait on DRAM while no product runs, and the products then run while no
+ * line is on its way: the layer took about the sum of its weight stream and its FMAs.
+ */
+L void prefetch_panel(const char *const rows[16], int64_t from, int64_t len)
+{
+    for (int j = 0; j < 16; j++) {
+        for (int64_t b = 0; b < len; b += 64)
+            _mm_prefetch(rows[j] + from + b, _MM_HINT_T1);
+        _mm_prefetch(rows[j] + from + len - 1, _MM_HINT_T1); /* a row not line-aligned */
+    }
+}
+
+/*
  * More rows than a group (GS_MS): each 16 columns' weights are transposed once a panel of
  * GS_PANEL_K depth positions, and every group of rows multiplies that panel; streaming each
  * group on its own transposed every weight once a group.
@@ -271,9 +289,13 @@ L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *con
                         int bf16, int64_t kc, float *c, int64_t ldc)
 {
     float panel[GS_PANEL_K * 16] __attribute__((aligned(64)));
+    const int64_t esz = bf16 ? 2 : 4;
     for (int64_t k0 = 0; k0 < kc; k0 += GS_PANEL_K) {
         const int64_t kb = kc - k0 < GS_PANEL_K ? kc - k0 : GS_PANEL_K;
         panel16(rows, bf16, k0, kb, panel);
+        const int64_t kp = k0 + GS_PREFETCH * GS_PANEL_K; /* while this panel is multiplied */
+        if (kp < kc)
+            prefetch_panel(rows, kp * esz, (kc - kp < GS_PANEL_K ? kc - kp : GS_PANEL_K) * esz);
         for (int64_t i0 = 0; i0 < ms; i0 += GS_MS) {
             const float *ai = a + i0 * lda;
             float *ci = c + i0 * ldc;
