@@ -114,7 +114,7 @@ L void columns16(const float *a, int64_t lda, const char *const rows[16], int bf
 /* Depth positions of a transposed panel: 16 columns of them are 4 KiB, in L1. */
 #define GS_PANEL_K 64
 /* Panels ahead whose weight lines are asked for in L2 (2-core EPYC, Qwen3-30B-A3B M = 256,
- * docs/PERFORMANCE.md: 1 ahead gained 3% f32, 2 ahead 9%, 3 no more; into L1, f32 lost) */
+ * docs/PERFORMANCE.md: one ahead gained 3% f32, two 10%, three no more; two into L1 lost f32's) */
 #define GS_PREFETCH 2
 
 #ifdef GS_ZMM
