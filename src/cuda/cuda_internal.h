@@ -68,10 +68,10 @@ typedef struct cuda_state {
      * choice by shape (mf_cuda_split_from_env) */
     int forced_split;
     /* MOEFUSE_CUDA_FP8: the FP8 GEMM forced (enum fp8_gemm_kind), or 0 for the choice by
-     * device (mf_cuda_fp8_gemm_from_env; moe_fp8.cu's fp8_gemm_for) */
+     * device (mf_cuda_fp8_gemm_from_env; moe_fp8_plan.cu's fp8_gemm_for) */
     int fp8_gemm;
     /* MOEFUSE_CUDA_FP8_A: how the large-tile FP8 kernel loads A (enum fp8_a_load), or 0 for
-     * the choice by shape (mf_cuda_fp8_a_from_env; moe_fp8.cu's ws_a_copied) */
+     * the choice by shape (mf_cuda_fp8_a_from_env; moe_fp8_plan.cu's fp8_ws_a_copied) */
     int fp8_a;
     /* moe_fp8.cu: the scratch where a layer's FP8 gate left its route (mf_moe_args.layer), and
      * the tile height it was listed for, for the layer's final to take; NULL when none */

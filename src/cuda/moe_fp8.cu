@@ -10,10 +10,11 @@
  * what no tile writes (invalid slots, scale padding rows); the reduced final sums y [S, K]
  * (f32 scratch) in slot order. Masked: tiles (expert, rows t0..t0+bm-1) whose rows past n[e]
  * (clamped on the device) exit at once; x is quantized for the valid rows only.
- * The kernel: fp8_gemm_for; the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
+ * The kernel: the plan's (moe_fp8_plan.cu); the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
  */
 #include "cuda/moe_fp8.h"
 #include "cuda/moe_fp8_decode.h"
+#include "cuda/moe_fp8_plan.h"
 #include "cuda/moe_fp8_ws.h"
 
 #include <limits.h>
@@ -45,251 +46,6 @@ extern "C" int mf_cuda_fp8_a_from_env(void)
     if (strcmp(v, "gather") == 0)
         return FP8_A_GATHER;
     return strcmp(v, "tma") == 0 ? FP8_A_TMA : -1;
-}
-
-/*
- * The FP8 GEMM a call runs: what MOEFUSE_CUDA_FP8 forces, else by device. The one place to
- * choose: the Hopper kernel, once written, goes here (sm_90a built and a 9.0 device), and
- * both steps of a layer ask it the same way, so a layer's gate and final agree.
- */
-static int fp8_gemm_for(const cuda_state *s)
-{
-    if (s->fp8_gemm != FP8_GEMM_PORTABLE && moe_fp8_ws_usable(s))
-        return FP8_GEMM_WGMMA;
-    return FP8_GEMM_PORTABLE;
-}
-
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-/* ws_a_copied: the weight rows from which a routed GEMM's A copy pays */
-#define WS_A_COPY_MIN_ROWS 16384
-
-/*
- * Whether a call runs the decode kernel (moe_fp8_decode.cu): few rows per expert, where a GEMM
- * is a read of the weights. From the shapes and the device alone, so a layer's gate and final
- * and its workspace query agree; MOEFUSE_CUDA_FP8=decode takes it wherever it can run.
- */
-static int dec_for(const cuda_state *s, const mf_moe_args *a)
-{
-    if (s->fp8_gemm == FP8_GEMM_PORTABLE || s->fp8_gemm == FP8_GEMM_WGMMA ||
-        !moe_fp8_dec_usable(s))
-        return 0;
-    /* its tensor copies take 128 consecutive w1 rows as one half: the interleaved order's
-     * gate and up rows alternate (the other kernels take it, from the options alone) */
-    if (a->opt.order == MOEFUSE_GATE_INTERLEAVED)
-        return 0;
-    const int forced = s->fp8_gemm == FP8_GEMM_DECODE;
-    if (a->masked)
-        return forced || a->tokens <= 128;
-    const int64_t S = a->tokens * a->topk;
-    if (S <= DEC_DIRECT_S)
-        return S > 0;
-    if (a->experts > DEC_MAX_E)
-        return 0; /* the route kernel counts the experts in shared memory */
-    /* measured (H200, docs/PERFORMANCE.md, "the middle"): the decode kernel is ahead of the
-     * large-tile one up to 8 slots per expert at any M (DeepSeek-V3 M = 256: 3.28 against
-     * 4.40 ms), and up to 16 where the experts are large enough for their weights to set the
-     * pace (Mixtral M = 64: 0.49 against 0.63 ms; Qwen3-30B-A3B M = 256, 1.6M weights an
-     * expert: 0.67 against 0.58 ms, so not there); at 32 it is behind everywhere */
-    const int64_t busy = a->experts < S ? a->experts : S, per_expert = (S + busy - 1) / busy;
-    const int64_t expert_weights = a->model_dim * a->inter_dim; /* e4m3 bytes of its final */
-    return forced || per_expert <= 8 || (per_expert <= 16 && expert_weights >= DEC_LARGE_EXPERT);
-}
-
-typedef struct fp8_plan {
-    int gate, bm, quant_x, reduce;
-    int wgmma;     /* the Hopper kernel, when the call's operands also suit it (ws_suits) */
-    int dense_a;   /* wgmma: A's scales are copied to f32 rows first (not row-major f32) */
-    int64_t mtiles; /* wgmma, masked: bound of the m-tiles of F8_BM rows */
-    size_t off_ws_tiles, off_ws_start, off_ws_end, off_ws_tile_expert, off_ws_ctr, off_ws_sc;
-    int copy_a;      /* wgmma, routed: A's rows copied into list order for TMA (ws_a_copied) */
-    size_t off_ws_a; /* and where */
-    int64_t S, rows, blocks; /* slots (routed) or Tmax (masked); expert blocks of x (1 routed) */
-    int64_t tiles_bound;
-    size_t off_count, off_fill, off_offs, off_tiles, off_tile_expert, off_expert_of, off_list;
-    size_t off_tok_valid, off_qscratch, off_xq, off_xs, off_y, bytes;
-    size_t qscratch;
-    mf_rows_args q; /* x's quantization (quant_x), data set at the call */
-    /* the decode kernel: its mode, split and grid, its tiles and the reduced final's counters */
-    int dec, dec_mode, dec_split, dec_clusters;
-    long long dec_tiles_bound;
-    size_t off_dec_ntiles, off_dec_tiles, off_dec_list, off_dec_arrivals, off_dec_part;
-} fp8_plan;
-
-/* Reserve `n` (= a * b * c bytes) at *at; false on overflow. */
-static bool reserve(size_t *at, size_t *off, size_t a, size_t b, size_t c)
-{
-    size_t n;
-    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n))
-        return false;
-    *off = align256(*at);
-    return !__builtin_add_overflow(*off, n, at);
-}
-
-/*
- * Whether a routed GEMM on the Hopper kernel copies A's rows into list order once (S x depth
- * bytes) to load them by TMA rather than gather them by cp.async. Measured (H200,
- * docs/PERFORMANCE.md, stop 49): TMA saves the kernel 1-4%, and the copy costs about 1/(2N) of
- * the GEMM, N its weight rows an expert; the layer gained where N was 28672 (Mixtral's gate)
- * and gained nothing or lost up to 4% at 1536 to 7168. From the shapes alone, so that the
- * workspace query agrees.
- */
-static int ws_a_copied(const cuda_state *s, int gate, const mf_moe_args *a)
-{
-    if (s->fp8_a != FP8_A_AUTO)
-        return s->fp8_a == FP8_A_TMA;
-    const int64_t weight_rows = gate ? 2 * a->inter_dim : a->model_dim;
-    return weight_rows >= WS_A_COPY_MIN_ROWS;
-}
-
-/* Tile height: from the rows per touched expert (routed) or Tmax (masked). */
-static int pick_bm(int gate, int64_t per_expert)
-{
-    if (per_expert <= 8)
-        return 8; /* decode: the weights stream through, 8 rows each */
-    if (gate || per_expert <= 32)
-        return 32;
-    return 64;
-}
-
-/* Rows of the A operand's scales: x's tokens (routed gate), slots (routed final), Tmax. */
-static int64_t a_rows(const mf_moe_args *a, const fp8_plan *pl)
-{
-    return pl->gate && !a->masked ? a->tokens : pl->rows;
-}
-
-static moefuse_status plan_fp8(moefuse_context *ctx, cuda_state *s, const char *op,
-                               const mf_moe_args *a, int gate, fp8_plan *pl)
-{
-    memset(pl, 0, sizeof *pl);
-    pl->wgmma = fp8_gemm_for(s) == FP8_GEMM_WGMMA;
-    const int64_t E = a->experts, K = a->model_dim, M = a->tokens;
-    pl->gate = gate;
-    pl->reduce = !gate && a->reduce;
-    pl->S = a->masked ? 0 : M * a->topk;
-    pl->rows = a->masked ? a->tokens : pl->S;
-    pl->blocks = a->masked ? E : 1;
-    pl->quant_x = gate && a->x.dtype != MOEFUSE_F8_E4M3;
-    if (a->masked) {
-        pl->bm = pick_bm(gate, M);
-    } else {
-        const int64_t busy = E < pl->S ? E : pl->S;
-        pl->bm = pick_bm(gate, busy > 0 ? (pl->S + busy - 1) / busy : 1);
-    }
-    if (!a->masked && pl->S == 0)
-        return MOEFUSE_OK; /* nothing to multiply; no scratch */
-    /* tiles of 8 rows or more: the route's bound for either kernel */
-    pl->tiles_bound = pl->S / 8 + (E < pl->S ? E : pl->S);
-    size_t at = 0;
-    bool ok = true;
-    pl->dec = dec_for(s, a);
-    if (pl->dec) {
-        /* first, at the same offsets in the gate's and the final's scratch: a layer's final
-         * finds the gate's route and zeroed counters there (mf_moe_args.layer) */
-        const int64_t depth = gate ? K : a->inter_dim, nblk = (gate ? a->inter_dim : K) / FP8_BLOCK;
-        const int64_t busy = a->masked ? E : (E < pl->S ? E : pl->S);
-        pl->dec_mode = a->masked ? DEC_MASKED : pl->S <= DEC_DIRECT_S ? DEC_DIRECT : DEC_ROUTED;
-        pl->dec_tiles_bound = a->masked ? E * ((M + DEC_NS - 1) / DEC_NS)
-                              : pl->dec_mode == DEC_DIRECT ? busy
-                                                           : pl->S / DEC_NS + busy;
-        pl->dec_split = moe_fp8_dec_split(s, gate, busy, nblk, depth / FP8_BLOCK);
-        pl->dec_clusters =
-            moe_fp8_dec_clusters(s, gate, pl->dec_tiles_bound * nblk, pl->dec_split);
-        if (!a->masked)
-            ok = ok && reserve(&at, &pl->off_dec_arrivals, (size_t)M, (size_t)(K / FP8_BLOCK), 4);
-        if (pl->dec_mode == DEC_ROUTED) {
-            ok = ok && reserve(&at, &pl->off_dec_ntiles, 1, 4, 1);
-            ok = ok && reserve(&at, &pl->off_dec_tiles, (size_t)pl->dec_tiles_bound,
-                               sizeof(DecTile), 1);
-            ok = ok && reserve(&at, &pl->off_dec_list, (size_t)pl->S, 8, 1);
-        }
-        ok = ok && reserve(&at, &pl->off_dec_part,
-                           moe_fp8_dec_part_bytes(gate, pl->dec_clusters, pl->dec_split), 1, 1);
-    }
-    if (!a->masked) {
-        const size_t S = (size_t)pl->S;
-        ok = ok && reserve(&at, &pl->off_count, (size_t)E, 8, 1);
-        ok = ok && reserve(&at, &pl->off_fill, (size_t)E, 8, 1);
-        ok = ok && reserve(&at, &pl->off_offs, (size_t)E + 1, 8, 1);
-        ok = ok && reserve(&at, &pl->off_tiles, (size_t)E + 1, 8, 1);
-        ok = ok && reserve(&at, &pl->off_tile_expert, (size_t)pl->tiles_bound, 4, 1);
-        ok = ok && reserve(&at, &pl->off_expert_of, S, 4, 1);
-        ok = ok && reserve(&at, &pl->off_list, S, 8, 1);
-        ok = ok && reserve(&at, &pl->off_tok_valid, (size_t)M, 4, 1);
-    }
-    if (pl->quant_x) {
-        /* x's codes [blocks, T, K] and row-major f32 scales [blocks, T, K / 128] */
-        const int64_t T = M, groups = K / FP8_BLOCK; /* T: M routed, Tmax masked */
-        mf_rows_args *q = &pl->q;
-        q->x = mf_tensor_lift3(&a->x);
-        if (a->masked)
-            q->counts = a->counts; /* the valid rows only; routed: absent (data NULL) */
-        q->experts = pl->blocks;
-        q->rows = T;
-        q->hidden = K;
-        q->group = FP8_BLOCK;
-        q->groups = groups;
-        q->rows_padded = (T + 3) / 4 * 4;
-        q->activate = false;
-        q->quant = a->act;
-        q->quant.group_size = FP8_BLOCK;
-        q->quant.ue8m0 = a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0;
-        q->quant.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
-        q->zero_tail = false;
-        const int64_t qshape[3] = {pl->blocks, T, K}, sshape[3] = {pl->blocks, T, groups};
-        q->out = moefuse_tensor_dense(NULL, MOEFUSE_F8_E4M3, 3, qshape);
-        q->scales = moefuse_tensor_dense(NULL, MOEFUSE_F32, 3, sshape);
-        pl->qscratch = mf_cuda_quant_scratch_bytes(q);
-        ok = ok && reserve(&at, &pl->off_qscratch, pl->qscratch, 1, 1);
-        ok = ok && reserve(&at, &pl->off_xq, (size_t)pl->blocks * (size_t)T, (size_t)K, 1);
-        ok = ok && reserve(&at, &pl->off_xs, (size_t)pl->blocks * (size_t)T, (size_t)groups, 4);
-    }
-    if (pl->reduce)
-        ok = ok && reserve(&at, &pl->off_y, (size_t)pl->S, (size_t)K, 4);
-    if (pl->wgmma) {
-        /* the Hopper kernel's tile counter, masked tile table and f32 A scales; kept even when
-         * a call's operands send it to the portable kernel, so that the size never depends on
-         * pointers */
-        const moefuse_tensor *as = gate ? &a->x_scales : &a->h_scales;
-        pl->dense_a = !pl->quant_x && !(a->act.scale_layout == MOEFUSE_SCALE_ROW_MAJOR &&
-                                        as->dtype == MOEFUSE_F32);
-        const int64_t depth = gate ? K : a->inter_dim;
-        ok = ok && reserve(&at, &pl->off_ws_ctr, 1, 4, 1);
-        if (a->masked) {
-            pl->mtiles = E * ((M + F8_BM - 1) / F8_BM);
-            ok = ok && reserve(&at, &pl->off_ws_tiles, (size_t)E + 1, 8, 1);
-            ok = ok && reserve(&at, &pl->off_ws_start, (size_t)E, 8, 1);
-            ok = ok && reserve(&at, &pl->off_ws_end, (size_t)E, 8, 1);
-            ok = ok && reserve(&at, &pl->off_ws_tile_expert, (size_t)pl->mtiles + 1, 4, 1);
-        }
-        /* A's f32 scales: dense rows (the gather), or by TMA a stage's rows consecutive */
-        const int64_t sc_rows = a_rows(a, pl) > pl->rows ? a_rows(a, pl) : pl->rows;
-        /* (and a stage's bulk copy of 132 from the 16-byte boundary at or before its first row
-         * reads up to 128 past the last column) */
-        if (pl->dense_a || !pl->dec) {
-            size_t cols = 0, slack_at;
-            ok = ok && !__builtin_mul_overflow((size_t)pl->blocks, (size_t)(depth / FP8_BLOCK),
-                                               &cols);
-            ok = ok && reserve(&at, &pl->off_ws_sc, cols, (size_t)(sc_rows + 3) / 4 * 4, 4);
-            ok = ok && reserve(&at, &slack_at, F8_BM, 4, 1);
-        }
-        pl->copy_a = !a->masked && !pl->dec && ws_a_copied(s, gate, a);
-        if (pl->copy_a)
-            ok = ok && reserve(&at, &pl->off_ws_a, (size_t)pl->S, (size_t)depth, 1);
-    }
-    if (!ok)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: the scratch overflows size_t", op);
-    pl->bytes = at;
-    if (gate && a->layer && (pl->dec || !a->masked)) {
-        /* the layer's final must not regrow (and so lose) the scratch, and the route, the gate
-         * leaves: ask for the most it can take, its reduced form */
-        mf_moe_args f = *a;
-        f.reduce = !a->masked;
-        fp8_plan fp;
-        MF_TRY(plan_fp8(ctx, s, op, &f, 0, &fp));
-        pl->bytes = pl->bytes > fp.bytes ? pl->bytes : fp.bytes;
-    }
-    return MOEFUSE_OK;
 }
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -393,7 +149,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8_workspace(moefuse_context *ctx, v
                                                          const mf_moe_args *a, size_t *bytes)
 {
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, (cuda_state *)state, "moe_gate_fp8", a, 1, &pl));
+    MF_TRY(fp8_plan_call(ctx, (cuda_state *)state, "moe_gate_fp8", a, 1, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -402,7 +158,7 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8_workspace(moefuse_context *ctx, 
                                                           const mf_moe_args *a, size_t *bytes)
 {
     fp8_plan pl;
-    MF_TRY(plan_fp8(ctx, (cuda_state *)state, "moe_final_fp8", a, 0, &pl));
+    MF_TRY(fp8_plan_call(ctx, (cuda_state *)state, "moe_final_fp8", a, 0, &pl));
     *bytes = pl.bytes;
     return MOEFUSE_OK;
 }
@@ -430,7 +186,7 @@ static bool ws_suits(const cuda_state *s, const fp8_plan *pl, const Fp8Gemm *g)
 
 /*
  * Whether the Hopper kernel loads A by TMA (x's tma_* set): where A's rows are 16-byte aligned,
- * the plan holds the scratch (ws_a_copied when routed) and the driver takes the map.
+ * the plan holds the scratch (fp8_ws_a_copied when routed) and the driver takes the map.
  */
 static bool ws_a_by_tma(const cuda_state *s, const mf_moe_args *a, const fp8_plan *pl,
                         char *scratch, const Fp8Gemm *g, Fp8WsExtra *x)
@@ -509,10 +265,10 @@ static moefuse_status launch_ws(moefuse_context *ctx, cuda_state *s, const char 
     int64_t row_s = g->as.s1, block_s = g->as.s0; /* row-major f32: element (b, t, g) */
     if (pl->dense_a) {
         float *d = (float *)(scratch + pl->off_ws_sc);
-        MF_TRY(moe_fp8_ws_dense_scales(ctx, s, op, &g->as, d, pl->blocks, a_rows(a, pl), nkb));
+        MF_TRY(moe_fp8_ws_dense_scales(ctx, s, op, &g->as, d, pl->blocks, fp8_a_rows(a, pl), nkb));
         base = d;
         row_s = nkb;
-        block_s = a_rows(a, pl) * nkb;
+        block_s = fp8_a_rows(a, pl) * nkb;
     }
     x.a_sc = base;
     if (a->masked)
@@ -734,7 +490,7 @@ extern "C" moefuse_status mf_cuda_moe_gate_fp8(moefuse_context *ctx, void *state
     cuda_state *s = (cuda_state *)state;
     fp8_plan pl;
     s->fp8_route_left = NULL;
-    MF_TRY(plan_fp8(ctx, s, op, a, 1, &pl));
+    MF_TRY(fp8_plan_call(ctx, s, op, a, 1, &pl));
     if (!a->masked && pl.S == 0)
         return MOEFUSE_OK; /* h has no rows */
     const int64_t K = a->model_dim, I = a->inter_dim;
@@ -800,7 +556,7 @@ extern "C" moefuse_status mf_cuda_moe_final_fp8(moefuse_context *ctx, void *stat
     fp8_plan pl;
     const void *route_left = s->fp8_route_left; /* the layer's gate's route, taken once */
     s->fp8_route_left = NULL;
-    MF_TRY(plan_fp8(ctx, s, op, a, 0, &pl));
+    MF_TRY(fp8_plan_call(ctx, s, op, a, 0, &pl));
     const int64_t K = a->model_dim, I = a->inter_dim;
     if (!a->masked && pl.S == 0) {
         if (!a->reduce || a->tokens == 0)

@@ -18,7 +18,7 @@ enum fp8_gemm_kind {
 
 /* How the Hopper kernel loads A; s->fp8_a holds the one MOEFUSE_CUDA_FP8_A forces, or AUTO. */
 enum fp8_a_load {
-    FP8_A_AUTO = 0,   /* TMA where A lies in place (masked) or its copy pays (ws_a_copied) */
+    FP8_A_AUTO = 0,   /* TMA where A lies in place (masked) or its copy pays (fp8_ws_a_copied) */
     FP8_A_GATHER = 1, /* every row by cp.async through the slot list */
     FP8_A_TMA = 2     /* TMA wherever the rows are 16-byte aligned, routed rows copied first */
 };

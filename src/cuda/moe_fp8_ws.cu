@@ -9,7 +9,7 @@
  *  - producer, warpgroup 0: the weight rows by TMA (four boxes of 64 rows: the gate takes the
  *    gate and up rows of h columns nb * 128 + [0, 64), then of [64, 128)); the A rows by TMA
  *    too where they lie in rows of a tensor (masked, or routed rows copied into list order
- *    first, moe_fp8.cu's ws_a_copied), with their scales by one bulk copy, else gathered by
+ *    first, moe_fp8_plan.cu's fp8_ws_a_copied), with their scales by one bulk copy, else gathered by
  *    cp.async with each row's scale (TMA cannot gather; rows not 16-byte aligned by byte
  *    loads); and the two weight blocks' scales, read a stage ahead by one thread. All beside
  *    the stage in shared memory: loaded from global memory by the consumers a stage ahead,
