@@ -266,8 +266,9 @@ START_TEST(t_gpt_oss)
 END_TEST
 
 /*
- * A final's output with NaN and Inf: both backends give NaN in the same elements, the same
- * infinities, and the rest within the GEMMs' bound; bytes around the output untouched.
+ * A final's output with NaN and Inf (NUMERICS.md, "Agreement between backends", MoE): both
+ * backends give NaN in the same elements, the same infinities, and the rest within the GEMMs'
+ * bound; bytes around the output untouched.
  */
 static void cmp_special(pair out, int64_t n0, int64_t n1, int64_t n2, double bound, double floor,
                         const char *what)
