@@ -10,7 +10,8 @@
  * what no tile writes (invalid slots, scale padding rows); the reduced final sums y [S, K]
  * (f32 scratch) in slot order. Masked: tiles (expert, rows t0..t0+bm-1) whose rows past n[e]
  * (clamped on the device) exit at once; x is quantized for the valid rows only.
- * The kernel: the plan's (moe_fp8_plan.cu); the portable one (moe_fp8_portable.cu) is exact, any sm_80+.
+ * The kernel: the plan's (moe_fp8_plan.cu); the portable one (moe_fp8_portable.cu) is exact,
+ * any sm_80+.
  */
 #include "cuda/moe_fp8.h"
 #include "cuda/moe_fp8_decode.h"
