@@ -296,8 +296,10 @@ static void cmp_special(pair out, int64_t n0, int64_t n1, int64_t n2, double bou
 /*
  * The final where its 256-column tiles lie whole inside K (K = 512), which the CUDA kernels
  * store straight from the registers (a row with NaN again, by the rounding that keeps the
- * CPU's NaN bits), un-reduced in bf16 and f32 (rows 16-byte aligned) and reduced, with NaN,
- * +Inf and -Inf in three slots' h.
+ * CPU's NaN bits), un-reduced in bf16 and f32 and reduced, with NaN, +Inf and -Inf in three
+ * slots' h. The rows of h and w2 start 16-byte aligned (pads of 8 elements) and those of the
+ * outputs on multiples of 4 elements (pads of 4), so that moe_ws.cu takes the call when forced:
+ * rows padded by one element send it to moe_wgmma.cu.
  */
 START_TEST(t_moe_final_special)
 {
@@ -306,7 +308,7 @@ START_TEST(t_moe_final_special)
         ecfg c = ebase(MOEFUSE_BF16);
         c.M = M, c.K = K, c.I = I, c.E = E, c.k = k, c.bias = v == 0;
         c.odt = v == 0 ? MOEFUSE_BF16 : MOEFUSE_F32;
-        pair h = pair3("h", c.dt, M, k, I, 1, 1), w2 = pair3("w2", c.dt, E, K, I, 1, 1);
+        pair h = pair3("h", c.dt, M, k, I, 8, 1), w2 = pair3("w2", c.dt, E, K, I, 8, 1);
         pair b2 = c.bias ? pair2("b2", c.dt, E, K, 0, 1) : (pair){NULL, NULL};
         tb_fill_unif(h.d, -1, 1);
         tb_set(h.d, 3, 0, 5, NAN);
