@@ -34,6 +34,14 @@ static double *values(tbuf *tb, int64_t n0, int64_t n1, int64_t n2)
     return v;
 }
 
+/* The output's own elements were compared by a tolerance; every other byte must be equal. */
+static void same_outside(pair out, const char *what)
+{
+    unsigned char *j = judged_new(out);
+    for (size_t i = 0; i < out.d->total; i++) j[i] = out.d->logical[i];
+    same_elsewhere(out, j, what);
+}
+
 /*
  * A GEMM output [n0, n1, n2] on both sides: each against the oracle, and the
  * two against each other, within the bound; rows of invalid slots (valid[]
@@ -61,9 +69,7 @@ static void cmp_gemm(const ecfg *c, pair out, const double *ref, int64_t n0, int
     HCHECK(e_both <= bound, "%s: %s vs cpu: relative error %.3g > %.3g", what, h_backend(), e_both, bound);
     free(vd);
     free(vc);
-    unsigned char *j = judged_new(out);
-    for (size_t i = 0; i < out.d->total; i++) j[i] = out.d->logical[i];
-    same_elsewhere(out, j, what);
+    same_outside(out, what);
 }
 
 /* A token without a valid slot gets an output row of exact zeros, on both sides. */
@@ -288,9 +294,7 @@ static void cmp_special(pair out, int64_t n0, int64_t n1, int64_t n2, double bou
     HCHECK(e <= bound, "%s: %s vs cpu: relative error %.3g > %.3g", what, h_backend(), e, bound);
     free(vd);
     free(vc);
-    unsigned char *j = judged_new(out);
-    for (size_t i = 0; i < out.d->total; i++) j[i] = out.d->logical[i];
-    same_elsewhere(out, j, what);
+    same_outside(out, what);
 }
 
 /*
