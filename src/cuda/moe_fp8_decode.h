@@ -14,8 +14,13 @@
 #define DEC_DIRECT_S 32 /* routed calls of at most this many slots route themselves */
 #define DEC_MAX_E 1024  /* local experts the route kernel counts in shared memory */
 #define DEC_SPLIT_MAX 8 /* blocks of a cluster sharing a tile's depth (portable cluster size) */
-/* K x I from which the decode kernel also takes 9 to 16 slots per expert (moe_fp8.cu) */
-#define DEC_LARGE_EXPERT (4ll << 20)
+/* Where auto takes the decode kernel (dec_for, moe_fp8_plan.cu): up to DEC_FEW_SLOTS slots
+ * per busy expert; up to DEC_LARGE_SLOTS where an expert's final holds DEC_LARGE_EXPERT
+ * weights (K x I) or more; masked calls of Tmax <= DEC_MASKED_TMAX */
+#define DEC_FEW_SLOTS 3
+#define DEC_LARGE_SLOTS 8
+#define DEC_LARGE_EXPERT (32ll << 20)
+#define DEC_MASKED_TMAX 8
 
 /* A tile of the routed layout: `count` (<= DEC_NS) slots list[first ...] of local expert e
  * (16 bytes, read as one longlong2: first, then e in the low and count in the high word). */
@@ -29,8 +34,8 @@ typedef struct DecTile {
  *  - direct (routed, S <= DEC_DIRECT_S): every block reads the S ids itself; tile i is the
  *    i-th distinct valid local expert in order of first appearance, with all its slots;
  *  - routed: the tiles fp8_dec_route wrote (ntiles, tiles, list);
- *  - masked: tile i = (expert i / chunks, rows from (i % chunks) * DEC_NS), chunks =
- *    ceil(Tmax / DEC_NS); a tile starting past n[e] is skipped.
+ *  - masked: tile i = (expert i % E, rows from (i / E) * DEC_NS), tiles_bound = E * chunks,
+ *    chunks = ceil(Tmax / DEC_NS); a tile starting past n[e] is skipped.
  */
 typedef struct Fp8DecExtra {
     int mode; /* enum dec_mode */

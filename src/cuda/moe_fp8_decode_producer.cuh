@@ -33,8 +33,10 @@ static __device__ __forceinline__ int dec_tile(const Fp8Gemm &g, const Fp8DecExt
         if (lane < count)
             *row = __ldcg(x.list + t.x + lane);
     } else {
-        const long long chunks = (g.tmax + DEC_NS - 1) / DEC_NS;
-        const long long ee = ti / chunks, t0 = (ti - ee * chunks) * DEC_NS;
+        /* chunk-major: the first chunks of all experts (usually the only ones with rows) lie
+         * side by side, so the clusters' stride deals them out evenly */
+        const long long chunks = (g.tmax + DEC_NS - 1) / DEC_NS, experts = x.tiles_bound / chunks;
+        const long long ee = ti % experts, t0 = (ti / experts) * DEC_NS;
         const long long n = fp8_masked_rows(g, ee) - t0;
         *e = ee;
         count = n <= 0 ? 0 : (n < DEC_NS ? (int)n : DEC_NS);

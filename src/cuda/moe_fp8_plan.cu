@@ -43,21 +43,25 @@ static int dec_for(const cuda_state *s, const mf_moe_args *a)
     if (a->opt.order == MOEFUSE_GATE_INTERLEAVED)
         return 0;
     const int forced = s->fp8_gemm == FP8_GEMM_DECODE;
+    /* measured (H200, graph replay of the layer, docs/PERFORMANCE.md "which kernel for few
+     * rows"): the large-tile kernel streams the weights as fast from 4 slots per expert on
+     * (DeepSeek-V3 M = 128: 2.74 against 2.80 ms; Qwen3-30B-A3B M = 64: 0.241 against 0.258),
+     * and far faster from 8 (DeepSeek-V3 M = 512: 2.87 against 4.77 ms); the decode kernel
+     * leads up to 3 (DeepSeek-V3 M = 80: 2.56 against 2.62 ms), and up to 8 where the experts
+     * are Mixtral's (Mixtral M = 32: 0.417 against 0.427 ms; at 12 it is behind). Masked: it
+     * led DeepSeek-V3's experts at 1 to 8 valid rows and was behind from 16; the valid counts
+     * are device data, so only Tmax, the rows an expert can have, decides. */
     if (a->masked)
-        return forced || a->tokens <= 128;
+        return forced || a->tokens <= DEC_MASKED_TMAX;
     const int64_t S = a->tokens * a->topk;
     if (S <= DEC_DIRECT_S)
         return S > 0;
     if (a->experts > DEC_MAX_E)
         return 0; /* the route kernel counts the experts in shared memory */
-    /* measured (H200, docs/PERFORMANCE.md, "the middle"): the decode kernel is ahead of the
-     * large-tile one up to 8 slots per expert at any M (DeepSeek-V3 M = 256: 3.28 against
-     * 4.40 ms), and up to 16 where the experts are large enough for their weights to set the
-     * pace (Mixtral M = 64: 0.49 against 0.63 ms; Qwen3-30B-A3B M = 256, 1.6M weights an
-     * expert: 0.67 against 0.58 ms, so not there); at 32 it is behind everywhere */
     const int64_t busy = a->experts < S ? a->experts : S, per_expert = (S + busy - 1) / busy;
     const int64_t expert_weights = a->model_dim * a->inter_dim; /* e4m3 bytes of its final */
-    return forced || per_expert <= 8 || (per_expert <= 16 && expert_weights >= DEC_LARGE_EXPERT);
+    return forced || per_expert <= DEC_FEW_SLOTS ||
+           (per_expert <= DEC_LARGE_SLOTS && expert_weights >= DEC_LARGE_EXPERT);
 }
 
 /* Reserve `n` (= a * b * c bytes) at *at; false on overflow. */
