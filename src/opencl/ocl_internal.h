@@ -48,6 +48,8 @@ enum mf_ocl_kernel {
     MF_K_MOE_FINAL_GEMV, /* reqd_work_group_size(256, 1, 1) */
     MF_K_MOE_FP8_GATE,   /* reqd_work_group_size(128, 1, 1) (kernels/moe_fp8.cl) */
     MF_K_MOE_FP8_FINAL,  /* reqd_work_group_size(64, 1, 1) */
+    MF_K_MOE_FP8_GATE_TILED,  /* reqd_work_group_size(128, 1, 1) (kernels/moe_fp8_tiled.cl) */
+    MF_K_MOE_FP8_FINAL_TILED, /* reqd_work_group_size(64, 1, 1) */
     MF_K_COUNT_
 };
 
@@ -145,6 +147,11 @@ static inline size_t mf_round_up(size_t n, size_t m) { return (n + m - 1) / m * 
 moefuse_status mf_ocl_act_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
 moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a);
 moefuse_status mf_ocl_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
+/* The route of a MoE call's slots grouped by expert in tiles of tm slots (ops_moe.c,
+ * kernels/moe_tiled.cl): its bytes for S slots, and its kernels over slots [s0, s1) into r. */
+size_t mf_ocl_moe_route_bytes(const mf_moe_args *a, int64_t S);
+moefuse_status mf_ocl_moe_route(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
+                                cl_mem r, int64_t s0, int64_t s1, int64_t tm, const char *op);
 moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
 moefuse_status mf_ocl_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_ocl_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);

@@ -73,14 +73,14 @@ static void map_args(mf_kargs *k, const mf_moe_args *a)
 
 /* Longs of the route of S slots (offs | tiles | list); the int counters follow. */
 static size_t route_longs(const mf_moe_args *a, int64_t S) { return (size_t)(2 * a->experts + 2 + S); }
-static size_t route_bytes(const mf_moe_args *a, int64_t S)
+size_t mf_ocl_moe_route_bytes(const mf_moe_args *a, int64_t S)
 {
     return route_longs(a, S) * sizeof(cl_long) + (size_t)(2 * a->experts) * sizeof(cl_int);
 }
 
-/* Route slots [s0, s1) into r: count, scan, fill (kernels/moe_tiled.cl). */
-static moefuse_status route(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a, cl_mem r,
-                            int64_t s0, int64_t s1, const char *op)
+/* Route slots [s0, s1) into r in tiles of tm slots: count, scan, fill (kernels/moe_tiled.cl). */
+moefuse_status mf_ocl_moe_route(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
+                                cl_mem r, int64_t s0, int64_t s1, int64_t tm, const char *op)
 {
     const int64_t cfo = (int64_t)(route_longs(a, s1 - s0) * 2); /* in ints */
     const cl_int zero = 0;
@@ -111,6 +111,7 @@ static moefuse_status route(moefuse_context *ctx, ocl_state *s, const mf_moe_arg
         mf_karg_mem(&k, r);
         mf_karg_long(&k, cfo);
         mf_karg_long(&k, a->experts);
+        mf_karg_long(&k, tm);
         MF_TRY(mf_ocl_launch(ctx, s, &k, op, 1, &one, &one));
     }
     return MOEFUSE_OK;
@@ -142,9 +143,9 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     static const char op[] = "moe_gate";
     const int64_t S = a->tokens * a->topk;
     cl_mem r;
-    MF_TRY(mf_ocl_scratch(ctx, s, route_bytes(a, S), op, &r));
+    MF_TRY(mf_ocl_scratch(ctx, s, mf_ocl_moe_route_bytes(a, S), op, &r));
     MF_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
-    MF_TRY(route(ctx, s, a, r, 0, S, op));
+    MF_TRY(mf_ocl_moe_route(ctx, s, a, r, 0, S, TM, op));
     mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE_TILED]);
     gate_operand_args(&k, a);
     mf_karg_mem(&k, r);
@@ -175,7 +176,7 @@ static final_layout final_scratch(const mf_moe_args *a)
         int64_t c = (int64_t)(MF_OCL_Y_BYTES / ((size_t)kk * (size_t)K * sizeof(cl_float)));
         L.chunk = c < 1 ? 1 : (c < L.chunk ? c : L.chunk);
     }
-    L.yoff = mf_round_up(route_bytes(a, L.chunk * kk), 64);
+    L.yoff = mf_round_up(mf_ocl_moe_route_bytes(a, L.chunk * kk), 64);
     L.bytes = L.yoff + (a->reduce ? (size_t)(L.chunk * kk * K) * sizeof(cl_float) : 0);
     return L;
 }
@@ -195,7 +196,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         MF_TRY(zero_invalid(ctx, s, a, &a->out, K, op));
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         const int64_t m1 = M - m0 < chunk ? M : m0 + chunk, S = (m1 - m0) * kk;
-        MF_TRY(route(ctx, s, a, r, m0 * kk, m1 * kk, op));
+        MF_TRY(mf_ocl_moe_route(ctx, s, a, r, m0 * kk, m1 * kk, TM, op));
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL_TILED]);
         final_operand_args(&k, a);
         mf_karg_mem(&k, r);
@@ -277,7 +278,9 @@ moefuse_status mf_ocl_moe_gate_workspace(moefuse_context *ctx, void *state, cons
                                          size_t *bytes)
 {
     (void)ctx;
-    *bytes = choose_path(state, a) == PATH_TILED ? route_bytes(a, a->tokens * a->topk) : 0;
+    *bytes = choose_path(state, a) == PATH_TILED
+                 ? mf_ocl_moe_route_bytes(a, a->tokens * a->topk)
+                 : 0;
     return MOEFUSE_OK;
 }
 

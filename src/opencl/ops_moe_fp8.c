@@ -10,19 +10,63 @@
 
 #include <string.h>
 
-enum { FP8_BLOCK = 128 };
+enum { FP8_BLOCK = 128, FP8_TM = 16 /* kernels/moe_fp8_tiled.cl: MF_FP8_TM */ };
 
-/* x's quantization into scratch: codes [blocks, T, K], then row-major f32 scales. */
+/* Slots per busy expert from which a routed call takes the tiles (fp8_tiled). */
+enum { FP8_TILED_MIN_PER_EXPERT = 8 };
+
+/*
+ * Tiles of rows of one expert (kernels/moe_fp8_tiled.cl: each weight block read once a tile)
+ * or a work-group a row (kernels/moe_fp8.cl: once a row). From the shapes and the device
+ * alone, so that both steps and the workspace queries agree. Measured with PoCL on the 2-core
+ * EPYC (docs/PERFORMANCE.md), Qwen3-30B-A3B's experts, a layer call, a row / tiles: 2 slots
+ * per busy expert 0.84 / 1.18 s, 8 3.40 / 2.90 s, 16 7.26 / 4.00 s; masked, 64 rows each of 8
+ * experts, 0.81 / 0.89 s (rows of one expert are neighbours there, and share the weights
+ * through the caches). MOEFUSE_OPENCL_GEMM=tiled takes the tiles for every call, `simple`
+ * a work-group a row.
+ */
+static bool fp8_tiled(const ocl_state *s, const mf_moe_args *a)
+{
+    if (s->force_tiled)
+        return true;
+    if (!s->tiled || a->masked)
+        return false;
+    const int64_t S = a->tokens * a->topk, busy = a->experts < S ? a->experts : S;
+    return busy > 0 && S >= FP8_TILED_MIN_PER_EXPERT * busy;
+}
+
+/* The route of a tiled routed call's slots in tiles of FP8_TM (first in both steps'
+ * scratch). */
+static size_t route_bytes(const ocl_state *s, const mf_moe_args *a)
+{
+    return a->masked || !fp8_tiled(s, a)
+               ? 0
+               : mf_round_up(mf_ocl_moe_route_bytes(a, a->tokens * a->topk), 256);
+}
+
+/* Tiles the tiled kernels' grids cover: routed sum of ceil(n_e / TM) <= S / TM + min(E, S);
+ * masked E * ceil(Tmax / TM). */
+static size_t tiles_bound(const mf_moe_args *a)
+{
+    if (a->masked)
+        return (size_t)(a->experts * ((a->tokens + FP8_TM - 1) / FP8_TM));
+    const int64_t S = a->tokens * a->topk;
+    return (size_t)(S / FP8_TM + (a->experts < S ? a->experts : S));
+}
+
+/* The gate's scratch: the route, then x's quantization: codes [blocks, T, K], then row-major
+ * f32 scales. */
 typedef struct fp8_x_plan {
     bool quantize;
     mf_rows_args q;
-    size_t codes_bytes, off_scales, bytes;
+    size_t off_codes, codes_bytes, off_scales, bytes;
 } fp8_x_plan;
 
-static fp8_x_plan plan_x(const mf_moe_args *a)
+static fp8_x_plan plan_x(const ocl_state *s, const mf_moe_args *a)
 {
     fp8_x_plan x;
     memset(&x, 0, sizeof x);
+    x.off_codes = x.bytes = route_bytes(s, a);
     x.quantize = a->x.dtype != MOEFUSE_F8_E4M3;
     if (!x.quantize)
         return x;
@@ -45,7 +89,7 @@ static fp8_x_plan plan_x(const mf_moe_args *a)
     q->out = moefuse_tensor_dense(NULL, MOEFUSE_F8_E4M3, 3, qshape);
     q->scales = moefuse_tensor_dense(NULL, MOEFUSE_F32, 3, sshape);
     x.codes_bytes = (size_t)(blocks * T * K);
-    x.off_scales = mf_round_up(x.codes_bytes, 256);
+    x.off_scales = x.off_codes + mf_round_up(x.codes_bytes, 256);
     x.bytes = x.off_scales + (size_t)(blocks * T * (K / FP8_BLOCK)) * sizeof(cl_float);
     return x;
 }
@@ -68,7 +112,7 @@ static moefuse_status quantize_x(moefuse_context *ctx, ocl_state *s, const mf_ro
     return MOEFUSE_OK;
 }
 
-/* The reduced final's f32 y [M * k, K]. */
+/* The final's scratch: the route, then the reduced final's f32 y [M * k, K]. */
 static size_t y_bytes(const mf_moe_args *a)
 {
     return a->reduce && !a->masked
@@ -80,8 +124,7 @@ moefuse_status mf_ocl_moe_gate_fp8_workspace(moefuse_context *ctx, void *state,
                                              const mf_moe_args *a, size_t *bytes)
 {
     (void)ctx;
-    (void)state;
-    *bytes = plan_x(a).bytes;
+    *bytes = plan_x(state, a).bytes;
     return MOEFUSE_OK;
 }
 
@@ -89,8 +132,7 @@ moefuse_status mf_ocl_moe_final_fp8_workspace(moefuse_context *ctx, void *state,
                                               const mf_moe_args *a, size_t *bytes)
 {
     (void)ctx;
-    (void)state;
-    *bytes = y_bytes(a);
+    *bytes = route_bytes(state, a) + y_bytes(a);
     return MOEFUSE_OK;
 }
 
@@ -138,60 +180,125 @@ static moefuse_status fp8_supported(moefuse_context *ctx, const ocl_state *s, co
                              op, s->device_name);
 }
 
+/* The x operand of the gate kernels: the call's codes and scales, or their quantization. */
+typedef struct fp8_x_view {
+    moefuse_tensor codes, scales;
+    moefuse_scale_layout layout;
+    bool quantized;
+} fp8_x_view;
+
+/* The arguments the gate kernels share (kernels/moe_fp8.cl, moe_fp8_tiled.cl), up to
+ * `specials`: rows of the scales are padded to 4 where the layout pads them (tpad). */
+static void gate_args(mf_kargs *k, const mf_moe_args *a, const fp8_x_view *x, int64_t tpad,
+                      int64_t rows)
+{
+    const moefuse_tensor *xq = &x->codes;
+    mf_karg_tensor(k, xq);
+    mf_karg_long(k, a->masked ? xq->stride[0] : (x->quantized ? xq->stride[1] : xq->stride[0]));
+    mf_karg_long(k, a->masked ? xq->stride[1] : 0);
+    act_scales_args(k, &x->scales, x->layout);
+    mf_karg_operand(k, &a->w1, 2, false);
+    weight_scales_args(k, &a->w1_scales);
+    bias_args(k, &a->b1);
+    rows_args(k, a);
+    mf_karg_long(k, tpad);
+    mf_karg_long(k, rows);
+    mf_karg_long(k, a->model_dim);
+    mf_karg_long(k, a->inter_dim);
+    mf_karg_int(k, (int32_t)a->opt.order);
+    mf_karg_int(k, (int32_t)a->opt.activation);
+    mf_karg_float(k, a->opt.alpha);
+    mf_karg_float(k, a->opt.limit);
+    mf_karg_float(k, a->opt.up_offset);
+    mf_karg_operand(k, &a->h, 2, false);
+    act_scales_args(k, &a->h_scales, a->act.scale_layout);
+    mf_karg_int(k, a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0);
+    mf_karg_float(k, a->act.eps);
+}
+
+/*
+ * The gate: the route (routed), x quantized where it is not e4m3, the rows no tile holds
+ * (invalid slots' codes and scales 0, scale padding's scales 0) by moe_fp8.cl's kernel, then
+ * the tiles (moe_fp8_tiled.cl).
+ */
 moefuse_status mf_ocl_moe_gate_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     static const char op[] = "moe_gate_fp8";
     ocl_state *s = state;
     MF_TRY(fp8_supported(ctx, s, op));
-    const int64_t K = a->model_dim, I = a->inter_dim;
+    const int64_t I = a->inter_dim;
     const int64_t rows = a->masked ? a->tokens : a->tokens * a->topk;
     if (rows == 0)
         return MOEFUSE_OK;
-    fp8_x_plan xp = plan_x(a);
-    moefuse_tensor xq = a->x, xs = a->x_scales;
-    moefuse_scale_layout xs_layout = a->act.scale_layout;
-    if (xp.quantize) {
-        cl_mem scratch;
+    const bool tiled = fp8_tiled(s, a);
+    fp8_x_plan xp = plan_x(s, a);
+    fp8_x_view xv = {a->x, a->x_scales, a->act.scale_layout, xp.quantize};
+    cl_mem scratch = NULL;
+    if (xp.bytes > 0)
         MF_TRY(mf_ocl_scratch(ctx, s, xp.bytes, op, &scratch));
+    if (tiled && !a->masked)
+        MF_TRY(mf_ocl_moe_route(ctx, s, a, scratch, 0, rows, FP8_TM, op));
+    if (xp.quantize) {
         xp.q.out.data = xp.q.scales.data = scratch;
-        xp.q.out.offset = 0;
+        xp.q.out.offset = (int64_t)xp.off_codes;
         xp.q.scales.offset = (int64_t)xp.off_scales;
         MF_TRY(quantize_x(ctx, s, &xp.q));
-        xq = xp.q.out;
-        xs = xp.q.scales;
-        xs_layout = MOEFUSE_SCALE_ROW_MAJOR;
+        xv.codes = xp.q.out;
+        xv.scales = xp.q.scales;
+        xv.layout = MOEFUSE_SCALE_ROW_MAJOR;
     }
     /* rows of the scales: padded to 4 where the layout pads them */
     const bool pad = a->act.scale_layout != MOEFUSE_SCALE_ROW_MAJOR;
     const int64_t tpad = a->masked ? (pad ? (a->tokens + 3) / 4 * 4 : a->tokens) : 0;
     const int64_t launch_rows = a->masked ? a->experts * tpad : (pad ? (rows + 3) / 4 * 4 : rows);
-
-    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FP8_GATE]);
-    mf_karg_tensor(&k, &xq);
-    mf_karg_long(&k, a->masked ? xq.stride[0] : (xp.quantize ? xq.stride[1] : xq.stride[0]));
-    mf_karg_long(&k, a->masked ? xq.stride[1] : 0);
-    act_scales_args(&k, &xs, xs_layout);
-    mf_karg_operand(&k, &a->w1, 2, false);
-    weight_scales_args(&k, &a->w1_scales);
-    bias_args(&k, &a->b1);
-    rows_args(&k, a);
-    mf_karg_long(&k, tpad);
-    mf_karg_long(&k, rows);
-    mf_karg_long(&k, K);
-    mf_karg_long(&k, I);
-    mf_karg_int(&k, (int32_t)a->opt.order);
-    mf_karg_int(&k, (int32_t)a->opt.activation);
-    mf_karg_float(&k, a->opt.alpha);
-    mf_karg_float(&k, a->opt.limit);
-    mf_karg_float(&k, a->opt.up_offset);
-    mf_karg_operand(&k, &a->h, 2, false);
-    act_scales_args(&k, &a->h_scales, a->act.scale_layout);
-    mf_karg_int(&k, a->act.ue8m0 || a->act.scale_layout == MOEFUSE_SCALE_PACKED_UE8M0);
-    mf_karg_float(&k, a->act.eps);
-    const size_t global[2] = {(size_t)I, (size_t)launch_rows}, local[2] = {128, 1};
+    /* a work-group a row; beside the tiles, only the rows they do not hold (specials): a
+     * routed call's invalid slots (device data) and padding, the masked layout's padding */
+    if (!tiled || !a->masked || tpad > a->tokens) {
+        mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FP8_GATE]);
+        gate_args(&k, a, &xv, tpad, rows);
+        mf_karg_int(&k, tiled);
+        const size_t global[2] = {(size_t)I, (size_t)launch_rows}, local[2] = {128, 1};
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
+    }
+    if (!tiled)
+        return MOEFUSE_OK;
+    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FP8_GATE_TILED]);
+    gate_args(&k, a, &xv, tpad, rows);
+    mf_karg_int(&k, 0);
+    mf_karg_mem(&k, a->masked ? NULL : scratch);
+    const size_t global[2] = {(size_t)I, tiles_bound(a)}, local[2] = {128, 1};
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
 
+/* The arguments the final kernels share, up to `specials`; y at float ybo of y. */
+static void final_args(mf_kargs *k, const mf_moe_args *a, bool reduce, cl_mem y, int64_t ybo)
+{
+    mf_karg_operand(k, &a->h, 2, false);
+    act_scales_args(k, &a->h_scales, a->act.scale_layout);
+    mf_karg_operand(k, &a->w2, 2, false);
+    weight_scales_args(k, &a->w2_scales);
+    bias_args(k, &a->b2);
+    rows_args(k, a);
+    mf_karg_long(k, a->model_dim);
+    mf_karg_long(k, a->inter_dim);
+    mf_karg_int(k, reduce);
+    mf_karg_mem(k, y);
+    mf_karg_long(k, ybo);
+    if (reduce) { /* out is written by the reduction */
+        mf_karg_mem(k, NULL);
+        mf_karg_long(k, 0);
+        mf_karg_long(k, 0);
+        mf_karg_long(k, 0);
+        mf_karg_int(k, (int32_t)a->out.dtype);
+    } else {
+        mf_karg_operand(k, &a->out, 2, true);
+    }
+}
+
+/*
+ * The final: the route (routed), the invalid slots' zero rows of an un-reduced out by
+ * moe_fp8.cl's kernel, the tiles (moe_fp8_tiled.cl), then a reduced call's top-k sum.
+ */
 moefuse_status mf_ocl_moe_final_fp8(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     static const char op[] = "moe_final_fp8";
@@ -205,32 +312,30 @@ moefuse_status mf_ocl_moe_final_fp8(moefuse_context *ctx, void *state, const mf_
             return MOEFUSE_OK;
         /* k = 0: every token's sum is empty: the reduction writes its zeros */
     }
-    cl_mem y = NULL;
-    if (reduce && rows > 0)
-        MF_TRY(mf_ocl_scratch(ctx, s, y_bytes(a), op, &y));
-    if (rows > 0) {
+    const bool tiled = fp8_tiled(s, a);
+    const size_t rbytes = route_bytes(s, a);
+    const int64_t ybo = (int64_t)(rbytes / sizeof(cl_float));
+    cl_mem scratch = NULL;
+    if (rows > 0 && rbytes + y_bytes(a) > 0)
+        MF_TRY(mf_ocl_scratch(ctx, s, rbytes + y_bytes(a), op, &scratch));
+    if (rows > 0 && tiled && !a->masked)
+        MF_TRY(mf_ocl_moe_route(ctx, s, a, scratch, 0, rows, FP8_TM, op));
+    /* a work-group a row; beside the tiles, only an un-reduced routed out's invalid slots */
+    if (rows > 0 && (!tiled || (!a->masked && !reduce))) {
         mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FP8_FINAL]);
-        mf_karg_operand(&k, &a->h, 2, false);
-        act_scales_args(&k, &a->h_scales, a->act.scale_layout);
-        mf_karg_operand(&k, &a->w2, 2, false);
-        weight_scales_args(&k, &a->w2_scales);
-        bias_args(&k, &a->b2);
-        rows_args(&k, a);
-        mf_karg_long(&k, K);
-        mf_karg_long(&k, a->inter_dim);
-        mf_karg_int(&k, reduce);
-        mf_karg_mem(&k, y);
-        mf_karg_long(&k, 0);
-        if (reduce) { /* out is written by the reduction */
-            mf_karg_mem(&k, NULL);
-            mf_karg_long(&k, 0);
-            mf_karg_long(&k, 0);
-            mf_karg_long(&k, 0);
-            mf_karg_int(&k, (int32_t)a->out.dtype);
-        } else {
-            mf_karg_operand(&k, &a->out, 2, true);
-        }
-        const size_t global[2] = {mf_round_up((size_t)K, 64), (size_t)rows}, local[2] = {64, 1};
+        final_args(&k, a, reduce, scratch, ybo);
+        mf_karg_int(&k, tiled);
+        const size_t global[2] = {mf_round_up((size_t)K, 64), (size_t)rows};
+        const size_t local[2] = {64, 1};
+        MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
+    }
+    if (rows > 0 && tiled) {
+        mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FP8_FINAL_TILED]);
+        final_args(&k, a, reduce, scratch, ybo);
+        mf_karg_int(&k, 0);
+        mf_karg_mem(&k, a->masked ? NULL : scratch);
+        const size_t global[2] = {mf_round_up((size_t)K, 64), tiles_bound(a)};
+        const size_t local[2] = {64, 1};
         MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
     }
     if (!reduce)
@@ -245,8 +350,8 @@ moefuse_status mf_ocl_moe_final_fp8(moefuse_context *ctx, void *state, const mf_
     mf_karg_long(&k, a->global_experts);
     mf_karg_long(&k, K);
     mf_karg_long(&k, 0);
-    mf_karg_mem(&k, y);
-    mf_karg_long(&k, 0);
+    mf_karg_mem(&k, scratch);
+    mf_karg_long(&k, ybo);
     mf_karg_operand(&k, &a->out, 1, true);
     const size_t rg[2] = {mf_round_up((size_t)K, 64), (size_t)a->tokens}, rlocal[2] = {64, 1};
     return mf_ocl_launch(ctx, s, &k, op, 2, rg, rlocal);

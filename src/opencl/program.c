@@ -30,6 +30,8 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_MOE_REDUCE] = "mf_moe_reduce",
     [MF_K_MOE_GATE_GEMV] = "mf_moe_gate_gemv", [MF_K_MOE_FINAL_GEMV] = "mf_moe_final_gemv",
     [MF_K_MOE_FP8_GATE] = "mf_moe_fp8_gate",   [MF_K_MOE_FP8_FINAL] = "mf_moe_fp8_final",
+    [MF_K_MOE_FP8_GATE_TILED] = "mf_moe_fp8_gate_tiled",
+    [MF_K_MOE_FP8_FINAL_TILED] = "mf_moe_fp8_final_tiled",
 };
 
 /* Both kernels of a fixed work-group size can run it on this device. */
@@ -79,11 +81,12 @@ static bool tiled_fits(ocl_state *s)
     return kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
 }
 
-/* The FP8 kernels need work-groups of 128 (gate: one h group) and 64 (final). */
+/* The FP8 kernels need work-groups of 128 (gate: one h group) and 64 (final); the tiled ones
+ * take 25 KiB of local memory, within the 32 KiB every device has. */
 static bool fp8_fits(ocl_state *s)
 {
-    return kernels_take(s, MF_K_MOE_FP8_GATE, MF_K_MOE_FP8_GATE, 128) &&
-           kernels_take(s, MF_K_MOE_FP8_FINAL, MF_K_MOE_FP8_FINAL, 64);
+    return kernels_take(s, MF_K_MOE_FP8_GATE, MF_K_MOE_FP8_GATE_TILED, 128) &&
+           kernels_take(s, MF_K_MOE_FP8_FINAL, MF_K_MOE_FP8_FINAL_TILED, 64);
 }
 
 /* The build log, cut to what fits in a status message. */
@@ -193,7 +196,8 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
         size_t kmax = 0;
         if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
             k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV || k == MF_K_ROWS_QUANT_TAB_LOCAL ||
-            k == MF_K_MOE_FP8_GATE || k == MF_K_MOE_FP8_FINAL)
+            k == MF_K_MOE_FP8_GATE || k == MF_K_MOE_FP8_FINAL || k == MF_K_MOE_FP8_GATE_TILED ||
+            k == MF_K_MOE_FP8_FINAL_TILED)
             continue; /* fixed sizes: tiled_fits, gemv_fits, table_local_fits, fp8_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&

@@ -4,6 +4,8 @@
  * is an integer count of 2^-9), so no order and no fp64 is needed to match the CPU's exact
  * sums; the count is rounded once to f32 (convert_float_rte), then
  * acc = fma(p_b, sa * sw, acc) in block order. A block with a NaN code sums to NaN.
+ * With `specials`, the kernels write only the rows no tile of moe_fp8_tiled.cl holds (invalid
+ * slots, scale padding); without, every row, one work-group a row.
  */
 
 /* Code b as a signed count of 2^-9: subnormal m, normal (8 + m) << (e - 1); NaN codes 0. */
@@ -157,7 +159,7 @@ void mf_moe_fp8_gate(__global const uchar *x, long xo, long xs0, long xs1,
                      int order, int act, float alpha, float limit, float beta,
                      __global uchar *h, long ho, long hs0, long hs1, __global uchar *hsc,
                      long hso, long hss0, long hss1, int hs_layout, int hs_kind, int ue8m0,
-                     float eps)
+                     float eps, int specials)
 {
     __local long cnt[128];
     __local int nan_a;
@@ -173,8 +175,8 @@ void mf_moe_fp8_gate(__global const uchar *x, long xo, long xs0, long xs1,
                             : -3;
     /* scale rows: routed slot r (block 0), masked (e, t) */
     const long blk = masked ? r / tpad : 0, t = masked ? r % tpad : r;
-    if (e == -2 && !(masked && t >= tmax))
-        return; /* a masked row past n[e]: left as it was */
+    if ((e == -2 && !(masked && t >= tmax)) || (specials && e >= 0))
+        return; /* a masked row past n[e]: left as it was; a tile's row (moe_fp8_tiled.cl) */
     if (e < 0) {
         /* an invalid slot: codes 0 and scale bytes 0; a padding row: its scale bytes 0 */
         if (e == -1)
@@ -242,7 +244,7 @@ void mf_moe_fp8_final(__global const uchar *hp, long ho, long hs0, long hs1,
                       long global_experts, __global const int *counts, long co, long cs0,
                       int masked, long tmax, long kdim, long idim, int reduce,
                       __global float *ybuf, long ybo, __global uchar *out, long oo, long os0,
-                      long os1, int odt)
+                      long os1, int odt, int specials)
 {
     __local long cnt[128];
     __local int nan_a;
@@ -251,8 +253,8 @@ void mf_moe_fp8_final(__global const uchar *hp, long ho, long hs0, long hs1,
     long p, q;
     const long e = mf_fp8_row(r, masked, tmax, tmax, counts, co, cs0, ids, io, is0, map, mo,
                               ms0, has_map, topk, experts, global_experts, &p, &q);
-    if (e == -2)
-        return; /* a masked row past n[e] */
+    if (e == -2 || (specials && e >= 0))
+        return; /* a masked row past n[e]; a tile's row (moe_fp8_tiled.cl) */
     if (e < 0) {
         if (!reduce && col < kdim)
             mf_store(out, odt, oo + p * os0 + q * os1 + col, 0.0f);

@@ -22,7 +22,8 @@
 /*
  * Routing in three steps over slots [s0, s1): count the valid slots of each
  * expert (integer atomics: the counts do not depend on the order), scan the
- * counts into offs / tiles (one work-item; E is small), then place each slot
+ * counts into offs / tiles of tm slots (one work-item; E is small: MF_TM here,
+ * MF_FP8_TM for moe_fp8_tiled.cl), then place each slot
  * at fill[e]++. The order of the slots inside an expert's list is therefore
  * unspecified, which changes nothing: every output element is its own fma
  * chain, whatever tile or row of a tile its slot lands in.
@@ -43,7 +44,8 @@ __kernel void mf_moe_route_count(__global const int *ids, long io, long is0,
         atomic_inc(&cf[cfo + e]);
 }
 
-__kernel void mf_moe_route_scan(__global long *route, __global int *cf, long cfo, long experts)
+__kernel void mf_moe_route_scan(__global long *route, __global int *cf, long cfo, long experts,
+                                long tm)
 {
     if (get_global_id(0) != 0)
         return;
@@ -53,7 +55,7 @@ __kernel void mf_moe_route_scan(__global long *route, __global int *cf, long cfo
     for (long e = 0; e < experts; e++) {
         const long n = cf[cfo + e];
         offs[e + 1] = offs[e] + n;
-        tiles[e + 1] = tiles[e] + (n + MF_TM - 1) / MF_TM;
+        tiles[e + 1] = tiles[e] + (n + tm - 1) / tm;
         cf[cfo + experts + e] = (int)offs[e];
     }
 }
