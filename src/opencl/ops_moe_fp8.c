@@ -1,10 +1,11 @@
 /*
- * moe_gate_fp8 and moe_final_fp8 of the OpenCL backend (kernels/moe_fp8.cl), routed or
- * masked; the core runs moe_forward_fp8 and moe_masked_fp8 as the two. An f32/f16/bf16 x is
- * first quantized by quant's own kernels into scratch (row-major f32 scales: the same codes
- * and scale values as any act layout holds); the reduced final writes y [M*k, K] in f32 to
- * scratch and mf_moe_reduce sums it in slot order. Each call makes one scratch request, sized
- * from the shapes alone (the *_workspace members).
+ * moe_gate_fp8 and moe_final_fp8 of the OpenCL backend (kernels/moe_fp8.cl, a work-group a
+ * row; kernels/moe_fp8_tiled.cl, tiles of rows of one expert), routed or masked; the core
+ * runs moe_forward_fp8 and moe_masked_fp8 as the two. An f32/f16/bf16 x is first quantized
+ * by quant's own kernels into scratch (row-major f32 scales: the same codes and scale values
+ * as any act layout holds); the reduced final writes y [M*k, K] in f32 to scratch and
+ * mf_moe_reduce sums it in slot order. Each call makes one scratch request, sized from the
+ * shapes and the device alone (the *_workspace members).
  */
 #include "opencl/ocl_internal.h"
 
@@ -21,8 +22,8 @@ enum { FP8_TILED_MIN_PER_EXPERT = 8 };
  * alone, so that both steps and the workspace queries agree. Measured with PoCL on the 2-core
  * EPYC (docs/PERFORMANCE.md), Qwen3-30B-A3B's experts, a layer call, a row / tiles: 2 slots
  * per busy expert 0.84 / 1.18 s, 8 3.40 / 2.90 s, 16 7.26 / 4.00 s; masked, 64 rows each of 8
- * experts, 0.81 / 0.89 s (rows of one expert are neighbours there, and share the weights
- * through the caches). MOEFUSE_OPENCL_GEMM=tiled takes the tiles for every call, `simple`
+ * experts, 0.78-1.12 / 0.89 s (rows of one expert are neighbours there, and share the
+ * weights through the caches). MOEFUSE_OPENCL_GEMM=tiled takes the tiles for every call, `simple`
  * a work-group a row.
  */
 static bool fp8_tiled(const ocl_state *s, const mf_moe_args *a)
