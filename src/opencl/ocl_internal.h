@@ -148,8 +148,10 @@ moefuse_status mf_ocl_act_quant(moefuse_context *ctx, void *state, const mf_rows
 moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_args *a);
 moefuse_status mf_ocl_quant(moefuse_context *ctx, void *state, const mf_rows_args *a);
 /* The route of a MoE call's slots grouped by expert in tiles of tm slots (ops_moe.c,
- * kernels/moe_tiled.cl): its bytes for S slots, and its kernels over slots [s0, s1) into r. */
+ * kernels/moe_tiled.cl): its bytes for S slots, a bound of its tiles, and its kernels over
+ * slots [s0, s1) into r. */
 size_t mf_ocl_moe_route_bytes(const mf_moe_args *a, int64_t S);
+size_t mf_ocl_moe_route_tiles(const mf_moe_args *a, int64_t S, int64_t tm);
 moefuse_status mf_ocl_moe_route(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
                                 cl_mem r, int64_t s0, int64_t s1, int64_t tm, const char *op);
 moefuse_status mf_ocl_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);

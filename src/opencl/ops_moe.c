@@ -132,10 +132,10 @@ static moefuse_status zero_invalid(moefuse_context *ctx, ocl_state *s, const mf_
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
 
-/* An upper bound of the tiles of S slots: sum of ceil(n_e / TM) <= S / TM + min(E, S). */
-static size_t tile_bound(const mf_moe_args *a, int64_t S)
+/* An upper bound of the tiles of S slots: sum of ceil(n_e / tm) <= S / tm + min(E, S). */
+size_t mf_ocl_moe_route_tiles(const mf_moe_args *a, int64_t S, int64_t tm)
 {
-    return (size_t)(S / TM + (a->experts < S ? a->experts : S));
+    return (size_t)(S / tm + (a->experts < S ? a->experts : S));
 }
 
 static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
@@ -155,7 +155,8 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     mf_karg_long(&k, a->inter_dim);
     gate_fn_args(&k, a);
     mf_karg_operand(&k, &a->h, 2, true);
-    const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16, tile_bound(a, S) * 16};
+    const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16,
+                              mf_ocl_moe_route_tiles(a, S, TM) * 16};
     const size_t local[2] = {16, 16};
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
@@ -211,7 +212,8 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         mf_karg_operand(&k, &a->out, 1, false);
         mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
         mf_karg_int(&k, (int32_t)a->out.dtype);
-        const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16, tile_bound(a, S) * 16};
+        const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16,
+                                  mf_ocl_moe_route_tiles(a, S, TM) * 16};
         const size_t local[2] = {16, 16};
         MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
         if (!a->reduce)

@@ -45,14 +45,11 @@ static size_t route_bytes(const ocl_state *s, const mf_moe_args *a)
                : mf_round_up(mf_ocl_moe_route_bytes(a, a->tokens * a->topk), 256);
 }
 
-/* Tiles the tiled kernels' grids cover: routed sum of ceil(n_e / TM) <= S / TM + min(E, S);
- * masked E * ceil(Tmax / TM). */
+/* Tiles the tiled kernels' grids cover: the route's bound, or masked E * ceil(Tmax / TM). */
 static size_t tiles_bound(const mf_moe_args *a)
 {
-    if (a->masked)
-        return (size_t)(a->experts * ((a->tokens + FP8_TM - 1) / FP8_TM));
-    const int64_t S = a->tokens * a->topk;
-    return (size_t)(S / FP8_TM + (a->experts < S ? a->experts : S));
+    return a->masked ? (size_t)(a->experts * ((a->tokens + FP8_TM - 1) / FP8_TM))
+                     : mf_ocl_moe_route_tiles(a, a->tokens * a->topk, FP8_TM);
 }
 
 /* The gate's scratch: the route, then x's quantization: codes [blocks, T, K], then row-major

@@ -137,20 +137,7 @@ inline void mf_fp8_dot_rows(__local long (*cnt)[128], __global const uchar *w, i
  * gate arguments, then the route (routed calls).
  */
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void mf_moe_fp8_gate_tiled(__global const uchar *x, long xo, long xs0, long xs1,
-                           __global const uchar *xsc, long xso, long xss0, long xss1,
-                           int xs_layout, int xs_kind, __global const uchar *w, long wo, long ws0,
-                           long ws1, __global const uchar *wsc, long wso, long wss0, long wss1,
-                           int wsc_u8, __global const uchar *b1, long bo, long bs0, int bdt,
-                           int has_b, __global const int *ids, long io, long is0,
-                           __global const int *map, long mo, long ms0, int has_map, long topk,
-                           long experts, long global_experts, __global const int *counts,
-                           long co, long cs0, int masked, long tmax, long tpad, long rows,
-                           long kdim, long idim, int order, int act, float alpha, float limit,
-                           float beta, __global uchar *h, long ho, long hs0, long hs1,
-                           __global uchar *hsc, long hso, long hss0, long hss1, int hs_layout,
-                           int hs_kind, int ue8m0, float eps, int specials,
-                           __global const long *route)
+void mf_moe_fp8_gate_tiled(MF_FP8_GATE_PARAMS, __global const long *route)
 {
     __local long cnt[MF_FP8_TM][128];
     __local float red[MF_FP8_TM][128];
@@ -227,18 +214,7 @@ void mf_moe_fp8_gate_tiled(__global const uchar *x, long xo, long xs0, long xs1,
  * the route.
  */
 __kernel __attribute__((reqd_work_group_size(64, 1, 1)))
-void mf_moe_fp8_final_tiled(__global const uchar *hp, long ho, long hs0, long hs1,
-                            __global const uchar *hsc, long hso, long hss0, long hss1,
-                            int hs_layout, int hs_kind, __global const uchar *w, long wo,
-                            long ws0, long ws1, __global const uchar *wsc, long wso, long wss0,
-                            long wss1, int wsc_u8, __global const uchar *b2, long bo, long bs0,
-                            int bdt, int has_b, __global const int *ids, long io, long is0,
-                            __global const int *map, long mo, long ms0, int has_map, long topk,
-                            long experts, long global_experts, __global const int *counts,
-                            long co, long cs0, int masked, long tmax, long kdim, long idim,
-                            int reduce, __global float *ybuf, long ybo, __global uchar *out,
-                            long oo, long os0, long os1, int odt, int specials,
-                            __global const long *route)
+void mf_moe_fp8_final_tiled(MF_FP8_FINAL_PARAMS, __global const long *route)
 {
     __local long cnt[MF_FP8_TM][128];
     __local long r[MF_FP8_ROWS];
