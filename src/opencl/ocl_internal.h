@@ -43,6 +43,8 @@ enum mf_ocl_kernel {
     MF_K_MOE_ZERO_INVALID,
     MF_K_MOE_GATE_TILED, /* reqd_work_group_size(16, 16, 1) */
     MF_K_MOE_FINAL_TILED, /* reqd_work_group_size(16, 16, 1) */
+    MF_K_MOE_GATE_WIDE,  /* reqd_work_group_size(16, 16, 1) (kernels/moe_wide.cl) */
+    MF_K_MOE_FINAL_WIDE, /* reqd_work_group_size(16, 16, 1) */
     MF_K_MOE_REDUCE,
     MF_K_MOE_GATE_GEMV, /* reqd_work_group_size(256, 1, 1) */
     MF_K_MOE_FINAL_GEMV, /* reqd_work_group_size(256, 1, 1) */
@@ -68,6 +70,8 @@ typedef struct ocl_state {
     bool from_cache;      /* the program came from the on-disk binary cache */
     bool tiled;           /* the 16 x 16 tiled GEMMs fit this device (else one column per item) */
     bool force_tiled;     /* MOEFUSE_OPENCL_GEMM=tiled: skip the size heuristic */
+    bool wide;            /* the 128 x 128 tiles of kernels/moe_wide.cl fit this device */
+    bool force_wide;      /* MOEFUSE_OPENCL_GEMM=wide: them wherever the rows are aligned */
     bool gemv;            /* the 256-wide matrix-vector kernels fit this device */
     bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
     bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */

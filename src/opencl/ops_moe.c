@@ -1,17 +1,25 @@
 /*
  * Host side of moe_gate and moe_final (moe_forward is the core's default:
  * gate into its scratch, then final). Three paths, chosen from the sizes:
- *  - tiled GEMMs over slots grouped by expert (kernels/moe_tiled.cl);
+ *  - tiled GEMMs over slots grouped by expert (kernels/moe_tiled.cl), and
+ *    their wide tiles for large batches on GPUs (kernels/moe_wide.cl);
  *  - the one-column-per-work-item kernels (kernels/moe.cl), for CPU devices
  *    and devices that cannot run the others; same bits as the tiled path;
  *  - matrix-vector kernels (kernels/moe_gemv.cl) on GPUs up to 8 slots per
  *    expert, which add each dot product in another (fixed) order.
- * MOEFUSE_OPENCL_GEMM=tiled|simple|gemv forces one.
+ * MOEFUSE_OPENCL_GEMM=tiled|wide|simple|gemv forces one.
  */
 #include "opencl/ocl_internal.h"
 
-/* Tile constants of kernels/moe_tiled.cl. */
-enum { TM = 64, TH = 32, TN = 64 };
+/* A tile shape: its kernels, slots a tile, h columns a gate work-group, output columns a final
+ * work-group (kernels/moe_tiled.cl, kernels/moe_wide.cl); 16 x 16 work-items either way. */
+typedef struct tile_shape {
+    enum mf_ocl_kernel gate, final;
+    int64_t tm, gate_cols, final_cols;
+} tile_shape;
+
+static const tile_shape TILES = {MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 64, 32, 64};
+static const tile_shape WIDE = {MF_K_MOE_GATE_WIDE, MF_K_MOE_FINAL_WIDE, 128, 64, 128};
 
 /* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend). */
 #ifndef MF_OCL_Y_BYTES /* overridable at build time, to test the chunking */
@@ -138,15 +146,16 @@ size_t mf_ocl_moe_route_tiles(const mf_moe_args *a, int64_t S, int64_t tm)
     return (size_t)(S / tm + (a->experts < S ? a->experts : S));
 }
 
-static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
+static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
+                                 const tile_shape *t)
 {
     static const char op[] = "moe_gate";
     const int64_t S = a->tokens * a->topk;
     cl_mem r;
     MF_TRY(mf_ocl_scratch(ctx, s, mf_ocl_moe_route_bytes(a, S), op, &r));
     MF_TRY(zero_invalid(ctx, s, a, &a->h, a->inter_dim, op));
-    MF_TRY(mf_ocl_moe_route(ctx, s, a, r, 0, S, TM, op));
-    mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_GATE_TILED]);
+    MF_TRY(mf_ocl_moe_route(ctx, s, a, r, 0, S, t->tm, op));
+    mf_kargs k = mf_kargs_begin(s->kernels[t->gate]);
     gate_operand_args(&k, a);
     mf_karg_mem(&k, r);
     mf_karg_long(&k, a->experts);
@@ -155,8 +164,8 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
     mf_karg_long(&k, a->inter_dim);
     gate_fn_args(&k, a);
     mf_karg_operand(&k, &a->h, 2, true);
-    const size_t global[2] = {(size_t)((a->inter_dim + TH - 1) / TH) * 16,
-                              mf_ocl_moe_route_tiles(a, S, TM) * 16};
+    const size_t global[2] = {(size_t)((a->inter_dim + t->gate_cols - 1) / t->gate_cols) * 16,
+                              mf_ocl_moe_route_tiles(a, S, t->tm) * 16};
     const size_t local[2] = {16, 16};
     return mf_ocl_launch(ctx, s, &k, op, 2, global, local);
 }
@@ -182,7 +191,8 @@ static final_layout final_scratch(const mf_moe_args *a)
     return L;
 }
 
-static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a)
+static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_moe_args *a,
+                                  const tile_shape *t)
 {
     static const char op[] = "moe_final";
     const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
@@ -197,8 +207,8 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         MF_TRY(zero_invalid(ctx, s, a, &a->out, K, op));
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         const int64_t m1 = M - m0 < chunk ? M : m0 + chunk, S = (m1 - m0) * kk;
-        MF_TRY(mf_ocl_moe_route(ctx, s, a, r, m0 * kk, m1 * kk, TM, op));
-        mf_kargs k = mf_kargs_begin(s->kernels[MF_K_MOE_FINAL_TILED]);
+        MF_TRY(mf_ocl_moe_route(ctx, s, a, r, m0 * kk, m1 * kk, t->tm, op));
+        mf_kargs k = mf_kargs_begin(s->kernels[t->final]);
         final_operand_args(&k, a);
         mf_karg_mem(&k, r);
         mf_karg_long(&k, a->experts);
@@ -212,8 +222,8 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
         mf_karg_operand(&k, &a->out, 1, false);
         mf_karg_long(&k, a->reduce ? 0 : a->out.stride[1]);
         mf_karg_int(&k, (int32_t)a->out.dtype);
-        const size_t global[2] = {(size_t)((K + TN - 1) / TN) * 16,
-                                  mf_ocl_moe_route_tiles(a, S, TM) * 16};
+        const size_t global[2] = {(size_t)((K + t->final_cols - 1) / t->final_cols) * 16,
+                                  mf_ocl_moe_route_tiles(a, S, t->tm) * 16};
         const size_t local[2] = {16, 16};
         MF_TRY(mf_ocl_launch(ctx, s, &k, op, 2, global, local));
         if (!a->reduce)
@@ -241,10 +251,27 @@ static size_t chunk(const ocl_state *s) { return s->wg * 2; }
 /* Output columns per 256-wide work-group of kernels/moe_gemv.cl (8 teams of 32). */
 enum { GV_TEAMS = 8, GV_WG = 256 };
 
-enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_GEMV };
+enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_WIDE, PATH_GEMV };
 
 /* The matrix-vector kernels up to this many slots per expert on average, tiles above. */
 enum { GEMV_MAX_PER_EXPERT = 8 };
+
+/* Every row of t starts 16 bytes aligned (offset in bytes, strides in elements). */
+static bool rows_aligned(const moefuse_tensor *t, int strides)
+{
+    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
+    bool ok = t->offset % 16 == 0;
+    for (int d = 0; d < strides; d++)
+        ok = ok && (t->stride[d] * es) % 16 == 0;
+    return ok;
+}
+
+/* The wide tiles can take this GEMM: they read 8 elements of a row at a time. */
+static bool wide_takes(const ocl_state *s, const mf_moe_args *a, bool gate)
+{
+    return s->wide && (gate ? rows_aligned(&a->x, 1) && rows_aligned(&a->w1, 2)
+                            : rows_aligned(&a->h, 2) && rows_aligned(&a->w2, 2));
+}
 
 /*
  * Which GEMMs, from S = M * k slots over E experts. The matrix-vector kernels
@@ -254,15 +281,25 @@ enum { GEMV_MAX_PER_EXPERT = 8 };
  * moe_forward bf16, ms, tiled / matrix-vector): Mixtral M=32 (S = 8E)
  * 13.8/10.5, M=64 (16E) 14.5/20.8; Qwen3 M=32 (2E) 5.08/1.23, M=128 (8E)
  * 5.83/4.82, M=256 (16E) 6.05/9.62; DeepSeek-V3 M=128 (4E) 99.9/41.8.
+ * The wide tiles (128 slots, 8 x 8 a work-item) beat the 64-slot ones at
+ * every size where both ran (H200, moe_forward, ms, wide / tiled): bf16
+ * Qwen3 M=32 (2E) 4.14/4.73, M=128 (8E) 4.68/5.35, f32 M=512 (32E)
+ * 4.53/5.59, M=4096 14.4/26.7; f32 Mixtral M=4096 91.0/206.8. So the
+ * 64-slot tiles are left to rows the wide loads cannot take. Matrix-vector
+ * keeps up to 8E: at 8E it is even with wide (Qwen3 4.83/4.68, Mixtral
+ * M=32 10.0/10.2), below it far ahead (Qwen3 M=32: 1.22 against 4.14).
  * The one-column kernels read a row once per slot too, but one element per
  * work-item, rows apart; CPU devices keep them (PoCL measured: they win at
  * every size, 2.5 vs 2.0 GFLOP/s with full tiles), as do devices that can
  * run neither of the others.
  */
-static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
+static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a, bool gate)
 {
     if (s->force_gemv && s->gemv)
         return PATH_GEMV;
+    const bool wide = wide_takes(s, a, gate);
+    if (s->force_wide && s->tiled) /* (rows not aligned: the tiles of the same bits) */
+        return wide ? PATH_WIDE : PATH_TILED;
     if (s->tiled && s->force_tiled)
         return PATH_TILED;
     if (s->cpu_device && !s->force_gemv)
@@ -270,17 +307,19 @@ static enum gemm_path choose_path(const ocl_state *s, const mf_moe_args *a)
     const int64_t S = a->tokens * a->topk;
     if (s->gemv && (S <= GEMV_MAX_PER_EXPERT * a->experts || !s->tiled))
         return PATH_GEMV;
+    const enum gemm_path tiles = wide ? PATH_WIDE : PATH_TILED;
     if (s->tiled && S >= 2 * a->experts)
-        return PATH_TILED;
+        return tiles;
     const int64_t simple_groups = (a->inter_dim + (int64_t)s->wg - 1) / (int64_t)s->wg * S;
-    return s->tiled && simple_groups < (int64_t)s->compute_units ? PATH_TILED : PATH_SIMPLE;
+    return s->tiled && simple_groups < (int64_t)s->compute_units ? tiles : PATH_SIMPLE;
 }
 
 moefuse_status mf_ocl_moe_gate_workspace(moefuse_context *ctx, void *state, const mf_moe_args *a,
                                          size_t *bytes)
 {
     (void)ctx;
-    *bytes = choose_path(state, a) == PATH_TILED
+    const enum gemm_path path = choose_path(state, a, true);
+    *bytes = path == PATH_TILED || path == PATH_WIDE
                  ? mf_ocl_moe_route_bytes(a, a->tokens * a->topk)
                  : 0;
     return MOEFUSE_OK;
@@ -290,16 +329,17 @@ moefuse_status mf_ocl_moe_final_workspace(moefuse_context *ctx, void *state,
                                           const mf_moe_args *a, size_t *bytes)
 {
     (void)ctx;
-    *bytes = choose_path(state, a) == PATH_TILED ? final_scratch(a).bytes : 0;
+    const enum gemm_path path = choose_path(state, a, false);
+    *bytes = path == PATH_TILED || path == PATH_WIDE ? final_scratch(a).bytes : 0;
     return MOEFUSE_OK;
 }
 
 moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    const enum gemm_path path = choose_path(s, a);
-    if (path == PATH_TILED)
-        return gate_tiled(ctx, s, a);
+    const enum gemm_path path = choose_path(s, a, true);
+    if (path == PATH_TILED || path == PATH_WIDE)
+        return gate_tiled(ctx, s, a, path == PATH_WIDE ? &WIDE : &TILES);
     const bool gemv = path == PATH_GEMV;
     mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_GATE_GEMV : MF_K_MOE_GATE]);
     gate_operand_args(&k, a);
@@ -323,9 +363,9 @@ moefuse_status mf_ocl_moe_gate(moefuse_context *ctx, void *state, const mf_moe_a
 moefuse_status mf_ocl_moe_final(moefuse_context *ctx, void *state, const mf_moe_args *a)
 {
     ocl_state *s = state;
-    const enum gemm_path path = choose_path(s, a);
-    if (path == PATH_TILED)
-        return final_tiled(ctx, s, a);
+    const enum gemm_path path = choose_path(s, a, false);
+    if (path == PATH_TILED || path == PATH_WIDE)
+        return final_tiled(ctx, s, a, path == PATH_WIDE ? &WIDE : &TILES);
     const bool gemv = path == PATH_GEMV;
     mf_kargs k = mf_kargs_begin(s->kernels[gemv ? MF_K_MOE_FINAL_GEMV : MF_K_MOE_FINAL]);
     final_operand_args(&k, a);

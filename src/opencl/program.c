@@ -27,6 +27,7 @@ static const char *const kernel_names[MF_K_COUNT_] = {
     [MF_K_MOE_ROUTE_COUNT] = "mf_moe_route_count", [MF_K_MOE_ROUTE_SCAN] = "mf_moe_route_scan",
     [MF_K_MOE_ROUTE_FILL] = "mf_moe_route_fill", [MF_K_MOE_ZERO_INVALID] = "mf_moe_zero_invalid",
     [MF_K_MOE_GATE_TILED] = "mf_moe_gate_tiled", [MF_K_MOE_FINAL_TILED] = "mf_moe_final_tiled",
+    [MF_K_MOE_GATE_WIDE] = "mf_moe_gate_wide",   [MF_K_MOE_FINAL_WIDE] = "mf_moe_final_wide",
     [MF_K_MOE_REDUCE] = "mf_moe_reduce",
     [MF_K_MOE_GATE_GEMV] = "mf_moe_gate_gemv", [MF_K_MOE_FINAL_GEMV] = "mf_moe_final_gemv",
     [MF_K_MOE_FP8_GATE] = "mf_moe_fp8_gate",   [MF_K_MOE_FP8_FINAL] = "mf_moe_fp8_final",
@@ -54,7 +55,8 @@ static bool gemv_fits(ocl_state *s)
 {
     const char *env = getenv("MOEFUSE_OPENCL_GEMM");
     s->force_gemv = env && strcmp(env, "gemv") == 0;
-    if (env && (strcmp(env, "simple") == 0 || strcmp(env, "tiled") == 0))
+    if (env && (strcmp(env, "simple") == 0 || strcmp(env, "tiled") == 0 ||
+                strcmp(env, "wide") == 0))
         return false;
     size_t dims[3] = {0, 0, 0};
     clGetDeviceInfo(s->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dims, dims, NULL);
@@ -79,6 +81,23 @@ static bool tiled_fits(ocl_state *s)
     if (dims[0] < 16 || dims[1] < 16 || local < 12 * 1024)
         return false;
     return kernels_take(s, MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 256);
+}
+
+/* The wide tiles need 16 x 16 work-groups, 34 KiB of local memory (two slabs of both operands,
+ * the tile's slots) and a little-endian device (two 16-bit elements read as one word); only
+ * GPU devices take them unless forced (moe_tiled.cl's reasons for CPU devices hold). */
+static bool wide_fits(ocl_state *s)
+{
+    const char *env = getenv("MOEFUSE_OPENCL_GEMM");
+    s->force_wide = env && strcmp(env, "wide") == 0;
+    if (!s->tiled || (env && !s->force_wide))
+        return false;
+    cl_ulong local = 0;
+    cl_bool little = CL_FALSE;
+    clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+    clGetDeviceInfo(s->device, CL_DEVICE_ENDIAN_LITTLE, sizeof little, &little, NULL);
+    return local >= 36 * 1024 && little == CL_TRUE &&
+           kernels_take(s, MF_K_MOE_GATE_WIDE, MF_K_MOE_FINAL_WIDE, 256);
 }
 
 /* The FP8 kernels need work-groups of 128 (gate: one h group) and 64 (final); the tiled ones
@@ -194,11 +213,12 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
         wg = dev_max;
     for (int k = 0; k < MF_K_COUNT_; k++) {
         size_t kmax = 0;
-        if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED ||
-            k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV || k == MF_K_ROWS_QUANT_TAB_LOCAL ||
-            k == MF_K_MOE_FP8_GATE || k == MF_K_MOE_FP8_FINAL || k == MF_K_MOE_FP8_GATE_TILED ||
-            k == MF_K_MOE_FP8_FINAL_TILED)
-            continue; /* fixed sizes: tiled_fits, gemv_fits, table_local_fits, fp8_fits */
+        if (k == MF_K_MOE_GATE_TILED || k == MF_K_MOE_FINAL_TILED || k == MF_K_MOE_GATE_WIDE ||
+            k == MF_K_MOE_FINAL_WIDE || k == MF_K_MOE_GATE_GEMV || k == MF_K_MOE_FINAL_GEMV ||
+            k == MF_K_ROWS_QUANT_TAB_LOCAL || k == MF_K_MOE_FP8_GATE || k == MF_K_MOE_FP8_FINAL ||
+            k == MF_K_MOE_FP8_GATE_TILED || k == MF_K_MOE_FP8_FINAL_TILED)
+            continue; /* fixed sizes: tiled_fits, wide_fits, gemv_fits, table_local_fits,
+                       * fp8_fits */
         if (clGetKernelWorkGroupInfo(s->kernels[k], s->device, CL_KERNEL_WORK_GROUP_SIZE,
                                      sizeof kmax, &kmax, NULL) == CL_SUCCESS &&
             kmax > 0 && kmax < wg)
@@ -209,6 +229,7 @@ moefuse_status mf_ocl_build(moefuse_context *ctx, ocl_state *s)
         p2 *= 2;
     s->wg = p2;
     s->tiled = tiled_fits(s);
+    s->wide = wide_fits(s);
     s->gemv = gemv_fits(s);
     s->table_local = table_local_fits(s);
     s->fp8 = fp8_fits(s);

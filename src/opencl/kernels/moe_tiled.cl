@@ -90,12 +90,13 @@ __kernel void mf_moe_zero_invalid(__global const int *ids, long io, long is0,
 }
 
 /*
- * This work-group's tile of the route (tile get_group_id(1)): its expert *e, and its slots
- * staged in rows, -1 past the tile's count (the kernels tell real rows by s >= 0). False past
- * the last tile, before the barrier: the tile is uniform, so the whole work-group leaves.
+ * This work-group's tile of the route (tile get_group_id(1), of tm slots): its expert *e, and
+ * its slots staged in rows, -1 past the tile's count (the kernels tell real rows by s >= 0).
+ * False past the last tile, before the barrier: the tile is uniform, so the whole work-group
+ * leaves.
  */
 inline int mf_tile_begin(__global const long *route, long experts, __local long *rows, int lid,
-                         long *e)
+                         int tm, long *e)
 {
     __global const long *offs = route, *tiles = route + experts + 1;
     __global const long *list = route + 2 * experts + 2;
@@ -103,10 +104,10 @@ inline int mf_tile_begin(__global const long *route, long experts, __local long 
     if (tile >= tiles[experts])
         return 0;
     *e = mf_find_expert(tiles, experts, tile);
-    const long first = offs[*e] + (tile - tiles[*e]) * MF_TM;
+    const long first = offs[*e] + (tile - tiles[*e]) * tm;
     const long left = offs[*e + 1] - first;
-    const long n = left < MF_TM ? left : MF_TM;
-    if (lid < MF_TM)
+    const long n = left < tm ? left : tm;
+    if (lid < tm)
         rows[lid] = lid < n ? list[first + lid] : -1;
     barrier(CLK_LOCAL_MEM_FENCE);
     return 1;
@@ -162,7 +163,7 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
     __local long rows[MF_TM];
     const int tx = (int)get_local_id(0), ty = (int)get_local_id(1), lid = ty * 16 + tx;
     long e;
-    if (!mf_tile_begin(route, experts, rows, lid, &e))
+    if (!mf_tile_begin(route, experts, rows, lid, MF_TM, &e))
         return;
     const long i0 = (long)get_group_id(0) * MF_TH;
     const long grow = mf_gate_at(order, idim), urow = mf_up_at(order, idim);
@@ -211,7 +212,7 @@ void mf_moe_final_tiled(__global const uchar *hp, long ho, long hs0, long hs1, i
     __local long rows[MF_TM];
     const int tx = (int)get_local_id(0), ty = (int)get_local_id(1), lid = ty * 16 + tx;
     long e;
-    if (!mf_tile_begin(route, experts, rows, lid, &e))
+    if (!mf_tile_begin(route, experts, rows, lid, MF_TM, &e))
         return;
     const long r0 = (long)get_group_id(0) * MF_TN;
     long arow[4], brow[4];
