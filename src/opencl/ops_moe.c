@@ -21,10 +21,13 @@ typedef struct tile_shape {
 static const tile_shape TILES = {MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 64, 32, 64};
 static const tile_shape WIDE = {MF_K_MOE_GATE_WIDE, MF_K_MOE_FINAL_WIDE, 128, 64, 128};
 
-/* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend). */
+/* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend), up to 4 times
+ * that where a chunk would average fewer slots per expert than a wide tile holds: Qwen3-30B-A3B
+ * at 64 MiB is 1024 tokens, 64 slots per expert, half of every 128-slot tile idle. */
 #ifndef MF_OCL_Y_BYTES /* overridable at build time, to test the chunking */
 #define MF_OCL_Y_BYTES ((size_t)64 << 20)
 #endif
+enum { Y_BYTES_GROWTH = 4 };
 
 /* Routing operands shared by both kernels: ids, (weights,) map. */
 static void routing_args(mf_kargs *k, const mf_moe_args *a, bool weights)
@@ -172,7 +175,7 @@ static moefuse_status gate_tiled(moefuse_context *ctx, ocl_state *s, const mf_mo
 
 /* The tiled final's scratch: the route of a chunk of tokens, then its f32 y. */
 typedef struct final_layout {
-    int64_t chunk; /* tokens per chunk: the f32 y of a chunk stays within MF_OCL_Y_BYTES */
+    int64_t chunk; /* tokens per chunk: the f32 y of a chunk stays within 4 MF_OCL_Y_BYTES */
     size_t yoff;   /* y after the route, at a float offset that does not move between chunks */
     size_t bytes;
 } final_layout;
@@ -183,7 +186,13 @@ static final_layout final_scratch(const mf_moe_args *a)
     final_layout L;
     L.chunk = M > 0 ? M : 1;
     if (a->reduce && kk > 0 && K > 0) {
-        int64_t c = (int64_t)(MF_OCL_Y_BYTES / ((size_t)kk * (size_t)K * sizeof(cl_float)));
+        const size_t row = (size_t)kk * (size_t)K * sizeof(cl_float); /* y of a token */
+        int64_t c = (int64_t)(MF_OCL_Y_BYTES / row);
+        const int64_t full = (WIDE.tm * a->experts + kk - 1) / kk; /* a wide tile an expert */
+        if (c < full) {
+            const int64_t most = (int64_t)(Y_BYTES_GROWTH * MF_OCL_Y_BYTES / row);
+            c = full < most ? full : most;
+        }
         L.chunk = c < 1 ? 1 : (c < L.chunk ? c : L.chunk);
     }
     L.yoff = mf_round_up(mf_ocl_moe_route_bytes(a, L.chunk * kk), 64);
