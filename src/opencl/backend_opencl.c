@@ -64,8 +64,9 @@ static void describe_build(ocl_state *s)
     if (n > 0 && s->device_name[n - 1] == ')')
         snprintf(s->device_name + n - 1, sizeof s->device_name - (n - 1),
                  ", %s GEMM%s%s%s%s%s)",
-                 !s->tiled ? "simple" : (s->cpu_device && !s->force_tiled) ? "simple (CPU device)"
-                                                                           : "tiled",
+                 !s->tiled                                          ? "simple"
+                 : s->cpu_device && !s->force_tiled && !s->force_wide ? "simple (CPU device)"
+                                                                      : "tiled",
                  s->wide && (!s->cpu_device || s->force_wide) ? ", wide tiles for large batches"
                                                               : "",
                  s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for small batches" : "",

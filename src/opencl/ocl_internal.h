@@ -72,6 +72,7 @@ typedef struct ocl_state {
     bool force_tiled;     /* MOEFUSE_OPENCL_GEMM=tiled: skip the size heuristic */
     bool wide;            /* the 128 x 128 tiles of kernels/moe_wide.cl fit this device */
     bool force_wide;      /* MOEFUSE_OPENCL_GEMM=wide: them wherever the rows are aligned */
+    cl_ulong max_alloc;   /* CL_DEVICE_MAX_MEM_ALLOC_SIZE: the wide final's y chunk stays within */
     bool gemv;            /* the 256-wide matrix-vector kernels fit this device */
     bool force_gemv;      /* MOEFUSE_OPENCL_GEMM=gemv: them for every size */
     bool cpu_device;      /* CL_DEVICE_TYPE_CPU: local-memory tiles do not pay (PoCL measured) */

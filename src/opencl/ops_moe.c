@@ -21,9 +21,10 @@ typedef struct tile_shape {
 static const tile_shape TILES = {MF_K_MOE_GATE_TILED, MF_K_MOE_FINAL_TILED, 64, 32, 64};
 static const tile_shape WIDE = {MF_K_MOE_GATE_WIDE, MF_K_MOE_FINAL_WIDE, 128, 64, 128};
 
-/* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend), up to 4 times
- * that where a chunk would average fewer slots per expert than a wide tile holds: Qwen3-30B-A3B
- * at 64 MiB is 1024 tokens, 64 slots per expert, half of every 128-slot tile idle. */
+/* f32 y scratch of the reduced final per chunk of tokens (as the CPU backend). For the wide
+ * tiles up to 4 times that (within the device's largest buffer) where a chunk would average
+ * fewer slots per expert than a wide tile holds: Qwen3-30B-A3B at 64 MiB is 1024 tokens, 64
+ * slots per expert, half of every 128-slot tile idle. */
 #ifndef MF_OCL_Y_BYTES /* overridable at build time, to test the chunking */
 #define MF_OCL_Y_BYTES ((size_t)64 << 20)
 #endif
@@ -180,7 +181,7 @@ typedef struct final_layout {
     size_t bytes;
 } final_layout;
 
-static final_layout final_scratch(const mf_moe_args *a)
+static final_layout final_scratch(const ocl_state *s, const mf_moe_args *a, bool wide)
 {
     const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
     final_layout L;
@@ -189,9 +190,14 @@ static final_layout final_scratch(const mf_moe_args *a)
         const size_t row = (size_t)kk * (size_t)K * sizeof(cl_float); /* y of a token */
         int64_t c = (int64_t)(MF_OCL_Y_BYTES / row);
         const int64_t full = (WIDE.tm * a->experts + kk - 1) / kk; /* a wide tile an expert */
-        if (c < full) {
-            const int64_t most = (int64_t)(Y_BYTES_GROWTH * MF_OCL_Y_BYTES / row);
-            c = full < most ? full : most;
+        if (wide && c < full) {
+            const size_t route = mf_ocl_moe_route_bytes(a, full * kk) + 64;
+            size_t most = Y_BYTES_GROWTH * MF_OCL_Y_BYTES;
+            if ((cl_ulong)most + route > s->max_alloc)
+                most = s->max_alloc > route ? (size_t)(s->max_alloc - route) : 0;
+            const int64_t grown = (int64_t)(most / row);
+            if (grown > c)
+                c = full < grown ? full : grown;
         }
         L.chunk = c < 1 ? 1 : (c < L.chunk ? c : L.chunk);
     }
@@ -205,7 +211,7 @@ static moefuse_status final_tiled(moefuse_context *ctx, ocl_state *s, const mf_m
 {
     static const char op[] = "moe_final";
     const int64_t M = a->tokens, kk = a->topk, K = a->model_dim;
-    const final_layout L = final_scratch(a);
+    const final_layout L = final_scratch(s, a, t == &WIDE);
     const int64_t chunk = L.chunk;
     const size_t yoff = L.yoff;
     cl_mem r;
@@ -339,7 +345,9 @@ moefuse_status mf_ocl_moe_final_workspace(moefuse_context *ctx, void *state,
 {
     (void)ctx;
     const enum gemm_path path = choose_path(state, a, false);
-    *bytes = path == PATH_TILED || path == PATH_WIDE ? final_scratch(a).bytes : 0;
+    *bytes = path == PATH_TILED || path == PATH_WIDE
+                 ? final_scratch(state, a, path == PATH_WIDE).bytes
+                 : 0;
     return MOEFUSE_OK;
 }
 

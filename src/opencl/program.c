@@ -90,7 +90,9 @@ static bool wide_fits(ocl_state *s)
 {
     const char *env = getenv("MOEFUSE_OPENCL_GEMM");
     s->force_wide = env && strcmp(env, "wide") == 0;
-    if (!s->tiled || (env && !s->force_wide))
+    clGetDeviceInfo(s->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof s->max_alloc, &s->max_alloc,
+                    NULL);
+    if (!s->tiled || s->force_tiled) /* (simple leaves s->tiled false; gemv forced comes first) */
         return false;
     cl_ulong local = 0;
     cl_bool little = CL_FALSE;
