@@ -163,6 +163,13 @@ static tbuf *input3(const char *name, moefuse_dtype dt, int64_t a, int64_t b, in
     return tb_upload_unif(tb_new3(name, dt, a, b, c, 1, 1), lo, hi);
 }
 
+/* The same with rows packed: every row starts 16 bytes aligned (OpenCL's wide tiles take it). */
+static tbuf *input3_packed(const char *name, moefuse_dtype dt, int64_t a, int64_t b, int64_t c,
+                           double lo, double hi)
+{
+    return tb_upload_unif(tb_new3(name, dt, a, b, c, 0, 1), lo, hi);
+}
+
 /* act_quant: x [5, 512] bf16 -> q f8 [5, 256], column-major scales [2, 8], row_scale. */
 static void build_act_quant(void)
 {
@@ -388,6 +395,14 @@ static void build_final(bool reduce)
     add_out(OUT);
 }
 static void build_final_reduced(void) { build_final(true); }
+static void build_final_reduced_packed(void)
+{
+    H = input3_packed("h", moe_dt, moe_M, moe_k, moe_I, -1, 1);
+    W2 = input3_packed("w2", moe_dt, moe_E, moe_K, moe_I, -0.25, 0.25);
+    build_routing(false);
+    OUT = tb_new2("out", MOEFUSE_F32, moe_M, moe_K, 1, 0);
+    add_out(OUT);
+}
 static void build_final_slots(void) { build_final(false); }
 static moefuse_status call_final(void)
 {
@@ -539,6 +554,22 @@ START_TEST(t_final_chunked)
     put_env("MOEFUSE_OPENCL_GEMM", "tiled"); /* read by each new context */
     moe_shape(1030, 8, 2048, 16, 8, MOEFUSE_F32);
     const op_case c = {"moe_final", build_final_reduced, call_final, true};
+    run_case(&c);
+    restore_env("MOEFUSE_OPENCL_GEMM");
+}
+END_TEST
+
+/*
+ * The same with the wide tiles forced on OpenCL (rows packed, so that they take them), whose
+ * chunk grows past 64 MiB until it averages 128 slots an expert (128 experts, 2048 channels:
+ * 2048 tokens a chunk, 134 MB of y), so the grown chunk and the last, short one are both failed
+ * in turn.
+ */
+START_TEST(t_final_chunked_wide)
+{
+    put_env("MOEFUSE_OPENCL_GEMM", "wide");
+    moe_shape(2100, 8, 2048, 16, 128, MOEFUSE_F32);
+    const op_case c = {"moe_final", build_final_reduced_packed, call_final, true};
     run_case(&c);
     restore_env("MOEFUSE_OPENCL_GEMM");
 }
@@ -760,5 +791,6 @@ int main(void)
     tcase_add_test(tc, t_moe_routed);
     tcase_add_test(tc, t_moe_decode);
     tcase_add_test(tc, t_final_chunked);
+    tcase_add_test(tc, t_final_chunked_wide);
     return h_run(s);
 }

@@ -156,14 +156,16 @@ static void same_elements(tbuf *got, tbuf *want, const char *what)
 }
 
 /*
- * What the backend's README promises: the simple and tiled GEMM paths give the
- * same bits (the matrix-vector path adds in its own order), with invalid ids,
- * biases, an expert map, a padded x, both outputs of the final.
+ * What the backend's README promises: the simple, tiled and wide GEMM paths give
+ * the same bits (the matrix-vector path adds in its own order), with invalid ids,
+ * biases, an expert map, a padded x, both outputs of the final. The rows start
+ * 16 bytes aligned (K and I multiples of 8, x padded by 8), so that `wide` runs
+ * its own kernels rather than the 64-slot tiles it falls back to.
  */
-START_TEST(t_simple_and_tiled_agree)
+static void paths_agree(const char *other)
 {
-    static const char *const paths[2] = {"simple", "tiled"};
-    const int64_t M = 7, E = 5, Eg = 7, k = 2, K = 300, I = 70;
+    const char *const paths[2] = {"simple", other};
+    const int64_t M = 7, E = 5, Eg = 7, k = 2, K = 304, I = 72;
     saved_env sv = env_save("MOEFUSE_OPENCL_GEMM");
     moefuse_context *outer = g_ctx, *c[2];
     for (int i = 0; i < 2; i++) {
@@ -174,7 +176,7 @@ START_TEST(t_simple_and_tiled_agree)
     env_restore(&sv);
     g_ctx = c[0]; /* tb_new allocates in g_ctx; the twins live in c[1] */
     tbuf *all[11] = {
-        tb_new2("x", MOEFUSE_BF16, M, K, 3, 1),          tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1),
+        tb_new2("x", MOEFUSE_BF16, M, K, 8, 1),          tb_new3("w1", MOEFUSE_BF16, E, 2 * I, K, 0, 1),
         tb_new3("w2", MOEFUSE_BF16, E, K, I, 0, 1),      tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1),
         tb_new2("b2", MOEFUSE_F32, E, K, 0, 1),          tb_new2("topk_ids", MOEFUSE_I32, M, k, 0, 1),
         tb_new2("topk_weights", MOEFUSE_F32, M, k, 0, 1), tb_new1("expert_map", MOEFUSE_I32, Eg, 1),
@@ -214,12 +216,17 @@ START_TEST(t_simple_and_tiled_agree)
     }
     h_check_all(0);
     for (int i = 8; i < 11; i++)
-        same_elements(twin[i], all[i], "tiled vs simple");
+        same_elements(twin[i], all[i], other);
     tb_free_all();
     g_ctx = outer;
     moefuse_context_destroy(c[0]);
     moefuse_context_destroy(c[1]);
 }
+
+START_TEST(t_simple_and_tiled_agree) { paths_agree("tiled"); }
+END_TEST
+
+START_TEST(t_simple_and_wide_agree) { paths_agree("wide"); }
 END_TEST
 
 int main(void)
@@ -233,6 +240,7 @@ int main(void)
     opencl_caller_tests(tc);
     opencl_import_tests(tc);
     tcase_add_test(tc, t_simple_and_tiled_agree);
+    tcase_add_test(tc, t_simple_and_wide_agree);
     opencl_cache_tests(tc);
     return h_run(s);
 }
