@@ -69,7 +69,8 @@ static void describe_build(ocl_state *s)
                                                                       : "tiled",
                  s->wide && (!s->cpu_device || s->force_wide) ? ", wide tiles for large batches"
                                                               : "",
-                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for small batches" : "",
+                 s->gemv && (!s->cpu_device || s->force_gemv) ? ", matrix-vector for small batches"
+                                                              : "",
                  !s->act_tables ? ", act(g) computed"
                  : s->table_local ? ", act(g) from a table in local memory"
                                   : ", act(g) from a table in global memory",
@@ -239,8 +240,9 @@ static moefuse_status ocl_set_stream(moefuse_context *ctx, void *state, void *st
             return mf_error(ctx, MOEFUSE_ERR_WRONG_DEVICE,
                             "set_stream: the queue belongs to another OpenCL context or device");
         if (qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
-            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                            "set_stream: the queue is out-of-order; moefuse needs an in-order queue");
+            return mf_error(
+                ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                "set_stream: the queue is out-of-order; moefuse needs an in-order queue");
         e = clRetainCommandQueue(q);
         if (e != CL_SUCCESS)
             return mf_ocl_fail(ctx, e, "set_stream", "clRetainCommandQueue");

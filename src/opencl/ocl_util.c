@@ -126,7 +126,8 @@ moefuse_status mf_ocl_launch(moefuse_context *ctx, ocl_state *s, mf_kargs *a, co
     for (cl_uint d = 0; d < dims; d++)
         if (global[d] == 0)
             return MOEFUSE_OK; /* nothing to do; an empty NDRange is an error in OpenCL 1.2 */
-    cl_int e = clEnqueueNDRangeKernel(s->queue, a->kernel, dims, NULL, global, local, 0, NULL, NULL);
+    cl_int e =
+        clEnqueueNDRangeKernel(s->queue, a->kernel, dims, NULL, global, local, 0, NULL, NULL);
     if (e != CL_SUCCESS)
         return mf_ocl_fail(ctx, e, op, "clEnqueueNDRangeKernel");
     return MOEFUSE_OK;

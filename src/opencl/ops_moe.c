@@ -84,7 +84,10 @@ static void map_args(mf_kargs *k, const mf_moe_args *a)
 }
 
 /* Longs of the route of S slots (offs | tiles | list); the int counters follow. */
-static size_t route_longs(const mf_moe_args *a, int64_t S) { return (size_t)(2 * a->experts + 2 + S); }
+static size_t route_longs(const mf_moe_args *a, int64_t S)
+{
+    return (size_t)(2 * a->experts + 2 + S);
+}
 size_t mf_ocl_moe_route_bytes(const mf_moe_args *a, int64_t S)
 {
     return route_longs(a, S) * sizeof(cl_long) + (size_t)(2 * a->experts) * sizeof(cl_int);

@@ -155,7 +155,8 @@ static bool table_local_fits(const ocl_state *s)
     cl_ulong local = 0;
     size_t kmax = 0;
     if ((s->cpu_device && !force) ||
-        clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) != CL_SUCCESS ||
+        clGetDeviceInfo(s->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL) !=
+            CL_SUCCESS ||
         clGetKernelWorkGroupInfo(s->kernels[MF_K_ROWS_QUANT_TAB_LOCAL], s->device,
                                  CL_KERNEL_WORK_GROUP_SIZE, sizeof kmax, &kmax, NULL) != CL_SUCCESS)
         return false;

@@ -1,4 +1,5 @@
-/* dequant: out = f32(q) * s, rounded once to out's dtype; one work-item per element (grid-stride). */
+/* dequant: out = f32(q) * s, rounded once to out's dtype; one work-item per element
+ * (grid-stride). */
 __kernel void mf_dequant(__global const uchar *q, long qo, long qs0, int qdt,
                          __global const uchar *sc, long sco, long scs, int scdt,
                          int layout, __global uchar *out, long oo, long os0, int odt, long rows,

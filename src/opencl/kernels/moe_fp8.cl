@@ -184,10 +184,10 @@ void mf_moe_fp8_gate(MF_FP8_GATE_PARAMS)
     const long gn = idim / 128, col = g * 128 + c;
     long p, q;
     /* routed rows past the slots are scale padding (masked padding: mf_fp8_row's t >= tmax) */
-    const long e = masked || r < rows ? mf_fp8_row(r, masked, tpad, tmax, counts, co, cs0, ids, io, is0,
-                                         map, mo, ms0, has_map, topk, experts, global_experts,
-                                         &p, &q)
-                            : -3;
+    const long e = masked || r < rows
+                       ? mf_fp8_row(r, masked, tpad, tmax, counts, co, cs0, ids, io, is0, map, mo,
+                                    ms0, has_map, topk, experts, global_experts, &p, &q)
+                       : -3;
     /* scale rows: routed slot r (block 0), masked (e, t) */
     const long blk = masked ? r / tpad : 0, t = masked ? r % tpad : r;
     if ((e == -2 && !(masked && t >= tmax)) || (specials && e >= 0))

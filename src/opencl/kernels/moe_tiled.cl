@@ -249,8 +249,8 @@ __kernel void mf_moe_reduce(__global const int *ids, long io, long is0,
                             __global const float *tw, long two, long tws0,
                             __global const int *map, long mo, long ms0, int has_map, long topk,
                             long experts, long global_experts, long kdim, long m0,
-                            __global const float *ybuf, long ybo, __global uchar *out, long oo, long os0,
-                            int odt)
+                            __global const float *ybuf, long ybo, __global uchar *out, long oo,
+                            long os0, int odt)
 {
     const long col = (long)get_global_id(0), m = m0 + (long)get_global_id(1);
     if (col >= kdim)
@@ -259,7 +259,8 @@ __kernel void mf_moe_reduce(__global const int *ids, long io, long is0,
     for (long j = 0; j < topk; j++) {
         if (mf_slot_expert(ids, io, is0, m, j, map, mo, ms0, has_map, experts, global_experts) < 0)
             continue;
-        const float prod = tw[two + m * tws0 + j] * ybuf[ybo + (m * topk + j - m0 * topk) * kdim + col];
+        const float prod =
+            tw[two + m * tws0 + j] * ybuf[ybo + (m * topk + j - m0 * topk) * kdim + col];
         acc = acc + prod;
     }
     mf_store(out, odt, oo + m * os0 + col, acc);

@@ -38,7 +38,8 @@ inline void mf_store(__global uchar *base, int dt, long i, float v)
     if (dt == MF_F32)
         ((__global float *)base)[i] = v;
     else
-        ((__global ushort *)base)[i] = (ushort)(dt == MF_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
+        ((__global ushort *)base)[i] =
+            (ushort)(dt == MF_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
 }
 
 /* Last e with offs[e] <= i: the expert of flattened valid row i. */

@@ -91,7 +91,8 @@ inline void mf_rows_quant_body(__global const uchar *x, long xo, long xs0, long 
         vec_x = vec_q = 1;
     }
     if (tabmode == 1) /* (both copies are published by mf_exp_table_to_local's barrier) */
-        for (int i = (int)get_local_id(0); i < (int)(MF_TAB_ENTRIES / 4); i += (int)get_local_size(0))
+        for (int i = (int)get_local_id(0); i < (int)(MF_TAB_ENTRIES / 4);
+             i += (int)get_local_size(0))
             vstore4(vload4(i, gtab), i, ltab);
     /* the row offsets in local memory when they fit: every item searches them */
     const int loffs_on = has_counts && experts <= MF_LOCAL_EXPERTS;
