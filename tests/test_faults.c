@@ -163,7 +163,8 @@ static tbuf *input3(const char *name, moefuse_dtype dt, int64_t a, int64_t b, in
     return tb_upload_unif(tb_new3(name, dt, a, b, c, 1, 1), lo, hi);
 }
 
-/* The same with rows packed: every row starts 16 bytes aligned (OpenCL's wide tiles take it). */
+/* The same with rows packed: every row starts at a multiple of 8 elements (OpenCL's wide tiles
+ * take it). */
 static tbuf *input3_packed(const char *name, moefuse_dtype dt, int64_t a, int64_t b, int64_t c,
                            double lo, double hi)
 {

@@ -158,8 +158,8 @@ static void same_elements(tbuf *got, tbuf *want, const char *what)
 /*
  * What the backend's README promises: the simple, tiled and wide GEMM paths give
  * the same bits (the matrix-vector path adds in its own order), with invalid ids,
- * biases, an expert map, a padded x, both outputs of the final. The rows start
- * 16 bytes aligned (K and I multiples of 8, x padded by 8), so that `wide` runs
+ * biases, an expert map, a padded x, both outputs of the final. The rows start at
+ * multiples of 8 elements (K and I multiples of 8, x padded by 8), so that `wide` runs
  * its own kernels rather than the 64-slot tiles it falls back to.
  */
 static void paths_agree(const char *other)

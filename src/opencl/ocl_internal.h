@@ -116,6 +116,14 @@ cl_mem mf_ocl_create_buffer(ocl_state *s, size_t bytes, mf_fault_kind kind, cl_i
 
 /* Scratch of at least `bytes` bytes, valid until the next call that asks for scratch: the
  * caller's workspace when one is set, else the context's own buffer, grown on demand. */
+/* Every chunk of MF_OCL_CHUNK elements of t starting at a multiple of MF_OCL_CHUNK in a row
+ * starts at an element index that is a multiple of it (t's offset and its first `strides`
+ * strides are): kernels load such a chunk of a 16-bit tensor with one 16-byte load, of an
+ * f32 one with two. The buffer itself is aligned to CL_DEVICE_MEM_BASE_ADDR_ALIGN (at least
+ * 128 bytes). */
+#define MF_OCL_CHUNK 8
+bool mf_ocl_chunks_aligned(const moefuse_tensor *t, int strides);
+
 moefuse_status mf_ocl_scratch(moefuse_context *ctx, ocl_state *s, size_t bytes, const char *op,
                               cl_mem *out);
 

@@ -106,6 +106,17 @@ void mf_karg_tensor(mf_kargs *a, const moefuse_tensor *t)
     mf_karg_long(a, t->data ? t->offset / (es ? es : 1) : 0);
 }
 
+bool mf_ocl_chunks_aligned(const moefuse_tensor *t, int strides)
+{
+    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
+    if (es == 0 || t->offset % (es * MF_OCL_CHUNK) != 0)
+        return false;
+    for (int d = 0; d < strides; d++)
+        if (t->stride[d] % MF_OCL_CHUNK != 0)
+            return false;
+    return true;
+}
+
 void mf_karg_operand(mf_kargs *a, const moefuse_tensor *t, int strides, bool dtype)
 {
     mf_karg_tensor(a, t);

@@ -274,25 +274,12 @@ enum gemm_path { PATH_SIMPLE, PATH_TILED, PATH_WIDE, PATH_GEMV };
 /* The matrix-vector kernels up to this many slots per expert on average, tiles above. */
 enum { GEMV_MAX_PER_EXPERT = 8 };
 
-/* Every row of t starts 16 bytes aligned (offset in bytes, strides in elements). A dimension
- * of one index may have any stride (the core accepts it), which is never stepped over; the
- * others are tested in elements, since a stride times the element size may overflow. */
-static bool rows_aligned(const moefuse_tensor *t, int strides)
-{
-    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
-    if (es <= 0 || 16 % es != 0 || t->offset % 16 != 0)
-        return false;
-    for (int d = 0; d < strides; d++)
-        if (t->shape[d] > 1 && t->stride[d] % (16 / es) != 0)
-            return false;
-    return true;
-}
-
-/* The wide tiles can take this GEMM: they read 8 elements of a row at a time. */
+/* The wide tiles can take this GEMM: they stage 8 elements of a row at a time, at depths that
+ * are multiples of 8, with 16-byte loads. */
 static bool wide_takes(const ocl_state *s, const mf_moe_args *a, bool gate)
 {
-    return s->wide && (gate ? rows_aligned(&a->x, 1) && rows_aligned(&a->w1, 2)
-                            : rows_aligned(&a->h, 2) && rows_aligned(&a->w2, 2));
+    return s->wide && (gate ? mf_ocl_chunks_aligned(&a->x, 1) && mf_ocl_chunks_aligned(&a->w1, 2)
+                            : mf_ocl_chunks_aligned(&a->h, 2) && mf_ocl_chunks_aligned(&a->w2, 2));
 }
 
 /*

@@ -10,20 +10,9 @@
 /* Consecutive channels of one lane: MF_PER_LANE of kernels/rows.cl */
 enum { PER_LANE = 8 };
 
-/* Every 8-channel chunk of tensor t that a lane touches starts at an element index that is a
- * multiple of 8 (offset and the first `strides` strides; the kernels add multiples of 8 to
- * them): 16-byte loads of bf16 / f16 (two of f32), 8-byte stores of codes. The buffer itself
- * is aligned to CL_DEVICE_MEM_BASE_ADDR_ALIGN (at least 128 bytes). */
-static bool chunks_aligned(const moefuse_tensor *t, int strides)
-{
-    const int64_t es = (int64_t)moefuse_dtype_size(t->dtype);
-    if (es == 0 || t->offset % (es * PER_LANE) != 0)
-        return false;
-    for (int d = 0; d < strides; d++)
-        if (t->stride[d] % PER_LANE != 0)
-            return false;
-    return true;
-}
+/* A lane's PER_LANE channels are one chunk of mf_ocl_chunks_aligned (the kernels add multiples
+ * of 8 to an aligned row): 16-byte loads of bf16 / f16 (two of f32), 8-byte stores of codes. */
+_Static_assert(PER_LANE == MF_OCL_CHUNK, "a lane's channels are one aligned chunk");
 
 /* x and row_scale as every row kernel takes them. */
 static void row_input_args(mf_kargs *k, const mf_rows_args *a)
@@ -117,8 +106,8 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     while (lanes < s->wg && (int64_t)lanes * PER_LANE < a->group)
         lanes *= 2;
     const bool g8 = a->group % PER_LANE == 0;
-    const bool vec_x = g8 && chunks_aligned(&a->x, 2);
-    const bool vec_q = g8 && chunks_aligned(&a->out, 2);
+    const bool vec_x = g8 && mf_ocl_chunks_aligned(&a->x, 2);
+    const bool vec_q = g8 && mf_ocl_chunks_aligned(&a->out, 2);
     const int64_t per_item = (int64_t)(s->wg / lanes);
     const int64_t items = a->experts * a->rows * ((a->groups + per_item - 1) / per_item);
     mf_kargs k = mf_kargs_begin(s->kernels[quant_kernel(s, a, lanes, vec_x && vec_q)]);
@@ -169,7 +158,7 @@ static moefuse_status rows_quant(moefuse_context *ctx, ocl_state *s, const mf_ro
     mf_karg_operand(&k, &a->out, 2, false);
     mf_karg_operand(&k, &a->scales, 2, true);
     mf_karg_int(&k, (int32_t)layout);
-    mf_karg_int(&k, a->hidden % PER_LANE == 0 && chunks_aligned(&a->out, 2));
+    mf_karg_int(&k, a->hidden % PER_LANE == 0 && mf_ocl_chunks_aligned(&a->out, 2));
     const size_t tail_global = item_groups(s, a->experts * (t_end - t_begin)) * s->wg;
     return mf_ocl_launch(ctx, s, &k, op, 1, &tail_global, &s->wg);
 }
@@ -194,8 +183,8 @@ moefuse_status mf_ocl_act_mul(moefuse_context *ctx, void *state, const mf_rows_a
     act_args(&k, &a->act);
     mf_karg_operand(&k, &a->out, 2, true);
     const bool h8 = a->hidden % PER_LANE == 0;
-    mf_karg_int(&k, h8 && chunks_aligned(&a->x, 2));
-    mf_karg_int(&k, h8 && chunks_aligned(&a->out, 2));
+    mf_karg_int(&k, h8 && mf_ocl_chunks_aligned(&a->x, 2));
+    mf_karg_int(&k, h8 && mf_ocl_chunks_aligned(&a->out, 2));
     const int64_t width = (int64_t)(PER_LANE * s->wg);
     const size_t global = item_groups(s, a->rows * ((a->hidden + width - 1) / width)) * s->wg;
     return mf_ocl_launch(ctx, s, &k, "act_mul", 1, &global, &s->wg);

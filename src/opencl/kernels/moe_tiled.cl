@@ -195,10 +195,24 @@ void mf_moe_gate_tiled(__global const uchar *x, long xo, long xs0, int xdt,
 }
 
 /*
- * y = h[m, j] @ w2[e]^T (+ b2[e]) for one tile. Un-reduced: y rounded into
- * out[m, j, :]. Reduced: y in f32 into ybuf[(s - s0) * K + col], summed in
- * j order by mf_moe_reduce.
+ * Column col of slot s's y, from its f32 dot product (both tiled finals end here): plus
+ * b2[e][col] (at bbase) if given; reduced, in f32 into ybuf[(s - s0) * K + col], which
+ * mf_moe_reduce sums in j order; un-reduced, rounded into out[m, j, col].
  */
+inline void mf_final_out(float y, long s, long col, long topk, long kdim,
+                         __global const uchar *b2, int bdt, long bbase, int has_b, int reduce,
+                         long s0, __global float *ybuf, long ybo, __global uchar *out, long oo,
+                         long os0, long os1, int odt)
+{
+    if (has_b)
+        y = y + mf_load(b2, bdt, bbase + col);
+    if (reduce)
+        ybuf[ybo + (s - s0) * kdim + col] = y;
+    else
+        mf_store(out, odt, oo + (s / topk) * os0 + (s % topk) * os1 + col, y);
+}
+
+/* y = h[m, j] @ w2[e]^T (+ b2[e]) for one tile, stored by mf_final_out. */
 __kernel __attribute__((reqd_work_group_size(16, 16, 1)))
 void mf_moe_final_tiled(__global const uchar *hp, long ho, long hs0, long hs1, int hdt,
                         __global const uchar *w2, long wo, long ws0, long ws1,
@@ -228,18 +242,11 @@ void mf_moe_final_tiled(__global const uchar *hp, long ho, long hs0, long hs1, i
         const long s = rows[ty + 16 * i];
         if (s < 0)
             continue; /* past the tile's slots */
-        const long m = s / topk, j = s % topk;
         for (int jj = 0; jj < 4; jj++) {
             const long col = r0 + tx + 16 * jj;
-            if (col >= kdim)
-                continue;
-            float y = acc[i][jj];
-            if (has_b)
-                y = y + mf_load(b2, bdt, bo + e * bs0 + col);
-            if (reduce)
-                ybuf[ybo + (s - s0) * kdim + col] = y;
-            else
-                mf_store(out, odt, oo + m * os0 + j * os1 + col, y);
+            if (col < kdim)
+                mf_final_out(acc[i][jj], s, col, topk, kdim, b2, bdt, bo + e * bs0, has_b,
+                             reduce, s0, ybuf, ybo, out, oo, os0, os1, odt);
         }
     }
 }

@@ -17,8 +17,9 @@
  *
  * Every output is the same fma chain over k = 0, 1, ... as in moe_tiled.cl
  * (only real k enter it): the same bits. The host takes this path only when
- * every operand row starts 16 bytes aligned, so that a work-item stages 8
- * elements of a row with wide loads, on little-endian devices.
+ * every operand row starts at a multiple of 8 elements (mf_ocl_chunks_aligned),
+ * so that a work-item stages 8 elements of a row with 16-byte loads, on
+ * little-endian devices.
  */
 #define MF_WM 128         /* slots of a tile, and weight rows of a work-group */
 #define MF_WK 16          /* depth of a staged slab: a work-item stages 8 of a row */
@@ -185,7 +186,7 @@ void mf_moe_gate_wide(__global const uchar *x, long xo, long xs0, int xdt,
     }
 }
 
-/* y = h[m, j] @ w2[e]^T (+ b2[e]) for one tile, stored as mf_moe_final_tiled stores it. */
+/* y = h[m, j] @ w2[e]^T (+ b2[e]) for one tile, stored by mf_final_out (moe_tiled.cl). */
 __kernel __attribute__((reqd_work_group_size(16, 16, 1)))
 void mf_moe_final_wide(__global const uchar *hp, long ho, long hs0, long hs1, int hdt,
                        __global const uchar *w2, long wo, long ws0, long ws1,
@@ -211,18 +212,11 @@ void mf_moe_final_wide(__global const uchar *hp, long ho, long hs0, long hs1, in
         const long si = rows[mf_wide_row(ty, i)];
         if (si < 0)
             continue; /* past the tile's slots */
-        const long m = si / topk, j = si % topk;
         for (int c = 0; c < 8; c++) {
             const long col = r0 + (c < 4 ? 0 : 64) + 4 * tx + (c & 3);
-            if (col >= kdim)
-                continue;
-            float y = acc[i][c];
-            if (has_b)
-                y = y + mf_load(b2, bdt, bo + e * bs0 + col);
-            if (reduce)
-                ybuf[ybo + (si - s0) * kdim + col] = y;
-            else
-                mf_store(out, odt, oo + m * os0 + j * os1 + col, y);
+            if (col < kdim)
+                mf_final_out(acc[i][c], si, col, topk, kdim, b2, bdt, bo + e * bs0, has_b,
+                             reduce, s0, ybuf, ybo, out, oo, os0, os1, odt);
         }
     }
 }
