@@ -161,9 +161,12 @@ START_TEST(t_shapes)
     run(50, 6, 32, 32, 0, 7, 0, 15); /* a block size no power of two */
     run(4096, 8, 256, 256, 0, 1, 0, 15); /* DeepSeek-V3 at M=4096: a chunk of slots per warp */
     run(10000, 8, 64, 64, 0, 4, 5, 15); /* 80,000 slots: more spans than the most blocks */
-    run(1024, 8, 64, 64, 0, 8, 0, 15);    /* 8192 slots: one round a warp of CUDA's cluster */
-    run(1025, 8, 256, 256, 0, 16, 1, 15); /* 8200 slots: two rounds */
-    run(2049, 8, 64, 64, 0, 4, 0, 15);    /* 16392 slots: past the cluster's two, the spans */
+    run(1024, 8, 64, 64, 0, 8, 0, 15);    /* 8192 slots: one round a warp of CUDA's 8 blocks */
+    run(1025, 8, 256, 256, 0, 16, 1, 15); /* 8200 slots: 16 blocks (8: two rounds) */
+    run(2048, 8, 256, 256, 0, 1, 3, 15);  /* 16384: 16 blocks' one round, 8 blocks' two */
+    run(2049, 8, 64, 64, 0, 4, 0, 15);    /* 16392 slots: two rounds of 16 (8: the spans) */
+    run(4096, 8, 1024, 1024, 0, 3, 2, 15); /* the most experts and slots of one cluster */
+    run(4097, 8, 256, 256, 0, 1, 1, 15);  /* 32776 slots: past the cluster, the spans */
     run(100, 4, 1024, 1024, 0, 3, 2, 15); /* CUDA's most experts in one cluster */
     run(300, 4, 1100, 1100, 0, 3, 0, 15);   /* many experts, padded */
     run(300, 4, 2000, 2000, 0, 3, 0, 15);   /* few histogram rows a block */
@@ -182,6 +185,8 @@ START_TEST(t_each_output_alone)
 {
     for (int which = 0; which < 16; which++)
         run(23, 4, 12, 12, which & 1, 8, 0, which);
+    for (int which = 1; which < 16; which <<= 1) /* and alone in CUDA's clusters of 16 */
+        run(3000, 8, 256, 256, 0, 4, 1, which);
 }
 END_TEST
 

@@ -160,6 +160,14 @@ static moefuse_status init_state(moefuse_context *ctx, const char *device, void 
                         "cuda: MOEFUSE_CUDA_ROUTER=%.64s is none of block, lanes, warp, thread",
                         getenv("MOEFUSE_CUDA_ROUTER"));
     }
+    s->forced_meta = mf_cuda_meta_from_env();
+    if (s->forced_meta < 0) {
+        free(s);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "cuda: MOEFUSE_CUDA_META=%.64s is none of cluster16, cluster8, spans, "
+                        "reference",
+                        getenv("MOEFUSE_CUDA_META"));
+    }
     cudaError_t e = cudaSetDevice(s->device);
     struct cudaDeviceProp prop;
     if (e == cudaSuccess)

@@ -42,7 +42,8 @@ typedef struct cuda_state {
     uint32_t mma_smem_raised, wgmma_smem_raised, ws_smem_raised, dec_smem_raised;
     int dec_max_clusters[2][9]; /* moe_fp8_decode.cu: resident clusters [final, gate][split] */
     uint32_t rows_smem_raised; /* the same for the staged row kernels (rows.cu) */
-    uint32_t meta_smem_raised; /* the same for routing_metadata's cluster kernel (bit 1) */
+    uint32_t meta_smem_raised; /* the same for routing_metadata's cluster kernels (a bit each) */
+    int meta_cluster16;        /* its clusters of 16 blocks fit: 0 not asked yet, 1 yes, -1 no */
     float *act_tables;         /* act(g) of the bf16 gates, per activation (act_table.cuh) */
     size_t l2_bytes;
     void *scratch;             /* stream-ordered scratch, grown on demand */
@@ -80,6 +81,9 @@ typedef struct cuda_state {
     /* MOEFUSE_CUDA_ROUTER: topk_route's kernel forced (enum route_kernel in router.h), or 0
      * for the choice by shape (mf_cuda_router_from_env) */
     int forced_router;
+    /* MOEFUSE_CUDA_META: routing_metadata's path forced (enum meta_path in routing_meta.cuh),
+     * or 0 for the choice by shape (mf_cuda_meta_from_env) */
+    int forced_meta;
     const void *checked_ptr;
     unsigned long long checked_base;
     size_t checked_size;
@@ -148,6 +152,7 @@ int mf_cuda_gemm_from_env(void);
 /* MOEFUSE_CUDA_SPLIT as a split count: 0 when unset or empty, -1 when not an integer in 1..8. */
 int mf_cuda_split_from_env(void);
 int mf_cuda_router_from_env(void);
+int mf_cuda_meta_from_env(void);
 
 /* Builds s->act_tables on s->own_stream and waits for it (context creation; rows.cu). */
 moefuse_status mf_cuda_build_act_tables(moefuse_context *ctx, cuda_state *s);

@@ -2,9 +2,10 @@
  * routing_metadata of the CUDA backend: integers only, so the CPU's bytes by construction
  * (docs/NUMERICS.md, "Routing metadata"); and the shared experts' slots the core asks for
  * (mf_k_moe_shared_routing). The metadata's three paths:
- *  - on sm_90, for E up to 1024 and up to 32768 slots, one launch of a cluster of 8 blocks
- *    (mf_k_meta_cluster): the blocks share their counts through distributed shared memory, so
- *    the call costs about one launch (a launch costs the host about 3.5 us on the H200);
+ *  - on sm_90, for E up to 1024 and up to 32768 slots, one launch of a cluster of 8 or 16
+ *    blocks (routing_meta_cluster.cu): the blocks share their counts through distributed
+ *    shared memory, so the call costs about one launch (a launch costs the host about 3.5 us
+ *    on the H200);
  *  - for E up to about 3000, two launches over spans of 2048 slots or more: the first counts
  *    each span per expert into scratch; the second (a programmatic dependent launch, which
  *    counts its span warp by warp while the first ends) sums the spans before its own and all
@@ -14,29 +15,13 @@
  *    the call's, see mf_cuda_scratch).
  *  - the reference, for larger E: a thread per expert scanning every slot in order.
  */
-#include "cuda/cuda_internal.h"
-#include "cuda/moe_internal.h"
-#include "cuda/moe_kernels.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/routing_meta.cuh"
 
-#include <cooperative_groups.h>
-
+#include <stdlib.h>
 #include <string.h>
 
 /* -------------------------------------------------------- the reference, any E */
-
-
-typedef struct MetaParams {
-    MoeRoute rt;
-    int64_t M, block, length;
-    int32_t *counts, *offsets, *order, *position, *mrow;
-    int64_t ps0, ws0;
-} MetaParams;
-
-static __device__ __forceinline__ int64_t meta_expert(const MetaParams &p, int64_t s)
-{
-    return moe_slot_expert(p.rt, s / p.rt.topk, s % p.rt.topk);
-}
 
 __global__ void mf_k_meta_count(const MetaParams p)
 {
@@ -97,14 +82,6 @@ __global__ void mf_k_meta_invalid(const MetaParams p)
 
 /* --------------------------------------------- two launches over spans, E <= about 3000 */
 
-#define RM_THREADS 1024
-#define RM_WARPS (RM_THREADS / 32)
-#define RM_SMEM_INTS (48 * 1024 / 4) /* the default dynamic shared-memory limit */
-#define RM_FULL 0xFFFFFFFFu
-#define RM_SPAN 2048      /* slots a block takes, at least */
-#define RM_MAX_BLOCKS 256 /* past that the spans grow (the place kernel reads blocks x E sums) */
-#define RM_BATCH 4        /* loads a thread issues together */
-
 /* Rows of a block's [rows, E] histogram (one per warp) that fit beside its other arrays
    (offsets, counts, the scan's warp sums); 0: too many experts, the reference's case. */
 static int64_t meta_rows(int64_t E)
@@ -115,74 +92,6 @@ static int64_t meta_rows(int64_t E)
     return w < 0 ? 0 : (w > RM_WARPS ? RM_WARPS : w);
 }
 
-/* The local expert of slot s (32-bit slot arithmetic: the core keeps M * k in i32). */
-static __device__ __forceinline__ int meta_expert32(const MetaParams &p, int64_t s)
-{
-    const uint32_t k = (uint32_t)p.rt.topk;
-    const uint32_t m = (uint32_t)s / k, j = (uint32_t)s - m * k;
-    return (int)moe_slot_expert(p.rt, m, j);
-}
-
-/*
- * The lanes whose e equals this lane's (e in [-2, E): -1 invalid, -2 past the end), from one
- * ballot per bit of e + 2 (bits: those of E + 1). It replaces __match_any_sync, which goes
- * through the MIO pipe (Nsight Compute, the cluster kernel at M = 4096: MIO stalls the largest
- * share; 21.6 -> 20.0 us with the ballots, one launch, cold caches).
- */
-static __device__ __forceinline__ unsigned meta_peers(int e, int bits)
-{
-    const uint32_t u = (uint32_t)(e + 2);
-    unsigned peers = RM_FULL;
-#pragma unroll
-    for (int b = 0; b < 13; b++) /* 13 bits: E + 1 < 8192 on every path that calls it */
-        if (b < bits) {
-            const bool one = (u >> b) & 1u;
-            const unsigned set = __ballot_sync(RM_FULL, one);
-            peers &= one ? set : ~set;
-        }
-    return peers;
-}
-
-/* The bits meta_peers compares for E experts. */
-static __device__ __forceinline__ int meta_peer_bits(int64_t E)
-{
-    return 32 - __clz((int)E + 1);
-}
-
-/* Exclusive prefix sum of one value per thread over the block; the total in *total. */
-static __device__ int32_t meta_block_scan(int32_t x, int32_t *warp_sums, int32_t *total)
-{
-    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
-    int32_t inc = x;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int32_t o = __shfl_up_sync(RM_FULL, inc, d);
-        inc += lane >= d ? o : 0;
-    }
-    if (lane == 31)
-        warp_sums[warp] = inc;
-    __syncthreads();
-    if (warp == 0) {
-        int32_t w = warp_sums[lane], wi = w;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const int32_t o = __shfl_up_sync(RM_FULL, wi, d);
-            wi += lane >= d ? o : 0;
-        }
-        warp_sums[lane] = wi - w; /* exclusive */
-        if (lane == 31)
-            warp_sums[RM_WARPS] = wi;
-    }
-    __syncthreads();
-    *total = warp_sums[RM_WARPS];
-    return warp_sums[warp] + inc - x;
-}
-
-/* The padded size of an expert's list of n slots. */
-static __device__ __forceinline__ int32_t meta_padded(const MetaParams &p, int32_t n)
-{
-    return (int32_t)((n + p.block - 1) / p.block * p.block);
-}
 
 /*
  * The offsets, once each thread holds in `mine` the padded counts of its experts [e0, e1)
@@ -216,28 +125,6 @@ static __device__ void meta_offsets(const MetaParams &p, int32_t *hist, int rows
             p.offsets[e] = off[e];
 }
 
-/* Slot s's outputs: place pos in the list of local expert e, which starts at `first`;
- * -1 for an invalid slot (e == -1); nothing for a lane past the end (e == -2). */
-static __device__ __forceinline__ void meta_place(const MetaParams &p, int64_t s, int e,
-                                                  int32_t pos, int32_t first)
-{
-    const uint32_t k = (uint32_t)p.rt.topk, m = (uint32_t)s / k, j = (uint32_t)s - m * k;
-    const int64_t at_p = m * p.ps0 + j, at_w = m * p.ws0 + j;
-    if (e >= 0) {
-        if (p.order)
-            p.order[pos] = (int32_t)s;
-        if (p.position)
-            p.position[at_p] = pos;
-        if (p.mrow)
-            p.mrow[at_w] = pos - first;
-    } else if (e == -1) {
-        if (p.position)
-            p.position[at_p] = -1;
-        if (p.mrow)
-            p.mrow[at_w] = -1;
-    }
-}
-
 /*
  * A warp places its slots [wlo, whi) 32 at a time: a slot's place is the warp's next position
  * of its expert (row[e]) plus its rank among the round's lanes of the same expert, so the order
@@ -261,18 +148,6 @@ static __device__ void meta_place_walk(const MetaParams &p, int32_t *row, const 
             row[e] += __popc(same);
         __syncwarp();
     }
-}
-
-/* -1 in order's padding of the experts e = part (mod parts) and in a share of the tail. */
-static __device__ void meta_fill_padding(const MetaParams &p, const int32_t *cnt,
-                                         const int32_t *off, int64_t part, int64_t parts)
-{
-    const int64_t E = p.rt.E, tid = threadIdx.x;
-    for (int64_t e = part + parts * tid; e < E; e += parts * RM_THREADS)
-        for (int64_t q = off[e] + cnt[e]; q < off[e + 1]; q++)
-            p.order[q] = -1;
-    for (int64_t q = off[E] + part * RM_THREADS + tid; q < p.length; q += parts * RM_THREADS)
-        p.order[q] = -1;
 }
 
 /*
@@ -385,144 +260,6 @@ __global__ void __launch_bounds__(RM_THREADS) mf_k_meta_span_place(const MetaSpa
         meta_fill_padding(p, cnt, off, blockIdx.x, gridDim.x);
 }
 
-/* ------------------------------ one launch in a cluster of blocks, E and S not too large */
-
-/*
- * One cluster of MC_BLOCKS blocks takes every slot: the cluster's blocks are resident together
- * by construction, and they exchange their counts through distributed shared memory between
- * two cluster barriers. One launch, no scratch. (A cooperative grid with two grid barriers,
- * tried first, ran 19.3 us at M = 64 on the H200, where this runs 5.8.)
- */
-#define MC_BLOCKS 8        /* a portable cluster size */
-/* Up to two rounds of 32 slots a warp (S <= 8 x 32 x 32 x 2 = 16384), each lane's slots and
- * peers kept in registers between the count and the place: one load and one set of ballots a
- * slot. On the H200, DeepSeek-V3's E = 256, k = 8: M = 2048 (two rounds) 8.7 us, where the spans
- * take 12.3; M = 4096 at four rounds took 13.4 us against the spans' 12.7 (8 SMs walk 32768
- * slots), so past two rounds the spans do. */
-#define MC_MAX_ROUNDS 2
-#define MC_MAX_E 1024      /* the warps' rows, 32 x E ints, in opt-in shared memory */
-#define MC_SMEM(E) ((size_t)((RM_WARPS + 3) * (E) + 1 + RM_WARPS + 1) * 4)
-
-/*
- * Block r takes slots [r * 32 R 32, (r + 1) * 32 R 32), its warp w the R rounds of 32 from
- * (r * 32 + w) * 32 R:
- *  1. each lane loads its R slots' experts at once, finds its peers in each round (the lanes
- *     of the same expert, meta_peers) and the round's first of them adds their count to the
- *     warp's row;
- *  2. the block's counts per expert; cluster barrier; each block reads every block's counts
- *     (distributed shared memory): the totals, and the slots of the blocks before its own;
- *  3. the padded totals scanned into offsets (every block the same); each warp's first position
- *     of each expert: its offset, the blocks before, the warps before;
- *  4. the rounds again, from the registers: a slot's place is its warp's next position plus its
- *     rank among its peers. Ascending in the slot; no atomic decides it.
- * A block leaves only after every block has read its counts (the last cluster barrier).
- */
-template <int R>
-__global__ void __launch_bounds__(RM_THREADS) mf_k_meta_cluster(const MetaParams p)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    extern __shared__ int32_t sm[];
-    const int64_t E = p.rt.E, S = p.rt.S;
-    int32_t *rows = sm;                   /* [RM_WARPS, E]: counts, then next positions */
-    int32_t *cnt = rows + RM_WARPS * E;   /* [E]: this block's counts, read by the others */
-    int32_t *tot = cnt + E;               /* [E]: every block's */
-    int32_t *off = tot + E;               /* [E + 1] */
-    int32_t *warp_sums = off + E + 1;     /* [RM_WARPS + 1] */
-    cg::cluster_group cluster = cg::this_cluster();
-    const unsigned r = cluster.block_rank();
-    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const unsigned below = (1u << lane) - 1u;
-    const int64_t wlo = ((int64_t)r * RM_WARPS + warp) * (32 * R);
-    int32_t *row = rows + warp * E;
-    const int bits = meta_peer_bits(E);
-    for (int64_t i = tid; i < RM_WARPS * E; i += RM_THREADS)
-        rows[i] = 0;
-    mf_pdl_wait(); /* the ids may come from the kernel before */
-    mf_pdl_trigger();
-    int ev[R]; /* the local expert of each round's slot: -1 invalid, -2 past the end */
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        const int64_t s = wlo + t * 32 + lane;
-        ev[t] = s < S ? meta_expert32(p, s) : -2;
-    }
-    unsigned peers[R];
-#pragma unroll
-    for (int t = 0; t < R; t++)
-        peers[t] = meta_peers(ev[t], bits);
-    __syncthreads(); /* the rows are zero */
-#pragma unroll
-    for (int t = 0; t < R; t++) {
-        if (ev[t] >= 0 && (peers[t] & below) == 0u)
-            row[ev[t]] += __popc(peers[t]);
-        __syncwarp(); /* the next round's lanes may add to the same expert */
-    }
-    __syncthreads();
-    for (int64_t e = tid; e < E; e += RM_THREADS) {
-        int32_t n = 0;
-        for (int w = 0; w < RM_WARPS; w++)
-            n += rows[w * E + e];
-        cnt[e] = n;
-    }
-    cluster.sync(); /* every block's cnt complete */
-    for (int64_t e = tid; e < E; e += RM_THREADS) {
-        int32_t before = 0, all = 0;
-#pragma unroll
-        for (unsigned b = 0; b < MC_BLOCKS; b++) {
-            const int32_t n = *cluster.map_shared_rank(cnt + e, b);
-            before += b < r ? n : 0;
-            all += n;
-        }
-        tot[e] = all;
-        off[e] = before; /* for now */
-    }
-    cluster.barrier_arrive(); /* this block has read the others; the wait is at the end */
-    __syncthreads();
-    /* thread t takes experts [e0, e1): their padded totals scanned into the offsets */
-    const int64_t per = (E + RM_THREADS - 1) / RM_THREADS;
-    const int64_t e0 = tid * per < E ? tid * per : E, e1 = e0 + per < E ? e0 + per : E;
-    int32_t mine = 0;
-    for (int64_t e = e0; e < e1; e++) {
-        mine += meta_padded(p, tot[e]);
-        if (r == 0)
-            p.counts[e] = tot[e];
-    }
-    meta_offsets(p, rows, RM_WARPS, tot, off, e0, e1, mine, warp_sums, r == 0);
-    if (p.order || p.position || p.mrow)
-#pragma unroll
-        for (int t = 0; t < R; t++) {
-            const int e = ev[t];
-            const int64_t s = wlo + t * 32 + lane;
-            if (e >= 0)
-                meta_place(p, s, e, row[e] + __popc(peers[t] & below), off[e]);
-            else
-                meta_place(p, s, e, -1, 0);
-            __syncwarp();
-            if (e >= 0 && (peers[t] & below) == 0u)
-                row[e] += __popc(peers[t]);
-            __syncwarp();
-        }
-    if (p.order)
-        meta_fill_padding(p, tot, off, r, MC_BLOCKS);
-    cluster.barrier_wait();
-#endif
-}
-
-/* The rounds of 32 slots a warp of the cluster path takes for S slots. */
-static int meta_cluster_rounds(int64_t S)
-{
-    const int64_t one = (int64_t)MC_BLOCKS * RM_WARPS * 32;
-    return S <= one ? 1 : 2;
-}
-
-/* The cluster path fits: sm_90 clusters, E <= MC_MAX_E, S <= MC_MAX_ROUNDS rounds a warp. */
-static int meta_cluster_fits(const cuda_state *s, const mf_meta_args *a)
-{
-    const int64_t E = a->route.experts, S = a->route.tokens * a->route.topk;
-    return s->clusters && E > 0 && E <= MC_MAX_E && MC_SMEM(MC_MAX_E) <= s->smem_optin &&
-           S <= (int64_t)MC_BLOCKS * RM_WARPS * 32 * MC_MAX_ROUNDS;
-}
-
 /* The span path's shape for these args: rows per block (0: the reference), span, blocks. */
 static int64_t meta_plan(const mf_meta_args *a, int64_t *span, int64_t *blocks)
 {
@@ -541,10 +278,11 @@ static int64_t meta_plan(const mf_meta_args *a, int64_t *span, int64_t *blocks)
 }
 
 /* The scratch of the span path: each block's sums (none for the cluster path). */
-static size_t meta_scratch_bytes(const cuda_state *s, const mf_meta_args *a)
+static size_t meta_scratch_bytes(cuda_state *s, const mf_meta_args *a)
 {
     int64_t span, blocks;
-    if (meta_cluster_fits(s, a) || meta_plan(a, &span, &blocks) == 0)
+    if (mf_meta_cluster_fits(s, a) || s->forced_meta == META_REFERENCE ||
+        meta_plan(a, &span, &blocks) == 0)
         return 0;
     return (size_t)(blocks * a->route.experts) * sizeof(int32_t);
 }
@@ -553,8 +291,20 @@ moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const m
                                       size_t *bytes)
 {
     (void)ctx;
-    *bytes = meta_scratch_bytes((const cuda_state *)state, a);
+    *bytes = meta_scratch_bytes((cuda_state *)state, a);
     return MOEFUSE_OK;
+}
+
+extern "C" int mf_cuda_meta_from_env(void)
+{
+    static const char *const names[] = {"cluster16", "cluster8", "spans", "reference"};
+    const char *v = getenv("MOEFUSE_CUDA_META");
+    if (!v || !*v)
+        return META_AUTO;
+    for (int c = 0; c < 4; c++)
+        if (strcmp(v, names[c]) == 0)
+            return META_CLUSTER16 + c;
+    return -1;
 }
 
 /* ------------------------------------------------ shared experts as ordinary slots */
@@ -632,18 +382,12 @@ moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const
     p.ps0 = a->position.data ? a->position.stride[0] : 0;
     p.mrow = a->masked_row.data ? (int32_t *)mf_cuda_base(&a->masked_row) : NULL;
     p.ws0 = a->masked_row.data ? a->masked_row.stride[0] : 0;
-    if (meta_cluster_fits(s, a)) {
-        const int R = meta_cluster_rounds(p.rt.S);
-        void (*kern)(const MetaParams) = R == 1 ? mf_k_meta_cluster<1> : mf_k_meta_cluster<2>;
-        MF_TRY(moe_ready_smem(ctx, s, "routing_metadata", kern, MC_SMEM(MC_MAX_E),
-                              MC_SMEM(MC_MAX_E), &s->meta_smem_raised, 1u << R,
-                              "cudaFuncSetAttribute(mf_k_meta_cluster)"));
-        mf_launch_pdl(kern, dim3(MC_BLOCKS), RM_THREADS, MC_SMEM(p.rt.E), s->stream, s->pdl, p,
-                      MC_BLOCKS);
-        return mf_cuda_launched(ctx, "routing_metadata", "mf_k_meta_cluster");
-    }
+    int taken = 0;
+    MF_TRY(mf_meta_cluster_launch(ctx, s, a, &p, &taken));
+    if (taken)
+        return MOEFUSE_OK;
     int64_t span, blocks;
-    const int64_t rows = meta_plan(a, &span, &blocks);
+    const int64_t rows = s->forced_meta == META_REFERENCE ? 0 : meta_plan(a, &span, &blocks);
     if (rows > 0) {
         void *scratch = NULL;
         MF_TRY(mf_cuda_scratch(ctx, s, meta_scratch_bytes(s, a), "routing_metadata", &scratch));
