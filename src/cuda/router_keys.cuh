@@ -174,13 +174,33 @@ static __device__ void rw_softmax_k(const int32_t *ids, float *w, int k)
  * Steps 6-8 for row m on the LANES lanes of a row (lane sub of them, the first at warp lane
  * first), once ids[0..K) hold the picks (-1: none) and w[0..K) their scores s, in shared
  * memory: the softmax over the k (TOPK_SOFTMAX), the renormalisation and the scale, sums in
- * pick order on the row's first lane; then the stores, where live. Every lane of the warp
- * calls it (its rows together).
+ * pick order (by shuffles when k <= LANES without the softmax, else on the row's first lane);
+ * then the stores, where live. Every lane of the warp calls it (its rows together).
  */
 template <int LANES>
 static __device__ void rw_store_picks(const RouteParams &p, int64_t m, int sub, int first,
                                       bool live, const int32_t *ids, float *w, int K)
 {
+    if (K <= LANES && p.scoring != MOEFUSE_ROUTER_TOPK_SOFTMAX) {
+        /* lane sub holds pick sub: the loads at once, then the sum in pick order from
+           shuffles (a chain of shared loads on one lane was a tenth of the lanes kernel's
+           stalls, Nsight Compute, DeepSeek-V3 M = 4096) */
+        float wj = sub < K ? w[sub] : 0.0f;
+        float sum = 0.0f;
+        if (p.renorm)
+#pragma unroll 8
+            for (int j = 0; j < K; j++)
+                sum = __fadd_rn(sum, __shfl_sync(RW_FULL, wj, first | j));
+        if (live && sub < K) {
+            if (p.renorm && sum > 0.0f)
+                wj = __fdiv_rn(wj, sum);
+            if (p.scale != 1.0f)
+                wj = __fmul_rn(wj, p.scale);
+            p.ids[m * p.is0 + sub] = ids[sub];
+            p.w[m * p.ws0 + sub] = wj;
+        }
+        return;
+    }
     if (sub == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
         rw_softmax_k(ids, w, K);
     float sum = 0.0f;
