@@ -4,6 +4,7 @@
  * mf_rows_args / mf_dequant_args with everything normalised, and calls the
  * backend.
  */
+#include "core/ops_internal.h"
 #include "core/options.h"
 
 /* x's last dim is 2H for the gated ops (even, > 0) or H for quant (> 0). */
@@ -88,9 +89,9 @@ static moefuse_status act_quant(moefuse_context *ctx, const char *op, const moef
     return run_rows(ctx, op, ctx->backend->act_quant, &a, measure);
 }
 
-static moefuse_status quant(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
-                            const moefuse_tensor *q, const moefuse_tensor *scales,
-                            const moefuse_quant_options *opt, size_t *measure)
+moefuse_status mf_quant_call(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                             const moefuse_tensor *q, const moefuse_tensor *scales,
+                             const moefuse_quant_options *opt, size_t *measure)
 {
     mf_rows_args a = {0};
     bool idle;
@@ -286,7 +287,7 @@ moefuse_status moefuse_quant(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "quant";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt, NULL));
+    return mf_leave(ctx, mf_quant_call(ctx, op, x, q, scales, opt, NULL));
 }
 
 moefuse_status moefuse_quant_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
@@ -295,7 +296,7 @@ moefuse_status moefuse_quant_workspace_size(moefuse_context *ctx, const moefuse_
 {
     static const char op[] = "quant";
     MF_TRY(mf_enter_query(ctx, op, bytes));
-    return mf_leave(ctx, quant(ctx, op, x, q, scales, opt, bytes));
+    return mf_leave(ctx, mf_quant_call(ctx, op, x, q, scales, opt, bytes));
 }
 
 moefuse_status moefuse_dequant(moefuse_context *ctx, const moefuse_tensor *q,

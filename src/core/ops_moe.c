@@ -4,6 +4,7 @@
  * caller's workspace or in context-owned scratch, when the backend has no whole-layer kernel.
  */
 #include "core/moe_checks.h"
+#include "core/ops_internal.h"
 #include "core/options.h"
 
 #include <math.h>
@@ -241,10 +242,10 @@ static moefuse_status final_step(moefuse_context *ctx, const char *op, mf_moe_ar
                            a, measure);
 }
 
-static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
-                               const moefuse_tensor *w1, const moefuse_tensor *b1,
-                               const moefuse_routing *routing, const moefuse_tensor *h,
-                               const moefuse_moe_options *opt, size_t *measure)
+moefuse_status mf_moe_gate_call(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                const moefuse_tensor *w1, const moefuse_tensor *b1,
+                                const moefuse_routing *routing, const moefuse_tensor *h,
+                                const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
@@ -264,10 +265,10 @@ static moefuse_status moe_gate(moefuse_context *ctx, const char *op, const moefu
                                 measure);
 }
 
-static moefuse_status moe_final(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
-                                const moefuse_tensor *w2, const moefuse_tensor *b2,
-                                const moefuse_routing *routing, const moefuse_tensor *out,
-                                const moefuse_moe_options *opt, size_t *measure)
+moefuse_status mf_moe_final_call(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
+                                 const moefuse_tensor *w2, const moefuse_tensor *b2,
+                                 const moefuse_routing *routing, const moefuse_tensor *out,
+                                 const moefuse_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(mf_moe_check_options(ctx, op, opt, &a.opt));
@@ -390,7 +391,7 @@ moefuse_status moefuse_moe_gate(moefuse_context *ctx, const moefuse_tensor *x,
 {
     static const char op[] = "moe_gate";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt, NULL));
+    return mf_leave(ctx, mf_moe_gate_call(ctx, op, x, w1, b1, routing, h, opt, NULL));
 }
 
 moefuse_status moefuse_moe_gate_workspace_size(moefuse_context *ctx, const moefuse_tensor *x,
@@ -401,7 +402,7 @@ moefuse_status moefuse_moe_gate_workspace_size(moefuse_context *ctx, const moefu
 {
     static const char op[] = "moe_gate";
     MF_TRY(mf_enter_query(ctx, op, bytes));
-    return mf_leave(ctx, moe_gate(ctx, op, x, w1, b1, routing, h, opt, bytes));
+    return mf_leave(ctx, mf_moe_gate_call(ctx, op, x, w1, b1, routing, h, opt, bytes));
 }
 
 moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
@@ -411,7 +412,7 @@ moefuse_status moefuse_moe_final(moefuse_context *ctx, const moefuse_tensor *h,
 {
     static const char op[] = "moe_final";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt, NULL));
+    return mf_leave(ctx, mf_moe_final_call(ctx, op, h, w2, b2, routing, out, opt, NULL));
 }
 
 moefuse_status moefuse_moe_final_workspace_size(moefuse_context *ctx, const moefuse_tensor *h,
@@ -422,7 +423,7 @@ moefuse_status moefuse_moe_final_workspace_size(moefuse_context *ctx, const moef
 {
     static const char op[] = "moe_final";
     MF_TRY(mf_enter_query(ctx, op, bytes));
-    return mf_leave(ctx, moe_final(ctx, op, h, w2, b2, routing, out, opt, bytes));
+    return mf_leave(ctx, mf_moe_final_call(ctx, op, h, w2, b2, routing, out, opt, bytes));
 }
 
 moefuse_status moefuse_moe_forward(moefuse_context *ctx, const moefuse_tensor *x,

@@ -6,6 +6,7 @@
  * when the backend has no whole-layer kernel.
  */
 #include "core/moe_checks.h"
+#include "core/ops_internal.h"
 #include "core/options.h"
 
 #include <stdio.h>
@@ -166,12 +167,12 @@ static moefuse_status final_fp8_step(moefuse_context *ctx, const char *op, mf_mo
                            ctx->backend->moe_final_fp8_workspace, a, measure);
 }
 
-static moefuse_status gate_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
-                               const moefuse_tensor *x_scales, const moefuse_tensor *w1,
-                               const moefuse_tensor *w1_scales, const moefuse_tensor *b1,
-                               const moefuse_routing *routing, const moefuse_tensor *h,
-                               const moefuse_tensor *h_scales, const moefuse_fp8_moe_options *opt,
-                               size_t *measure)
+moefuse_status mf_moe_gate_fp8_call(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                    const moefuse_tensor *x_scales, const moefuse_tensor *w1,
+                                    const moefuse_tensor *w1_scales, const moefuse_tensor *b1,
+                                    const moefuse_routing *routing, const moefuse_tensor *h,
+                                    const moefuse_tensor *h_scales,
+                                    const moefuse_fp8_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(check_fp8_options(ctx, op, opt, &a));
@@ -190,11 +191,11 @@ static moefuse_status gate_fp8(moefuse_context *ctx, const char *op, const moefu
                                 measure);
 }
 
-static moefuse_status final_fp8(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
-                                const moefuse_tensor *h_scales, const moefuse_tensor *w2,
-                                const moefuse_tensor *w2_scales, const moefuse_tensor *b2,
-                                const moefuse_routing *routing, const moefuse_tensor *out,
-                                const moefuse_fp8_moe_options *opt, size_t *measure)
+moefuse_status mf_moe_final_fp8_call(moefuse_context *ctx, const char *op, const moefuse_tensor *h,
+                                     const moefuse_tensor *h_scales, const moefuse_tensor *w2,
+                                     const moefuse_tensor *w2_scales, const moefuse_tensor *b2,
+                                     const moefuse_routing *routing, const moefuse_tensor *out,
+                                     const moefuse_fp8_moe_options *opt, size_t *measure)
 {
     mf_moe_args a = {0};
     MF_TRY(check_fp8_options(ctx, op, opt, &a));
@@ -380,8 +381,8 @@ moefuse_status moefuse_moe_gate_fp8(moefuse_context *ctx, const moefuse_tensor *
 {
     static const char op[] = "moe_gate_fp8";
     MF_TRY(mf_enter(ctx, op));
-    return mf_leave(ctx, gate_fp8(ctx, op, x, x_scales, w1, w1_scales, b1, routing, h, h_scales,
-                                  opt, NULL));
+    return mf_leave(ctx, mf_moe_gate_fp8_call(ctx, op, x, x_scales, w1, w1_scales, b1, routing,
+                                              h, h_scales, opt, NULL));
 }
 
 moefuse_status moefuse_moe_gate_fp8_workspace_size(
@@ -392,8 +393,8 @@ moefuse_status moefuse_moe_gate_fp8_workspace_size(
 {
     static const char op[] = "moe_gate_fp8";
     MF_TRY(mf_enter_query(ctx, op, bytes));
-    return mf_leave(ctx, gate_fp8(ctx, op, x, x_scales, w1, w1_scales, b1, routing, h, h_scales,
-                                  opt, bytes));
+    return mf_leave(ctx, mf_moe_gate_fp8_call(ctx, op, x, x_scales, w1, w1_scales, b1, routing,
+                                              h, h_scales, opt, bytes));
 }
 
 moefuse_status moefuse_moe_final_fp8(moefuse_context *ctx, const moefuse_tensor *h,
@@ -405,7 +406,8 @@ moefuse_status moefuse_moe_final_fp8(moefuse_context *ctx, const moefuse_tensor 
     static const char op[] = "moe_final_fp8";
     MF_TRY(mf_enter(ctx, op));
     return mf_leave(ctx,
-                    final_fp8(ctx, op, h, h_scales, w2, w2_scales, b2, routing, out, opt, NULL));
+                    mf_moe_final_fp8_call(ctx, op, h, h_scales, w2, w2_scales, b2, routing, out,
+                                          opt, NULL));
 }
 
 moefuse_status moefuse_moe_final_fp8_workspace_size(
@@ -417,7 +419,8 @@ moefuse_status moefuse_moe_final_fp8_workspace_size(
     static const char op[] = "moe_final_fp8";
     MF_TRY(mf_enter_query(ctx, op, bytes));
     return mf_leave(ctx,
-                    final_fp8(ctx, op, h, h_scales, w2, w2_scales, b2, routing, out, opt, bytes));
+                    mf_moe_final_fp8_call(ctx, op, h, h_scales, w2, w2_scales, b2, routing, out,
+                                          opt, bytes));
 }
 
 moefuse_status moefuse_moe_forward_fp8(moefuse_context *ctx, const moefuse_tensor *x,
