@@ -1,0 +1,184 @@
+/*
+ * The expert-parallel group: where each global expert lives, and the transport. Also the two
+ * collectives every EP call is built from: the all-to-all, and a vote that makes a failure on
+ * one rank a failure on all (a rank that returned early would leave the others waiting).
+ */
+#include "core/core.h"
+#include "ep/ep_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static moefuse_status check_config(moefuse_context *ctx, const char *op,
+                                   const moefuse_ep_config *c)
+{
+    if (!c)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: config is NULL", op);
+    for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
+        if (c->reserved[i])
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "%s: config.reserved[%zu] is %u; it must be 0", op, i,
+                            (unsigned)c->reserved[i]);
+    if (c->world < 1)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: config.world is %d; it must be >= 1",
+                        op, (int)c->world);
+    if (c->rank < 0 || c->rank >= c->world)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: config.rank is %d; it must be in [0, world = %d)", op, (int)c->rank,
+                        (int)c->world);
+    if (c->num_experts < 1)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: config.num_experts is %d; it must be >= 1", op, (int)c->num_experts);
+    if (!c->expert_owner && c->num_experts % c->world != 0)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: %d experts do not split into %d equal blocks; pass "
+                        "config.expert_owner",
+                        op, (int)c->num_experts, (int)c->world);
+    if (c->expert_owner)
+        for (int32_t g = 0; g < c->num_experts; g++)
+            if (c->expert_owner[g] < 0 || c->expert_owner[g] >= c->world)
+                return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                                "%s: config.expert_owner[%d] is %d; ranks are [0, %d)", op, (int)g,
+                                (int)c->expert_owner[g], (int)c->world);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_group_make(moefuse_context *ctx, const char *op,
+                                const moefuse_ep_config *config, mf_ep_transport transport,
+                                moefuse_ep_group **out)
+{
+    if (!out)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: out is NULL", op);
+    *out = NULL;
+    MF_TRY(check_config(ctx, op, config));
+    const int32_t E = config->num_experts, W = config->world;
+    moefuse_ep_group *g = calloc(1, sizeof *g);
+    int32_t *fill = calloc((size_t)W, sizeof *fill);
+    if (g) {
+        g->owner = malloc(sizeof *g->owner * (size_t)E);
+        g->local = malloc(sizeof *g->local * (size_t)E);
+    }
+    if (!g || !fill || !g->owner || !g->local) {
+        if (g) {
+            free(g->owner);
+            free(g->local);
+        }
+        free(g);
+        free(fill);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the group", op);
+    }
+    for (int32_t e = 0; e < E; e++) {
+        g->owner[e] = config->expert_owner ? config->expert_owner[e] : e / (E / W);
+        g->local[e] = fill[g->owner[e]]++;
+    }
+    g->rank = config->rank;
+    g->world = W;
+    g->experts = E;
+    g->local_experts = fill[config->rank];
+    g->transport = transport;
+    free(fill);
+    *out = g;
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                const void *send, const size_t *send_bytes,
+                                const size_t *send_off, void *recv, const size_t *recv_bytes,
+                                const size_t *recv_off)
+{
+    char why[256] = "";
+    const moefuse_status st = g->transport.i->all_to_all(g->transport.t, send, send_bytes,
+                                                         send_off, recv, recv_bytes, recv_off,
+                                                         why, sizeof why);
+    if (st != MOEFUSE_OK)
+        return mf_error(ctx, st, "%s: the exchange between ranks failed: %s", op, why);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                           const mf_ep_vote *mine, mf_ep_vote *first, int32_t *first_rank)
+{
+    const int32_t W = g->world;
+    mf_ep_vote *all = calloc((size_t)W * 2, sizeof *all);
+    size_t *bytes = calloc((size_t)W * 3, sizeof *bytes);
+    if (!all || !bytes) {
+        free(all);
+        free(bytes);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate a vote", op);
+    }
+    mf_ep_vote *send = all + W;
+    size_t *sizes = bytes, *send_off = bytes + W, *recv_off = bytes + 2 * W;
+    for (int32_t p = 0; p < W; p++) {
+        send[p] = *mine;
+        sizes[p] = sizeof *mine;
+        send_off[p] = recv_off[p] = (size_t)p * sizeof *mine;
+    }
+    moefuse_status st = mf_ep_all_to_all(ctx, op, g, send, sizes, send_off, all, sizes, recv_off);
+    *first_rank = -1;
+    for (int32_t p = 0; st == MOEFUSE_OK && p < W && *first_rank < 0; p++)
+        if (all[p].status != MOEFUSE_OK) {
+            *first_rank = p;
+            *first = all[p];
+        }
+    free(all);
+    free(bytes);
+    return st;
+}
+
+/* ------------------------------------------------------------------ public */
+
+moefuse_status moefuse_ep_unique_id_create(moefuse_context *ctx, moefuse_ep_unique_id *id)
+{
+    static const char op[] = "ep_unique_id_create";
+    MF_TRY(mf_enter(ctx, op));
+    if (!id)
+        return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: id is NULL", op));
+    return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                                  "%s: expert parallelism over NCCL is not built yet (only the "
+                                  "CPU backend's in-process groups, for tests, exist)",
+                                  op));
+}
+
+moefuse_status moefuse_ep_group_create(moefuse_context *ctx, const moefuse_ep_unique_id *id,
+                                       const moefuse_ep_config *config, moefuse_ep_group **out)
+{
+    static const char op[] = "ep_group_create";
+    MF_TRY(mf_enter(ctx, op));
+    if (out)
+        *out = NULL;
+    if (!id || !out)
+        return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
+                                      !id ? "id" : "out"));
+    moefuse_status st = check_config(ctx, op, config);
+    if (st != MOEFUSE_OK)
+        return mf_leave(ctx, st);
+    return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                                  "%s: expert parallelism over NCCL is not built yet (only the "
+                                  "CPU backend's in-process groups, for tests, exist)",
+                                  op));
+}
+
+int32_t moefuse_ep_local_experts(const moefuse_ep_group *group)
+{
+    return group ? group->local_experts : 0;
+}
+
+void moefuse_ep_group_destroy(moefuse_ep_group *group)
+{
+    if (!group)
+        return;
+    if (group->transport.i)
+        group->transport.i->destroy(group->transport.t);
+    free(group->owner);
+    free(group->local);
+    free(group);
+}
+
+void moefuse_ep_handle_destroy(moefuse_ep_handle *h)
+{
+    if (!h)
+        return;
+    mf_ep_route_free(&h->route);
+    free(h->recv_row);
+    free(h);
+}

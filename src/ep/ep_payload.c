@@ -1,0 +1,152 @@
+/* The rows of a dispatch: checked, packed for sending, unpacked where they arrive. */
+#include "ep/ep_payload.h"
+
+#include "core/core.h"
+#include "core/ops_internal.h"
+#include "core/options.h"
+#include "ep/ep_scales.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static moefuse_status check_routing(moefuse_context *ctx, const char *op,
+                                    const moefuse_routing *routing, int64_t M)
+{
+    if (!routing)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: routing is NULL", op);
+    MF_TRY(mf_check_tensor(ctx, op, "routing.topk_ids", &routing->topk_ids, 2,
+                           MF_DT(MOEFUSE_I32)));
+    const int64_t want[2] = {M, routing->topk_ids.shape[1]};
+    MF_TRY(mf_expect_shape(ctx, op, "routing.topk_ids", &routing->topk_ids, want, "[M, k]"));
+    MF_TRY(mf_check_tensor(ctx, op, "routing.topk_weights", &routing->topk_weights, 2,
+                           MF_DT(MOEFUSE_F32)));
+    MF_TRY(mf_expect_shape(ctx, op, "routing.topk_weights", &routing->topk_weights, want,
+                           "[M, k] as topk_ids"));
+    if (mf_present(&routing->expert_map))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: routing.expert_map is given; the group places the experts "
+                        "(moefuse_ep_config)",
+                        op);
+    if (routing->n_shared != 0 || mf_present(&routing->shared_weights))
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "%s: shared experts are not built into expert parallelism yet "
+                        "(routing.n_shared is %d)",
+                        op, (int)routing->n_shared);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
+                                   const moefuse_tensor *x_scales, const moefuse_routing *routing,
+                                   bool quantize, const moefuse_quant_options *act,
+                                   mf_ep_payload *pay)
+{
+    memset(pay, 0, sizeof *pay);
+    MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS | MF_DT(MOEFUSE_F8_E4M3)));
+    const int64_t M = x->shape[0], K = x->shape[1];
+    const bool f8 = x->dtype == MOEFUSE_F8_E4M3;
+    if (f8 && quantize)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: quantize is set but x is f8_e4m3 already", op);
+    pay->fp8 = f8 || quantize;
+    pay->quantize = quantize;
+    pay->tokens = M;
+    pay->model_dim = K;
+    if (pay->fp8) {
+        if (act && act->group_size != 0 && act->group_size != 128)
+            return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                            "%s: act.group_size is %lld; FP8 rows take groups of 128 (or 0 for "
+                            "the default)",
+                            op, (long long)act->group_size);
+        if (K % 128 != 0)
+            return mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                            "%s: x has K = %lld; FP8 rows need a multiple of 128", op,
+                            (long long)K);
+        MF_TRY(mf_normalize_quant(ctx, op, act, MOEFUSE_F8_E4M3, 128, &pay->act));
+        pay->groups = K / 128;
+        pay->row_bytes = (size_t)K + sizeof(float) * (size_t)pay->groups;
+    } else {
+        pay->row_bytes = moefuse_dtype_size(x->dtype) * (size_t)K;
+    }
+    if (f8)
+        MF_TRY(mf_check_scales(ctx, op, "x_scales", x_scales, &pay->act, false, 1, M,
+                               pay->groups, &pay->xs));
+    else if (mf_present(x_scales))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: x_scales is given but x is %s, not f8_e4m3", op,
+                        moefuse_dtype_name(x->dtype));
+    return check_routing(ctx, op, routing, M);
+}
+
+moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
+                                  const moefuse_tensor *x, const mf_ep_route *r, char **rows)
+{
+    const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups, k = r->topk;
+    char *buf = malloc(pay->row_bytes * (size_t)(r->n_sent > 0 ? r->n_sent : 1));
+    if (!buf)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld rows to send",
+                        op, (long long)r->n_sent);
+    /* quantize: every row once, as moefuse_quant does (the one-device layer's step 1) */
+    unsigned char *codes = NULL;
+    float *scales = NULL;
+    moefuse_tensor q, qs, qs3;
+    if (pay->quantize) {
+        codes = malloc((size_t)(M * K > 0 ? M * K : 1));
+        scales = malloc(sizeof *scales * (size_t)(M * G > 0 ? M * G : 1));
+        if (!codes || !scales) {
+            free(buf);
+            free(codes);
+            free(scales);
+            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate x's codes", op);
+        }
+        const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
+        q = moefuse_tensor_dense(codes, MOEFUSE_F8_E4M3, 2, qshape);
+        qs = moefuse_tensor_dense(scales, MOEFUSE_F32, 2, sshape);
+        moefuse_quant_options o = pay->act;
+        o.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+        moefuse_status st = M > 0 ? mf_quant_call(ctx, op, x, &q, &qs, &o, NULL) : MOEFUSE_OK;
+        if (st != MOEFUSE_OK) {
+            free(buf);
+            free(codes);
+            free(scales);
+            return st;
+        }
+        qs3 = mf_with_leading_unit(&qs);
+    }
+    for (int64_t i = 0; i < r->n_sent; i++) {
+        const int64_t m = r->send_slot[i] / k;
+        char *row = buf + (size_t)i * pay->row_bytes;
+        if (!pay->fp8) {
+            memcpy(row, mf_at2(x, m, 0), pay->row_bytes);
+            continue;
+        }
+        const moefuse_tensor *src = pay->quantize ? &q : x;
+        memcpy(row, mf_at2(src, m, 0), (size_t)K);
+        for (int64_t gi = 0; gi < G; gi++) {
+            const float v = pay->quantize
+                                ? mf_ep_scale_read(&qs3, MOEFUSE_SCALE_ROW_MAJOR, 0, m, gi)
+                                : mf_ep_scale_read(&pay->xs, pay->act.scale_layout, 0, m, gi);
+            memcpy(row + K + (size_t)gi * sizeof v, &v, sizeof v);
+        }
+    }
+    free(codes);
+    free(scales);
+    *rows = buf;
+    return MOEFUSE_OK;
+}
+
+void mf_ep_payload_unpack(const mf_ep_payload *pay, const char *row, void *dst,
+                          const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
+                          int64_t t)
+{
+    if (!pay->fp8) {
+        memcpy(dst, row, pay->row_bytes);
+        return;
+    }
+    const int64_t K = pay->model_dim;
+    memcpy(dst, row, (size_t)K);
+    for (int64_t gi = 0; gi < pay->groups; gi++) {
+        float v;
+        memcpy(&v, row + K + (size_t)gi * sizeof v, sizeof v);
+        mf_ep_scale_write(scales, layout, e, t, gi, v);
+    }
+}

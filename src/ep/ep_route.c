@@ -1,0 +1,202 @@
+/*
+ * The steps every expert-parallel call shares: the route of a dispatch (who sends which rows
+ * to whom, agreed by one exchange of counts and one of local experts), moving rows out and
+ * back along it, the top-k sum at the tokens' rank, and the vote that makes one rank's
+ * refusal every rank's. Host memory: the CPU backend's (mf_ep_backend_check).
+ */
+#include "core/core.h"
+#include "cpu/tensor_cpu.h"
+#include "ep/ep_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op)
+{
+    if (strcmp(ctx->backend->name, "cpu") != 0)
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "%s: expert parallelism runs on the cpu backend only so far; this "
+                        "context's backend is %s",
+                        op, ctx->backend->name);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_vote_on(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                             moefuse_status mine)
+{
+    mf_ep_vote me = {(int32_t)mine, {0, 0, 0}}, first;
+    int32_t who;
+    MF_TRY(mf_ep_agree(ctx, op, g, &me, &first, &who));
+    if (who < 0 || mine != MOEFUSE_OK)
+        return mine; /* this rank's own message stands */
+    return mf_error(ctx, (moefuse_status)first.status,
+                    "%s: rank %d refused the call (%s); every rank of the group stops with it", op,
+                    (int)who, moefuse_status_name((moefuse_status)first.status));
+}
+
+void mf_ep_route_free(mf_ep_route *r)
+{
+    free(r->sent);
+    free(r->received);
+    free(r->send_slot);
+    free(r->slot_row);
+    free(r->recv_expert);
+    free(r->weight);
+    memset(r, 0, sizeof *r);
+}
+
+/* The arrays of a route for M k slots and W ranks (the received side comes later). */
+static moefuse_status route_alloc(moefuse_context *ctx, const char *op, int64_t slots,
+                                  int32_t W, mf_ep_route *r)
+{
+    const size_t n = (size_t)(slots > 0 ? slots : 1);
+    r->sent = calloc((size_t)W, sizeof *r->sent);
+    r->received = calloc((size_t)W, sizeof *r->received);
+    r->send_slot = malloc(n * sizeof *r->send_slot);
+    r->slot_row = malloc(n * sizeof *r->slot_row);
+    r->weight = calloc(n, sizeof *r->weight);
+    if (!r->sent || !r->received || !r->send_slot || !r->slot_row || !r->weight) {
+        mf_ep_route_free(r);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route of %lld "
+                        "slots", op, (long long)slots);
+    }
+    return MOEFUSE_OK;
+}
+
+/* Byte counts and offsets of per-rank runs of `rows` rows of `row_bytes`. */
+static void runs(const size_t *rows, int32_t W, size_t row_bytes, size_t *bytes, size_t *off)
+{
+    size_t at = 0;
+    for (int32_t p = 0; p < W; p++) {
+        bytes[p] = rows[p] * row_bytes;
+        off[p] = at;
+        at += bytes[p];
+    }
+}
+
+moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                const moefuse_tensor *ids, const moefuse_tensor *weights,
+                                mf_ep_route *r)
+{
+    memset(r, 0, sizeof *r);
+    const int32_t W = g->world;
+    const int64_t M = ids->shape[0], k = ids->shape[1], S = M * k;
+    r->world = W;
+    r->tokens = M;
+    r->topk = k;
+    MF_TRY(route_alloc(ctx, op, S, W, r));
+    /* each slot's rank (-1: invalid), counted, then placed by rank and slot */
+    int32_t *dest = malloc((size_t)(S > 0 ? S : 1) * sizeof *dest);
+    size_t *at = calloc((size_t)W, sizeof *at);
+    if (!dest || !at) {
+        free(dest);
+        free(at);
+        mf_ep_route_free(r);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
+    }
+    for (int64_t s = 0; s < S; s++) {
+        const int32_t id = *(const int32_t *)mf_at2(ids, s / k, s % k);
+        dest[s] = id >= 0 && id < g->experts ? g->owner[id] : -1;
+        if (dest[s] >= 0) {
+            r->sent[dest[s]]++;
+            r->weight[s] = weights ? *(const float *)mf_at2(weights, s / k, s % k) : 0.0f;
+        }
+    }
+    size_t total = 0;
+    for (int32_t p = 0; p < W; p++) {
+        at[p] = total;
+        total += r->sent[p];
+    }
+    r->n_sent = (int64_t)total;
+    int32_t *sent_expert = malloc((total > 0 ? total : 1) * sizeof *sent_expert);
+    if (!sent_expert) {
+        free(dest);
+        free(at);
+        mf_ep_route_free(r);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
+    }
+    for (int64_t s = 0; s < S; s++) {
+        r->slot_row[s] = -1;
+        if (dest[s] < 0)
+            continue;
+        const size_t row = at[dest[s]]++;
+        r->send_slot[row] = s;
+        r->slot_row[s] = (int64_t)row;
+        sent_expert[row] = g->local[*(const int32_t *)mf_at2(ids, s / k, s % k)];
+    }
+    free(dest);
+    free(at);
+
+    /* the counts, then the local experts of the rows */
+    size_t *b = malloc(sizeof *b * (size_t)W * 4);
+    moefuse_status st = b ? MOEFUSE_OK
+                          : mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    if (st == MOEFUSE_OK) {
+        size_t *one = b, *off = b + W;
+        for (int32_t p = 0; p < W; p++) {
+            one[p] = sizeof(size_t);
+            off[p] = (size_t)p * sizeof(size_t);
+        }
+        st = mf_ep_all_to_all(ctx, op, g, r->sent, one, off, r->received, one, off);
+    }
+    if (st == MOEFUSE_OK) {
+        size_t n = 0;
+        for (int32_t p = 0; p < W; p++)
+            n += r->received[p];
+        r->n_recv = (int64_t)n;
+        r->recv_expert = malloc((n > 0 ? n : 1) * sizeof *r->recv_expert);
+        if (!r->recv_expert)
+            st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the experts of "
+                          "%zu received rows", op, n);
+    }
+    if (st == MOEFUSE_OK) {
+        size_t *sb = b, *so = b + W, *rb = b + 2 * W, *ro = b + 3 * W;
+        runs(r->sent, W, sizeof(int32_t), sb, so);
+        runs(r->received, W, sizeof(int32_t), rb, ro);
+        st = mf_ep_all_to_all(ctx, op, g, sent_expert, sb, so, r->recv_expert, rb, ro);
+    }
+    free(b);
+    free(sent_expert);
+    if (st != MOEFUSE_OK)
+        mf_ep_route_free(r);
+    return st;
+}
+
+moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                   const mf_ep_route *r, int back, const void *send,
+                                   size_t row_bytes, void *recv)
+{
+    const int32_t W = r->world;
+    size_t *b = malloc(sizeof *b * (size_t)W * 4);
+    if (!b)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    size_t *sb = b, *so = b + W, *rb = b + 2 * W, *ro = b + 3 * W;
+    runs(back ? r->received : r->sent, W, row_bytes, sb, so);
+    runs(back ? r->sent : r->received, W, row_bytes, rb, ro);
+    const moefuse_status st = mf_ep_all_to_all(ctx, op, g, send, sb, so, recv, rb, ro);
+    free(b);
+    return st;
+}
+
+void mf_ep_reduce(const mf_ep_route *r, const float *back, int64_t K, float *acc,
+                  const moefuse_tensor *out)
+{
+    const int64_t k = r->topk;
+    for (int64_t m = 0; m < r->tokens; m++) {
+        for (int64_t c = 0; c < K; c++)
+            acc[c] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t row = r->slot_row[m * k + j];
+            if (row < 0)
+                continue;
+            const float wt = r->weight[m * k + j];
+            const float *y = back + row * K;
+            /* the CPU backend's reduced final (moe_slots.c): a product, then a sum */
+            for (int64_t c = 0; c < K; c++) {
+                const float prod = wt * y[c];
+                acc[c] = acc[c] + prod;
+            }
+        }
+        mf_store_row(mf_at2(out, m, 0), acc, out->dtype, K);
+    }
+}

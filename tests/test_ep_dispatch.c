@@ -1,0 +1,431 @@
+/*
+ * moefuse_ep_dispatch and moefuse_ep_combine on their own (ranks as threads): every received
+ * row, count and scale against the senders' rows in the contract's order (source rank, token,
+ * slot), rows past the counts untouched, the combine's sum against the same sum taken here;
+ * an expert over its capacity failing every rank with nothing written; and the refusals.
+ */
+#include "test_ep.h"
+
+#include "ep/ep_scales.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct disp_case {
+    int32_t world, E, k;
+    int64_t K, tmax, M[EP_MAX_WORLD];
+    int quantize, lay; /* FP8 rows: recv_scales in LAYS[lay] */
+    moefuse_dtype dt;
+    moefuse_ep_dispatch_options opt;
+    void *x[EP_MAX_WORLD];
+    int32_t *ids[EP_MAX_WORLD];
+    float *wts[EP_MAX_WORLD];
+    void *recv[EP_MAX_WORLD], *scales[EP_MAX_WORLD];
+    int32_t *counts[EP_MAX_WORLD];
+    float *out[EP_MAX_WORLD];
+    size_t scale_bytes[EP_MAX_WORLD];
+    int32_t local[EP_MAX_WORLD];
+    moefuse_status st[EP_MAX_WORLD], st_combine[EP_MAX_WORLD];
+    char msg[EP_MAX_WORLD][512];
+} disp_case;
+
+static moefuse_tensor dense(void *p, moefuse_dtype dt, int32_t rank, int64_t a, int64_t b,
+                            int64_t c)
+{
+    const int64_t shape[3] = {a, b, c};
+    return moefuse_tensor_dense(p, dt, rank, shape);
+}
+
+/* recv_scales of E experts in layout l: its dtype, shape and bytes */
+static moefuse_tensor rscales_of(void *p, const lay *l, int64_t E, int64_t T, int64_t K)
+{
+    const int64_t G = K / 128, Ta = (T + 3) / 4 * 4;
+    if (l->layout == MOEFUSE_SCALE_ROW_MAJOR)
+        return dense(p, l->ue8m0 ? MOEFUSE_U8 : MOEFUSE_F32, 3, E, T, G);
+    if (l->layout == MOEFUSE_SCALE_COLUMN_MAJOR)
+        return dense(p, l->ue8m0 ? MOEFUSE_U8 : MOEFUSE_F32, 3, E, G, Ta);
+    return dense(p, MOEFUSE_I32, 3, E, (G + 3) / 4, Ta);
+}
+
+/* The value the experts "compute" for row t of local expert e on rank r, channel c. */
+static float y_of(int32_t r, int64_t e, int64_t t, int64_t c)
+{
+    return (float)((r * 131 + e * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
+}
+
+static void disp_rank(ep_world *w, int32_t r)
+{
+    disp_case *c = w->arg;
+    const int64_t K = c->K, T = c->tmax, M = c->M[r];
+    const int32_t El = moefuse_ep_local_experts(w->group[r]);
+    const moefuse_dtype rdt = c->quantize ? MOEFUSE_F8_E4M3 : c->dt;
+    c->local[r] = El;
+    c->recv[r] = ep_alloc(moefuse_dtype_size(rdt) * (size_t)(El * T * K));
+    c->counts[r] = ep_alloc(sizeof(int32_t) * (size_t)El);
+    moefuse_tensor x = dense(c->x[r], c->dt, 2, M, K, 0);
+    moefuse_tensor rx = dense(c->recv[r], rdt, 3, El, T, K);
+    moefuse_tensor rc = dense(c->counts[r], MOEFUSE_I32, 1, El, 0, 0);
+    moefuse_tensor rs;
+    memset(&rs, 0, sizeof rs);
+    if (c->quantize) {
+        const int64_t Ta = (T + 3) / 4 * 4, G = K / 128;
+        c->scale_bytes[r] = 4 * (size_t)(El * (G + 3) * Ta);
+        c->scales[r] = ep_alloc(c->scale_bytes[r]);
+        rs = rscales_of(c->scales[r], &LAYS[c->lay], El, T, K);
+        c->scale_bytes[r] = (size_t)moefuse_tensor_span_bytes(&rs);
+    }
+    moefuse_routing rt;
+    memset(&rt, 0, sizeof rt);
+    rt.topk_ids = dense(c->ids[r], MOEFUSE_I32, 2, M, c->k, 0);
+    rt.topk_weights = dense(c->wts[r], MOEFUSE_F32, 2, M, c->k, 0);
+    moefuse_ep_handle *h = NULL;
+    c->st[r] = moefuse_ep_dispatch(w->ctx[r], w->group[r], &x, NULL, &rt, &rx, &rs, &rc, &c->opt,
+                                   &h);
+    if (c->st[r] != MOEFUSE_OK) {
+        snprintf(c->msg[r], sizeof c->msg[r], "%s", moefuse_last_error(w->ctx[r]));
+        ck_assert_ptr_null(h);
+        return;
+    }
+    /* the experts' outputs: a function of (rank, e, t, c) on the rows received */
+    float *y = malloc(sizeof(float) * (size_t)(El * T * K) + 1);
+    for (int64_t e = 0; e < El; e++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t ch = 0; ch < K; ch++)
+                y[(e * T + t) * K + ch] = t < c->counts[r][e] ? y_of(r, e, t, ch) : NAN;
+    c->out[r] = ep_alloc(sizeof(float) * (size_t)(M * K));
+    moefuse_tensor ty = dense(y, MOEFUSE_F32, 3, El, T, K);
+    moefuse_tensor out = dense(c->out[r], MOEFUSE_F32, 2, M, K, 0);
+    c->st_combine[r] = moefuse_ep_combine(w->ctx[r], w->group[r], h, &ty, &out);
+    moefuse_ep_handle_destroy(h);
+    free(y);
+}
+
+/* Every byte of [p, p + n) is the canary. */
+static int untouched(const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((const unsigned char *)p)[i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+static void check_dispatch(disp_case *c, ep_world *wv)
+{
+    const int64_t K = c->K, T = c->tmax, G = K / 128;
+    moefuse_context *ref;
+    ck_assert_int_eq(moefuse_context_create(&ref, "cpu"), MOEFUSE_OK);
+    /* the senders' FP8 rows, as moefuse_quant forms them (row-major f32 scales) */
+    unsigned char *codes[EP_MAX_WORLD] = {0};
+    float *qs[EP_MAX_WORLD] = {0};
+    for (int32_t p = 0; p < c->world && c->quantize; p++) {
+        const int64_t M = c->M[p];
+        codes[p] = malloc((size_t)(M * K) + 1);
+        qs[p] = malloc(sizeof(float) * (size_t)(M * G) + 1);
+        moefuse_tensor x = dense(c->x[p], c->dt, 2, M, K, 0);
+        moefuse_tensor q = dense(codes[p], MOEFUSE_F8_E4M3, 2, M, K, 0);
+        moefuse_tensor s = dense(qs[p], MOEFUSE_F32, 2, M, G, 0);
+        moefuse_quant_options o = c->opt.act;
+        o.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+        o.ue8m0 = LAYS[c->lay].ue8m0;
+        ck_assert_int_eq(moefuse_quant(ref, &x, &q, &s, &o), MOEFUSE_OK);
+    }
+    moefuse_context_destroy(ref);
+    const size_t rs = moefuse_dtype_size(c->quantize ? MOEFUSE_F8_E4M3 : c->dt) * (size_t)K;
+    for (int32_t r = 0; r < c->world; r++) {
+        const int32_t El = c->local[r];
+        ck_assert_msg(c->st[r] == MOEFUSE_OK, "rank %d: dispatch %s: %s", (int)r,
+                      moefuse_status_name(c->st[r]), c->msg[r]);
+        ck_assert_msg(c->st_combine[r] == MOEFUSE_OK, "rank %d: combine %s", (int)r,
+                      moefuse_status_name(c->st_combine[r]));
+        moefuse_tensor sc = c->quantize ? rscales_of(c->scales[r], &LAYS[c->lay], El, T, K)
+                                        : dense(NULL, MOEFUSE_F32, 1, 0, 0, 0);
+        moefuse_tensor sc3 = sc;
+        for (int32_t e = 0; e < El; e++) {
+            int64_t t = 0;
+            for (int32_t p = 0; p < c->world; p++)
+                for (int64_t s = 0; s < c->M[p] * c->k; s++) {
+                    const int32_t g = c->ids[p][s];
+                    if (g < 0 || g >= c->E || ep_owner(wv, g) != r || ep_local(wv, g) != e)
+                        continue;
+                    const int64_t m = s / c->k;
+                    const char *got = (const char *)c->recv[r] + rs * (size_t)(e * T + t);
+                    const void *want = c->quantize ? (const void *)(codes[p] + m * K)
+                                                   : (const void *)((const char *)c->x[p] +
+                                                                    rs * (size_t)m);
+                    ck_assert_msg(memcmp(got, want, rs) == 0,
+                                  "rank %d expert %d row %lld: not row %lld of rank %d", (int)r,
+                                  (int)e, (long long)t, (long long)m, (int)p);
+                    for (int64_t gi = 0; gi < G && c->quantize; gi++) {
+                        const float v = mf_ep_scale_read(&sc3, (moefuse_scale_layout)LAYS[c->lay].layout,
+                                                         e, t, gi);
+                        ck_assert_msg(v == qs[p][m * G + gi], "rank %d expert %d row %lld: scale %lld",
+                                      (int)r, (int)e, (long long)t, (long long)gi);
+                    }
+                    t++;
+                }
+            ck_assert_int_eq(c->counts[r][e], t);
+            ck_assert_msg(untouched((const char *)c->recv[r] + rs * (size_t)(e * T + t),
+                                    rs * (size_t)(T - t)),
+                          "rank %d expert %d: rows past the count were written", (int)r, (int)e);
+        }
+        ck_assert(ep_canaries_ok(c->recv[r]) && ep_canaries_ok(c->counts[r]));
+        if (c->quantize)
+            ck_assert(ep_canaries_ok(c->scales[r]));
+    }
+    /* combine: out[m] = sum over valid j of w * y of the slot, taken here the same way */
+    for (int32_t p = 0; p < c->world; p++) {
+        for (int64_t m = 0; m < c->M[p]; m++) {
+            for (int64_t ch = 0; ch < K; ch++) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < c->k; j++) {
+                    const int32_t g = c->ids[p][m * c->k + j];
+                    if (g < 0 || g >= c->E)
+                        continue;
+                    /* the slot's row t: the rows of its expert from ranks before p, then
+                       from this rank's slots before it */
+                    const int32_t r = ep_owner(wv, g), e = ep_local(wv, g);
+                    int64_t t = 0;
+                    for (int32_t q = 0; q < p; q++)
+                        for (int64_t s = 0; s < c->M[q] * c->k; s++)
+                            t += c->ids[q][s] >= 0 && c->ids[q][s] < c->E &&
+                                 ep_owner(wv, c->ids[q][s]) == r && ep_local(wv, c->ids[q][s]) == e;
+                    for (int64_t s = 0; s < m * c->k + j; s++)
+                        t += c->ids[p][s] >= 0 && c->ids[p][s] < c->E &&
+                             ep_owner(wv, c->ids[p][s]) == r && ep_local(wv, c->ids[p][s]) == e;
+                    const float prod = c->wts[p][m * c->k + j] * y_of(r, e, t, ch);
+                    acc = acc + prod;
+                }
+                ck_assert_msg(c->out[p][m * K + ch] == acc, "rank %d token %lld: combine", (int)p,
+                              (long long)m);
+            }
+        }
+        ck_assert(ep_canaries_ok(c->out[p]));
+    }
+    for (int32_t p = 0; p < c->world; p++) {
+        free(codes[p]);
+        free(qs[p]);
+    }
+}
+
+/* The placement check_dispatch reads (ep_owner, ep_local) */
+static ep_world placement;
+
+static void run_dispatch(disp_case *c, const int32_t *owner)
+{
+    for (int32_t r = 0; r < c->world; r++) {
+        const int64_t M = c->M[r];
+        c->x[r] = malloc(moefuse_dtype_size(c->dt) * (size_t)(M * c->K) + 1);
+        c->ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c->k) + 1);
+        c->wts[r] = malloc(sizeof(float) * (size_t)(M * c->k) + 1);
+        ep_fill(c->x[r], c->dt, M * c->K);
+        ep_routing(c->ids[r], c->wts[r], M, c->k, 0, c->E, c->E);
+    }
+    ep_run(c->world, c->E, owner, disp_rank, c);
+    memset(&placement, 0, sizeof placement);
+    placement.owner = owner;
+    placement.world = c->world;
+    placement.experts = c->E;
+}
+
+static void free_dispatch(disp_case *c)
+{
+    for (int32_t r = 0; r < c->world; r++) {
+        free(c->x[r]);
+        free(c->ids[r]);
+        free(c->wts[r]);
+        ep_free(c->recv[r]);
+        ep_free(c->scales[r]);
+        ep_free(c->counts[r]);
+        ep_free(c->out[r]);
+    }
+}
+
+static disp_case make_case(int32_t world, int64_t M, int64_t tmax)
+{
+    disp_case c;
+    memset(&c, 0, sizeof c);
+    c.world = world;
+    c.E = 8;
+    c.k = 4;
+    c.K = 256;
+    c.tmax = tmax;
+    for (int32_t r = 0; r < world; r++)
+        c.M[r] = M + 5 * r;
+    c.dt = MOEFUSE_BF16;
+    return c;
+}
+
+START_TEST(t_dispatch_rows)
+{
+    static const int32_t worlds[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        disp_case c = make_case(worlds[i], 23, 200);
+        run_dispatch(&c, NULL);
+        check_dispatch(&c, &placement);
+        free_dispatch(&c);
+    }
+    static const int32_t owner[8] = {3, 0, 0, 3, 2, 0, 2, 3}; /* rank 1 holds none */
+    disp_case d = make_case(4, 0, 100);
+    d.M[1] = 1;
+    d.M[3] = 19;
+    run_dispatch(&d, owner);
+    check_dispatch(&d, &placement);
+    free_dispatch(&d);
+}
+END_TEST
+
+START_TEST(t_dispatch_fp8_layouts)
+{
+    for (int l = 0; l < 5; l++) {
+        disp_case c = make_case(2, 13, 41); /* Tmax 41: the padded layouts pad 3 rows */
+        c.quantize = 1;
+        c.lay = l;
+        c.opt.quantize = 1;
+        c.opt.act.scale_layout = (moefuse_scale_layout)LAYS[l].layout;
+        c.opt.act.ue8m0 = LAYS[l].ue8m0;
+        run_dispatch(&c, NULL);
+        check_dispatch(&c, &placement);
+        /* the layout's padding rows Tmax .. Ta - 1 are zero */
+        for (int32_t r = 0; r < c.world && LAYS[l].layout != MOEFUSE_SCALE_ROW_MAJOR; r++) {
+            moefuse_tensor s = rscales_of(c.scales[r], &LAYS[l], c.local[r], c.tmax, c.K);
+            const size_t es = moefuse_dtype_size(s.dtype);
+            for (int64_t e = 0; e < s.shape[0]; e++)
+                for (int64_t w = 0; w < s.shape[1]; w++)
+                    for (int64_t t = c.tmax; t < s.shape[2]; t++)
+                        for (size_t b = 0; b < es; b++)
+                            ck_assert_int_eq(((unsigned char *)c.scales[r])
+                                                 [((e * s.shape[1] + w) * s.shape[2] + t) * es + b],
+                                             0);
+        }
+        free_dispatch(&c);
+    }
+}
+END_TEST
+
+START_TEST(t_dispatch_overflow)
+{
+    /* every slot to expert 1 (rank 0 of 2): more rows than Tmax; every rank fails, nothing is
+       written anywhere */
+    disp_case c = make_case(2, 9, 16);
+    for (int32_t r = 0; r < 2; r++) {
+        const int64_t M = c.M[r];
+        c.x[r] = malloc(2 * (size_t)(M * c.K));
+        c.ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c.k));
+        c.wts[r] = malloc(sizeof(float) * (size_t)(M * c.k));
+        ep_fill(c.x[r], c.dt, M * c.K);
+        for (int64_t s = 0; s < M * c.k; s++) {
+            c.ids[r][s] = 1;
+            c.wts[r][s] = 0.5f;
+        }
+    }
+    ep_run(2, c.E, NULL, disp_rank, &c);
+    for (int32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(c.st[r], MOEFUSE_ERR_SHAPE);
+        const size_t n = 2 * (size_t)(c.local[r] * c.tmax * c.K);
+        ck_assert(untouched(c.recv[r], n) && ep_canaries_ok(c.recv[r]));
+        ck_assert(untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r]));
+    }
+    free_dispatch(&c);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ refusals */
+
+typedef struct refusal {
+    int what; /* 0 low-latency, 1 expert_map on rank 1 only, 2 shared experts */
+    moefuse_status st[EP_MAX_WORLD];
+    char msg[EP_MAX_WORLD][512];
+} refusal;
+
+static void refusal_rank(ep_world *w, int32_t r)
+{
+    refusal *f = w->arg;
+    int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7}, map[8] = {0};
+    float wts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    uint16_t x[4 * 128] = {0};
+    unsigned char recv[4096];
+    int32_t counts[8];
+    const int32_t El = moefuse_ep_local_experts(w->group[r]);
+    moefuse_tensor tx = dense(x, MOEFUSE_BF16, 2, 4, 128, 0);
+    moefuse_tensor rx = dense(recv, MOEFUSE_BF16, 3, El, 2, 128);
+    moefuse_tensor rc = dense(counts, MOEFUSE_I32, 1, El, 0, 0);
+    moefuse_routing rt;
+    memset(&rt, 0, sizeof rt);
+    rt.topk_ids = dense(ids, MOEFUSE_I32, 2, 4, 2, 0);
+    rt.topk_weights = dense(wts, MOEFUSE_F32, 2, 4, 2, 0);
+    moefuse_ep_dispatch_options o;
+    memset(&o, 0, sizeof o);
+    if (f->what == 0)
+        o.mode = MOEFUSE_EP_LOW_LATENCY;
+    if (f->what == 1 && r == 1)
+        rt.expert_map = dense(map, MOEFUSE_I32, 1, 8, 0, 0);
+    if (f->what == 2)
+        rt.n_shared = 1;
+    moefuse_ep_handle *h = NULL;
+    f->st[r] = moefuse_ep_dispatch(w->ctx[r], w->group[r], &tx, NULL, &rt, &rx, NULL, &rc, &o, &h);
+    snprintf(f->msg[r], sizeof f->msg[r], "%s", moefuse_last_error(w->ctx[r]));
+    moefuse_ep_handle_destroy(h);
+}
+
+START_TEST(t_refusals)
+{
+    refusal f;
+    memset(&f, 0, sizeof f);
+    ep_run(2, 8, NULL, refusal_rank, &f);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_int_eq(f.st[r], MOEFUSE_ERR_UNSUPPORTED);
+        ck_assert_msg(strstr(f.msg[r], "low-latency"), "%s", f.msg[r]);
+    }
+    f.what = 1; /* one rank's bad argument stops both, the other's message names it */
+    ep_run(2, 8, NULL, refusal_rank, &f);
+    ck_assert_int_eq(f.st[1], MOEFUSE_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(f.msg[1], "expert_map"), "%s", f.msg[1]);
+    ck_assert_int_eq(f.st[0], MOEFUSE_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(f.msg[0], "rank 1"), "%s", f.msg[0]);
+    f.what = 2;
+    ep_run(4, 8, NULL, refusal_rank, &f);
+    for (int r = 0; r < 4; r++)
+        ck_assert_int_eq(f.st[r], MOEFUSE_ERR_UNSUPPORTED);
+
+    /* groups: configs refused with a message; NCCL not built yet */
+    moefuse_context *ctx;
+    ck_assert_int_eq(moefuse_context_create(&ctx, "cpu"), MOEFUSE_OK);
+    mf_ep_inproc_world *w = mf_ep_inproc_world_create(2);
+    moefuse_ep_group *g = (moefuse_ep_group *)&g;
+    const int32_t bad_owner[4] = {0, 1, 2, 0};
+    const moefuse_ep_config bad[] = {
+        {0, 3, 8, NULL, {0}},       /* another world size */
+        {2, 2, 8, NULL, {0}},       /* rank out of range */
+        {0, 2, 7, NULL, {0}},       /* 7 experts in 2 blocks */
+        {0, 2, 4, bad_owner, {0}},  /* an owner out of range */
+        {0, 2, 0, NULL, {0}},       /* no experts */
+        {0, 2, 8, NULL, {0, 1, 0, 0}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g = (moefuse_ep_group *)&g;
+        const moefuse_status st = mf_ep_group_create_inproc(ctx, w, &bad[i], &g);
+        ck_assert_msg(st != MOEFUSE_OK && strlen(moefuse_last_error(ctx)) > 0, "config %zu", i);
+        ck_assert_ptr_null(g);
+    }
+    moefuse_ep_unique_id id;
+    ck_assert_int_eq(moefuse_ep_unique_id_create(ctx, &id), MOEFUSE_ERR_UNSUPPORTED);
+    const moefuse_ep_config ok = {0, 2, 8, NULL, {0}};
+    ck_assert_int_eq(moefuse_ep_group_create(ctx, &id, &ok, &g), MOEFUSE_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(strstr(moefuse_last_error(ctx), "NCCL"), "%s", moefuse_last_error(ctx));
+    ck_assert_int_eq(moefuse_ep_local_experts(NULL), 0);
+    moefuse_ep_group_destroy(NULL);
+    moefuse_ep_handle_destroy(NULL);
+    mf_ep_inproc_world_destroy(w);
+    moefuse_context_destroy(ctx);
+}
+END_TEST
+
+void ep_add_dispatch_tests(Suite *s)
+{
+    TCase *tc = h_add_tcase(s, "ep_dispatch", NULL, 120);
+    tcase_add_test(tc, t_dispatch_rows);
+    tcase_add_test(tc, t_dispatch_fp8_layouts);
+    tcase_add_test(tc, t_dispatch_overflow);
+    tcase_add_test(tc, t_refusals);
+}
