@@ -33,6 +33,15 @@ void ep_run(int32_t world, int32_t experts, const int32_t *owner,
 int32_t ep_owner(const ep_world *w, int32_t g);
 int32_t ep_local(const ep_world *w, int32_t g);
 
+/* Backend memory of ctx: `bytes` between two guards of canary bytes, holding host's bytes (the
+   canary when host is NULL). Tensors over it take data = the buffer, offset = EP_GUARD. */
+#define EP_GUARD 64
+void *ep_put(moefuse_context *ctx, const void *host, size_t bytes);
+/* Its bytes and both guards, back in host memory (malloc'd: EP_GUARD + bytes + EP_GUARD). */
+unsigned char *ep_get(moefuse_context *ctx, void *buffer, size_t bytes);
+/* Both guards of such a copy still hold the canary. */
+int ep_guards_ok(const unsigned char *copy, size_t bytes);
+
 /* Host buffers with canary bytes on both sides, checked by ep_canaries_ok. */
 void *ep_alloc(size_t bytes);
 int ep_canaries_ok(const void *p);

@@ -6,7 +6,7 @@
  */
 #include "test_ep.h"
 
-#include "ep/ep_scales.h"
+#include "cpu/ep_scales.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,9 +20,9 @@ typedef struct disp_case {
     void *x[EP_MAX_WORLD];
     int32_t *ids[EP_MAX_WORLD];
     float *wts[EP_MAX_WORLD];
-    void *recv[EP_MAX_WORLD], *scales[EP_MAX_WORLD];
-    int32_t *counts[EP_MAX_WORLD];
-    float *out[EP_MAX_WORLD];
+    /* outputs read back, each with its guards (ep_get) */
+    unsigned char *recv[EP_MAX_WORLD], *scales[EP_MAX_WORLD], *counts[EP_MAX_WORLD],
+        *out[EP_MAX_WORLD];
     size_t scale_bytes[EP_MAX_WORLD];
     int32_t local[EP_MAX_WORLD];
     moefuse_status st[EP_MAX_WORLD], st_combine[EP_MAX_WORLD];
@@ -53,51 +53,78 @@ static float y_of(int32_t r, int64_t e, int64_t t, int64_t c)
     return (float)((r * 131 + e * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
 }
 
+/* A tensor over backend memory from ep_put (its data past the guard). */
+static moefuse_tensor on(void *buf, moefuse_dtype dt, int32_t rank, int64_t a, int64_t b,
+                         int64_t c)
+{
+    moefuse_tensor t = dense(buf, dt, rank, a, b, c);
+    t.offset = EP_GUARD;
+    return t;
+}
+
+/* One rank: its inputs into its backend's memory, dispatch, the experts' outputs y as a
+   function of (rank, e, t, c), combine; every output read back with its guards. */
 static void disp_rank(ep_world *w, int32_t r)
 {
     disp_case *c = w->arg;
+    moefuse_context *ctx = w->ctx[r];
     const int64_t K = c->K, T = c->tmax, M = c->M[r];
     const int32_t El = moefuse_ep_local_experts(w->group[r]);
     const moefuse_dtype rdt = c->quantize ? MOEFUSE_F8_E4M3 : c->dt;
     c->local[r] = El;
-    c->recv[r] = ep_alloc(moefuse_dtype_size(rdt) * (size_t)(El * T * K));
-    c->counts[r] = ep_alloc(sizeof(int32_t) * (size_t)El);
-    moefuse_tensor x = dense(c->x[r], c->dt, 2, M, K, 0);
-    moefuse_tensor rx = dense(c->recv[r], rdt, 3, El, T, K);
-    moefuse_tensor rc = dense(c->counts[r], MOEFUSE_I32, 1, El, 0, 0);
+    const size_t xb = moefuse_dtype_size(c->dt) * (size_t)(M * K);
+    const size_t rb = moefuse_dtype_size(rdt) * (size_t)(El * T * K);
+    const size_t cb = sizeof(int32_t) * (size_t)El, sb = sizeof(int32_t) * (size_t)(M * c->k);
+    void *dx = ep_put(ctx, c->x[r], xb), *dids = ep_put(ctx, c->ids[r], sb);
+    void *dwts = ep_put(ctx, c->wts[r], sizeof(float) * (size_t)(M * c->k));
+    void *drecv = ep_put(ctx, NULL, rb), *dcounts = ep_put(ctx, NULL, cb), *dscales = NULL;
+    moefuse_tensor x = on(dx, c->dt, 2, M, K, 0);
+    moefuse_tensor rx = on(drecv, rdt, 3, El, T, K);
+    moefuse_tensor rc = on(dcounts, MOEFUSE_I32, 1, El, 0, 0);
     moefuse_tensor rs;
     memset(&rs, 0, sizeof rs);
     if (c->quantize) {
-        const int64_t Ta = (T + 3) / 4 * 4, G = K / 128;
-        c->scale_bytes[r] = 4 * (size_t)(El * (G + 3) * Ta);
-        c->scales[r] = ep_alloc(c->scale_bytes[r]);
-        rs = rscales_of(c->scales[r], &LAYS[c->lay], El, T, K);
+        rs = rscales_of(NULL, &LAYS[c->lay], El, T, K);
         c->scale_bytes[r] = (size_t)moefuse_tensor_span_bytes(&rs);
+        dscales = ep_put(ctx, NULL, c->scale_bytes[r]);
+        rs.data = dscales;
+        rs.offset = EP_GUARD;
     }
     moefuse_routing rt;
     memset(&rt, 0, sizeof rt);
-    rt.topk_ids = dense(c->ids[r], MOEFUSE_I32, 2, M, c->k, 0);
-    rt.topk_weights = dense(c->wts[r], MOEFUSE_F32, 2, M, c->k, 0);
+    rt.topk_ids = on(dids, MOEFUSE_I32, 2, M, c->k, 0);
+    rt.topk_weights = on(dwts, MOEFUSE_F32, 2, M, c->k, 0);
     moefuse_ep_handle *h = NULL;
-    c->st[r] = moefuse_ep_dispatch(w->ctx[r], w->group[r], &x, NULL, &rt, &rx, &rs, &rc, &c->opt,
-                                   &h);
-    if (c->st[r] != MOEFUSE_OK) {
-        snprintf(c->msg[r], sizeof c->msg[r], "%s", moefuse_last_error(w->ctx[r]));
+    c->st[r] = moefuse_ep_dispatch(ctx, w->group[r], &x, NULL, &rt, &rx, &rs, &rc, &c->opt, &h);
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", moefuse_last_error(ctx));
+    c->recv[r] = ep_get(ctx, drecv, rb);
+    c->counts[r] = ep_get(ctx, dcounts, cb);
+    if (dscales)
+        c->scales[r] = ep_get(ctx, dscales, c->scale_bytes[r]);
+    if (c->st[r] == MOEFUSE_OK) {
+        const int32_t *counts = (const int32_t *)(c->counts[r] + EP_GUARD);
+        float *y = malloc(sizeof(float) * (size_t)(El * T * K) + 1);
+        for (int64_t e = 0; e < El; e++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t ch = 0; ch < K; ch++)
+                    y[(e * T + t) * K + ch] = t < counts[e] ? y_of(r, e, t, ch) : NAN;
+        const size_t yb = sizeof(float) * (size_t)(El * T * K), ob = sizeof(float) * (size_t)(M * K);
+        void *dy = ep_put(ctx, y, yb), *dout = ep_put(ctx, NULL, ob);
+        moefuse_tensor ty = on(dy, MOEFUSE_F32, 3, El, T, K);
+        moefuse_tensor out = on(dout, MOEFUSE_F32, 2, M, K, 0);
+        c->st_combine[r] = moefuse_ep_combine(ctx, w->group[r], h, &ty, &out);
+        c->out[r] = ep_get(ctx, dout, ob);
+        moefuse_buffer_free(ctx, dy);
+        moefuse_buffer_free(ctx, dout);
+        free(y);
+    } else {
         ck_assert_ptr_null(h);
-        return;
     }
-    /* the experts' outputs: a function of (rank, e, t, c) on the rows received */
-    float *y = malloc(sizeof(float) * (size_t)(El * T * K) + 1);
-    for (int64_t e = 0; e < El; e++)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t ch = 0; ch < K; ch++)
-                y[(e * T + t) * K + ch] = t < c->counts[r][e] ? y_of(r, e, t, ch) : NAN;
-    c->out[r] = ep_alloc(sizeof(float) * (size_t)(M * K));
-    moefuse_tensor ty = dense(y, MOEFUSE_F32, 3, El, T, K);
-    moefuse_tensor out = dense(c->out[r], MOEFUSE_F32, 2, M, K, 0);
-    c->st_combine[r] = moefuse_ep_combine(w->ctx[r], w->group[r], h, &ty, &out);
     moefuse_ep_handle_destroy(h);
-    free(y);
+    void *all[] = {dx, dids, dwts, drecv, dcounts, dscales};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i])
+            moefuse_buffer_free(ctx, all[i]);
 }
 
 /* Every byte of [p, p + n) is the canary. */
@@ -137,7 +164,7 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                       moefuse_status_name(c->st[r]), c->msg[r]);
         ck_assert_msg(c->st_combine[r] == MOEFUSE_OK, "rank %d: combine %s", (int)r,
                       moefuse_status_name(c->st_combine[r]));
-        moefuse_tensor sc = c->quantize ? rscales_of(c->scales[r], &LAYS[c->lay], El, T, K)
+        moefuse_tensor sc = c->quantize ? rscales_of(c->scales[r] + EP_GUARD, &LAYS[c->lay], El, T, K)
                                         : dense(NULL, MOEFUSE_F32, 1, 0, 0, 0);
         moefuse_tensor sc3 = sc;
         for (int32_t e = 0; e < El; e++) {
@@ -148,7 +175,8 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     if (g < 0 || g >= c->E || ep_owner(wv, g) != r || ep_local(wv, g) != e)
                         continue;
                     const int64_t m = s / c->k;
-                    const char *got = (const char *)c->recv[r] + rs * (size_t)(e * T + t);
+                    const char *got =
+                        (const char *)c->recv[r] + EP_GUARD + rs * (size_t)(e * T + t);
                     const void *want = c->quantize ? (const void *)(codes[p] + m * K)
                                                    : (const void *)((const char *)c->x[p] +
                                                                     rs * (size_t)m);
@@ -163,14 +191,15 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     }
                     t++;
                 }
-            ck_assert_int_eq(c->counts[r][e], t);
-            ck_assert_msg(untouched((const char *)c->recv[r] + rs * (size_t)(e * T + t),
+            ck_assert_int_eq(((const int32_t *)(c->counts[r] + EP_GUARD))[e], t);
+            ck_assert_msg(untouched((const char *)c->recv[r] + EP_GUARD + rs * (size_t)(e * T + t),
                                     rs * (size_t)(T - t)),
                           "rank %d expert %d: rows past the count were written", (int)r, (int)e);
         }
-        ck_assert(ep_canaries_ok(c->recv[r]) && ep_canaries_ok(c->counts[r]));
+        ck_assert(ep_guards_ok(c->recv[r], rs * (size_t)(El * T)) &&
+                  ep_guards_ok(c->counts[r], sizeof(int32_t) * (size_t)El));
         if (c->quantize)
-            ck_assert(ep_canaries_ok(c->scales[r]));
+            ck_assert(ep_guards_ok(c->scales[r], c->scale_bytes[r]));
     }
     /* combine: out[m] = sum over valid j of w * y of the slot, taken here the same way */
     for (int32_t p = 0; p < c->world; p++) {
@@ -195,11 +224,12 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     const float prod = c->wts[p][m * c->k + j] * y_of(r, e, t, ch);
                     acc = acc + prod;
                 }
-                ck_assert_msg(c->out[p][m * K + ch] == acc, "rank %d token %lld: combine", (int)p,
+                const float got = ((const float *)(c->out[p] + EP_GUARD))[m * K + ch];
+                ck_assert_msg(got == acc, "rank %d token %lld: combine", (int)p,
                               (long long)m);
             }
         }
-        ck_assert(ep_canaries_ok(c->out[p]));
+        ck_assert(ep_guards_ok(c->out[p], sizeof(float) * (size_t)(c->M[p] * K)));
     }
     for (int32_t p = 0; p < c->world; p++) {
         free(codes[p]);
@@ -233,10 +263,10 @@ static void free_dispatch(disp_case *c)
         free(c->x[r]);
         free(c->ids[r]);
         free(c->wts[r]);
-        ep_free(c->recv[r]);
-        ep_free(c->scales[r]);
-        ep_free(c->counts[r]);
-        ep_free(c->out[r]);
+        free(c->recv[r]);
+        free(c->scales[r]);
+        free(c->counts[r]);
+        free(c->out[r]);
     }
 }
 
@@ -287,13 +317,14 @@ START_TEST(t_dispatch_fp8_layouts)
         check_dispatch(&c, &placement);
         /* the layout's padding rows Tmax .. Ta - 1 are zero */
         for (int32_t r = 0; r < c.world && LAYS[l].layout != MOEFUSE_SCALE_ROW_MAJOR; r++) {
-            moefuse_tensor s = rscales_of(c.scales[r], &LAYS[l], c.local[r], c.tmax, c.K);
+            moefuse_tensor s = rscales_of(NULL, &LAYS[l], c.local[r], c.tmax, c.K);
+            const unsigned char *sb = c.scales[r] + EP_GUARD;
             const size_t es = moefuse_dtype_size(s.dtype);
             for (int64_t e = 0; e < s.shape[0]; e++)
                 for (int64_t w = 0; w < s.shape[1]; w++)
                     for (int64_t t = c.tmax; t < s.shape[2]; t++)
                         for (size_t b = 0; b < es; b++)
-                            ck_assert_int_eq(((unsigned char *)c.scales[r])
+                            ck_assert_int_eq(sb
                                                  [((e * s.shape[1] + w) * s.shape[2] + t) * es + b],
                                              0);
         }
@@ -322,8 +353,8 @@ START_TEST(t_dispatch_overflow)
     for (int32_t r = 0; r < 2; r++) {
         ck_assert_int_eq(c.st[r], MOEFUSE_ERR_SHAPE);
         const size_t n = 2 * (size_t)(c.local[r] * c.tmax * c.K);
-        ck_assert(untouched(c.recv[r], n) && ep_canaries_ok(c.recv[r]));
-        ck_assert(untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r]));
+        ck_assert(untouched(c.recv[r], n + 2 * EP_GUARD));
+        ck_assert(untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r] + 2 * EP_GUARD));
     }
     free_dispatch(&c);
 }
@@ -340,31 +371,36 @@ typedef struct refusal {
 static void refusal_rank(ep_world *w, int32_t r)
 {
     refusal *f = w->arg;
-    int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7}, map[8] = {0};
-    float wts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    uint16_t x[4 * 128] = {0};
-    unsigned char recv[4096];
-    int32_t counts[8];
+    moefuse_context *ctx = w->ctx[r];
+    const int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7}, map[8] = {0};
+    const float wts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     const int32_t El = moefuse_ep_local_experts(w->group[r]);
-    moefuse_tensor tx = dense(x, MOEFUSE_BF16, 2, 4, 128, 0);
-    moefuse_tensor rx = dense(recv, MOEFUSE_BF16, 3, El, 2, 128);
-    moefuse_tensor rc = dense(counts, MOEFUSE_I32, 1, El, 0, 0);
+    void *dx = ep_put(ctx, NULL, 2 * 4 * 128), *dids = ep_put(ctx, ids, sizeof ids);
+    void *dwts = ep_put(ctx, wts, sizeof wts), *dmap = ep_put(ctx, map, sizeof map);
+    void *drecv = ep_put(ctx, NULL, 2 * (size_t)(El * 2 * 128));
+    void *dcounts = ep_put(ctx, NULL, sizeof(int32_t) * (size_t)El);
+    moefuse_tensor tx = on(dx, MOEFUSE_BF16, 2, 4, 128, 0);
+    moefuse_tensor rx = on(drecv, MOEFUSE_BF16, 3, El, 2, 128);
+    moefuse_tensor rc = on(dcounts, MOEFUSE_I32, 1, El, 0, 0);
     moefuse_routing rt;
     memset(&rt, 0, sizeof rt);
-    rt.topk_ids = dense(ids, MOEFUSE_I32, 2, 4, 2, 0);
-    rt.topk_weights = dense(wts, MOEFUSE_F32, 2, 4, 2, 0);
+    rt.topk_ids = on(dids, MOEFUSE_I32, 2, 4, 2, 0);
+    rt.topk_weights = on(dwts, MOEFUSE_F32, 2, 4, 2, 0);
     moefuse_ep_dispatch_options o;
     memset(&o, 0, sizeof o);
     if (f->what == 0)
         o.mode = MOEFUSE_EP_LOW_LATENCY;
     if (f->what == 1 && r == 1)
-        rt.expert_map = dense(map, MOEFUSE_I32, 1, 8, 0, 0);
+        rt.expert_map = on(dmap, MOEFUSE_I32, 1, 8, 0, 0);
     if (f->what == 2)
         rt.n_shared = 1;
     moefuse_ep_handle *h = NULL;
-    f->st[r] = moefuse_ep_dispatch(w->ctx[r], w->group[r], &tx, NULL, &rt, &rx, NULL, &rc, &o, &h);
-    snprintf(f->msg[r], sizeof f->msg[r], "%s", moefuse_last_error(w->ctx[r]));
+    f->st[r] = moefuse_ep_dispatch(ctx, w->group[r], &tx, NULL, &rt, &rx, NULL, &rc, &o, &h);
+    snprintf(f->msg[r], sizeof f->msg[r], "%s", moefuse_last_error(ctx));
     moefuse_ep_handle_destroy(h);
+    void *all[] = {dx, dids, dwts, dmap, drecv, dcounts};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        moefuse_buffer_free(ctx, all[i]);
 }
 
 START_TEST(t_refusals)
@@ -389,7 +425,7 @@ START_TEST(t_refusals)
 
     /* groups: configs refused with a message; NCCL not built yet */
     moefuse_context *ctx;
-    ck_assert_int_eq(moefuse_context_create(&ctx, "cpu"), MOEFUSE_OK);
+    ck_assert_int_eq(moefuse_context_create(&ctx, h_backend()), MOEFUSE_OK);
     mf_ep_inproc_world *w = mf_ep_inproc_world_create(2);
     moefuse_ep_group *g = (moefuse_ep_group *)&g;
     const int32_t bad_owner[4] = {0, 1, 2, 0};
@@ -408,11 +444,18 @@ START_TEST(t_refusals)
         ck_assert_ptr_null(g);
     }
     moefuse_ep_unique_id id;
-    ck_assert_int_eq(moefuse_ep_unique_id_create(ctx, &id), MOEFUSE_ERR_UNSUPPORTED);
+    memset(&id, 0, sizeof id);
     const moefuse_ep_config ok = {0, 2, 8, NULL, {0}};
-    ck_assert_int_eq(moefuse_ep_group_create(ctx, &id, &ok, &g), MOEFUSE_ERR_UNSUPPORTED);
+    ck_assert_int_eq(moefuse_ep_group_create(ctx, NULL, &ok, &g), MOEFUSE_ERR_NULL_POINTER);
     ck_assert_ptr_null(g);
-    ck_assert_msg(strstr(moefuse_last_error(ctx), "NCCL"), "%s", moefuse_last_error(ctx));
+    ck_assert_int_eq(moefuse_ep_group_adopt(ctx, NULL, &ok, &g), MOEFUSE_ERR_NULL_POINTER);
+    ck_assert_int_eq(moefuse_ep_unique_id_create(ctx, NULL), MOEFUSE_ERR_NULL_POINTER);
+    if (strcmp(h_backend(), "cpu") == 0) { /* NCCL groups are the cuda backend's */
+        ck_assert_int_eq(moefuse_ep_unique_id_create(ctx, &id), MOEFUSE_ERR_UNSUPPORTED);
+        ck_assert_int_eq(moefuse_ep_group_create(ctx, &id, &ok, &g), MOEFUSE_ERR_UNSUPPORTED);
+        ck_assert_ptr_null(g);
+        ck_assert_msg(strstr(moefuse_last_error(ctx), "NCCL"), "%s", moefuse_last_error(ctx));
+    }
     ck_assert_int_eq(moefuse_ep_local_experts(NULL), 0);
     moefuse_ep_group_destroy(NULL);
     moefuse_ep_handle_destroy(NULL);

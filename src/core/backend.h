@@ -11,6 +11,7 @@
 #define MOEFUSE_CORE_BACKEND_H
 
 #include "moefuse.h"
+#include "ep/transport.h"
 
 #include <stdbool.h>
 
@@ -135,6 +136,40 @@ typedef struct mf_meta_args {
     int64_t length; /* L, order's length (0 when order is absent) */
     moefuse_tensor counts, offsets, order, position, masked_row;
 } mf_meta_args;
+
+/*
+ * Expert parallelism's rows (src/ep). A list of n rows of a rank-3 tensor [E, T, K] (x lifted
+ * to [1, M, K], recv_x, y), row i at index[i] = e * T + t, and a packed buffer of n rows of
+ * row_bytes in backend memory. A packed row is the row's K elements as they are; or, f8 rows
+ * with scales, its K codes then its K / 128 group scales as f32 values (UE8M0 exponents
+ * decoded); or, to_f32, its K elements as f32.
+ */
+typedef struct mf_ep_rows_args {
+    moefuse_tensor rows;         /* [E, T, K] */
+    moefuse_tensor scales;       /* f8 rows: rank 3 in `layout` (f32, u8 or packed i32) */
+    moefuse_scale_layout layout;
+    int64_t groups;              /* K / 128 with scales, else 0 */
+    const int64_t *index;        /* [n], host memory */
+    int64_t n;
+    bool to_f32;                 /* gather only */
+    void *buffer;                /* backend memory, n * row_bytes */
+    size_t row_bytes;
+    /* scatter with scales in the column-major or packed layout: [E] rows each expert gets, so
+       that the padding rows T .. Ta - 1 and the written rows' whole packed words are zeroed
+       first (host memory) */
+    const int64_t *counts;
+} mf_ep_rows_args;
+
+/* The top-k sum of the rows sent back: out[m] = sum over j with slot_row[m k + j] >= 0, in
+   order, of weight * back[slot_row], each product rounded to f32 and added in f32 from 0,
+   rounded once to out's dtype (docs/NUMERICS.md, MoE's reduced final). */
+typedef struct mf_ep_reduce_args {
+    const void *back;        /* backend memory: [n, K] f32 */
+    const int64_t *slot_row; /* [M k], host memory */
+    const float *weight;     /* [M k], host memory */
+    int64_t tokens, topk, model_dim;
+    moefuse_tensor out;      /* [M, K] f32/f16/bf16 */
+} mf_ep_reduce_args;
 
 /* -------------------------------------------------------------- workspace */
 
@@ -272,6 +307,27 @@ struct moefuse_backend_i {
                                               const mf_moe_args *a, size_t *bytes);
     moefuse_status (*moe_forward_fp8_workspace)(moefuse_context *ctx, void *state,
                                                 const mf_moe_args *a, size_t *bytes);
+
+    /*
+     * [optional] expert parallelism's work on rows (src/ep): pack listed rows into a buffer,
+     * unpack a buffer into listed rows, the top-k sum of returned rows, and a copy between
+     * two regions of backend memory that completes before it returns (the in-process
+     * transport's). All four or none. Default: expert parallelism unsupported on the backend.
+     */
+    moefuse_status (*ep_gather)(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+    moefuse_status (*ep_scatter)(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+    moefuse_status (*ep_reduce)(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);
+    moefuse_status (*ep_copy)(moefuse_context *ctx, void *state, void *dst, const void *src,
+                              size_t bytes);
+    /*
+     * [optional] groups over NCCL, one rank per process and device: a new unique id (128
+     * bytes), and this rank's transport among `world` from one (or over the caller's comm, an
+     * ncclComm_t, when comm is non-NULL; it is not destroyed with the transport). Default:
+     * groups over NCCL unsupported on the backend.
+     */
+    moefuse_status (*ep_unique_id)(moefuse_context *ctx, void *state, void *id);
+    moefuse_status (*ep_transport)(moefuse_context *ctx, void *state, const void *id, void *comm,
+                                   int32_t rank, int32_t world, mf_ep_transport *out);
 };
 
 /* Backends compiled in; each file defines one (NULL-terminated table in registry.c). */

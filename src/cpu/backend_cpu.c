@@ -161,4 +161,8 @@ const moefuse_backend_i mf_backend_cpu = {
     .moe_final_fp8 = mf_cpu_moe_final_fp8,
     .moe_gate_fp8_workspace = mf_cpu_moe_gate_fp8_workspace,
     .moe_final_fp8_workspace = mf_cpu_moe_final_fp8_workspace,
+    .ep_gather = mf_cpu_ep_gather,
+    .ep_scatter = mf_cpu_ep_scatter,
+    .ep_reduce = mf_cpu_ep_reduce,
+    .ep_copy = mf_cpu_ep_copy,
 };

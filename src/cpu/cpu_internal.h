@@ -52,6 +52,12 @@ moefuse_status mf_cpu_quant(moefuse_context *ctx, void *state, const mf_rows_arg
 moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a);
 moefuse_status mf_cpu_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cpu_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
+/* expert parallelism's rows (ep_rows.c) */
+moefuse_status mf_cpu_ep_gather(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+moefuse_status mf_cpu_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+moefuse_status mf_cpu_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);
+moefuse_status mf_cpu_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
+                              size_t bytes);
 moefuse_status mf_cpu_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,
                                      size_t *bytes);
 moefuse_status mf_cpu_moe_gate(moefuse_context *ctx, void *state, const mf_moe_args *a);

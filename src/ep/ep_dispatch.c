@@ -9,7 +9,6 @@
 #include "core/ops_internal.h"
 #include "ep/ep_internal.h"
 #include "ep/ep_payload.h"
-#include "ep/ep_scales.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +32,7 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
     moefuse_ep_dispatch_options opt = {0};
     if (in)
         opt = *in;
-    MF_TRY(mf_ep_backend_check(ctx, op));
+    MF_TRY(mf_ep_backend_check(ctx, op, g));
     MF_TRY(MF_CHECK_RESERVED(ctx, op, "dispatch options", opt.reserved));
     if (opt.mode == MOEFUSE_EP_LOW_LATENCY)
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
@@ -85,26 +84,6 @@ static void count_rows(const mf_ep_route *r, int64_t E, int64_t tmax, int64_t *c
             *over = e;
 }
 
-/* Zero what the layout pads: rows Tmax .. Ta - 1 of the column-major and packed layouts, and
-   the words of the packed rows about to be written (their unused bytes stay 0). */
-static void zero_scale_padding(const dispatch_call *d, const int64_t *cnt)
-{
-    const moefuse_tensor *s = &d->rs;
-    const moefuse_scale_layout L = d->pay.act.scale_layout;
-    if (L == MOEFUSE_SCALE_ROW_MAJOR)
-        return;
-    const int64_t words_or_groups = s->shape[1], ta = s->shape[2];
-    const size_t es = moefuse_dtype_size(s->dtype);
-    for (int64_t e = 0; e < d->local_experts; e++)
-        for (int64_t w = 0; w < words_or_groups; w++) {
-            const int64_t t0 = L == MOEFUSE_SCALE_PACKED_UE8M0 ? 0 : d->tmax;
-            if (L == MOEFUSE_SCALE_PACKED_UE8M0)
-                memset(mf_at3(s, e, w, 0), 0, es * (size_t)cnt[e]);
-            if (ta > t0)
-                memset(mf_at3(s, e, w, d->tmax), 0, es * (size_t)(ta - d->tmax));
-        }
-}
-
 /* Agrees on one status: this rank's, or the first failing rank's (a full expert named). */
 static moefuse_status agree_dispatch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                      moefuse_status st, int64_t over, int64_t rows, int64_t tmax)
@@ -149,12 +128,17 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     moefuse_ep_handle *h = st == MOEFUSE_OK ? calloc(1, sizeof *h) : NULL;
     if (st == MOEFUSE_OK && !h)
         st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the handle", op);
+    void *ids_host = NULL, *wts_host = NULL;
+    moefuse_tensor ids, wts;
+    if (st == MOEFUSE_OK)
+        st = mf_ep_to_host(ctx, op, &routing->topk_ids, &ids_host, &ids);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_to_host(ctx, op, &routing->topk_weights, &wts_host, &wts);
     st = mf_ep_vote_on(ctx, op, g, st);
-    if (st != MOEFUSE_OK) {
-        free(h);
-        return st;
-    }
-    st = mf_ep_route_make(ctx, op, g, &routing->topk_ids, &routing->topk_weights, &h->route);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_route_make(ctx, op, g, &ids, &wts, &h->route);
+    free(ids_host);
+    free(wts_host);
     if (st != MOEFUSE_OK) {
         free(h);
         return st;
@@ -162,9 +146,10 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     const int64_t E = d.local_experts, n = h->route.n_recv;
     int64_t *cnt = malloc(sizeof *cnt * (size_t)(E > 0 ? E : 1)), over = -1;
     int64_t *fill = calloc((size_t)(E > 0 ? E : 1), sizeof *fill);
-    char *rows = NULL, *recv = malloc(d.pay.row_bytes * (size_t)(n > 0 ? n : 1));
+    int32_t *cnt32 = malloc(sizeof *cnt32 * (size_t)(E > 0 ? E : 1));
+    void *rows = NULL, *recv = NULL;
     h->recv_row = malloc(sizeof *h->recv_row * (size_t)(n > 0 ? n : 1));
-    if (!cnt || !fill || !recv || !h->recv_row)
+    if (!cnt || !fill || !cnt32 || !h->recv_row)
         st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld received rows",
                       op, (long long)n);
     if (st == MOEFUSE_OK) {
@@ -177,26 +162,32 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
                           (long long)d.tmax);
     }
     if (st == MOEFUSE_OK)
+        st = mf_ep_alloc(ctx, op, d.pay.row_bytes * (size_t)n, &recv);
+    if (st == MOEFUSE_OK)
         st = mf_ep_payload_pack(ctx, op, &d.pay, x, &h->route, &rows);
     st = agree_dispatch(ctx, op, g, st, over, over >= 0 ? cnt[over] : 0, d.tmax);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &h->route, 0, rows, d.pay.row_bytes, recv);
     if (st == MOEFUSE_OK) {
         /* by source rank, then as sent: each expert's rows in that order */
-        if (d.pay.fp8)
-            zero_scale_padding(&d, cnt);
         for (int64_t i = 0; i < n; i++) {
-            const int64_t e = h->route.recv_expert[i], t = fill[e]++;
-            h->recv_row[i] = e * d.tmax + t;
-            mf_ep_payload_unpack(&d.pay, recv + (size_t)i * d.pay.row_bytes,
-                                 mf_at3(recv_x, e, t, 0), &d.rs, d.pay.act.scale_layout, e, t);
+            const int64_t e = h->route.recv_expert[i];
+            h->recv_row[i] = e * d.tmax + fill[e]++;
         }
-        for (int64_t e = 0; e < E; e++)
-            *(int32_t *)mf_at1(recv_counts, e) = (int32_t)cnt[e];
+        st = mf_ep_payload_unpack(ctx, &d.pay, recv, n, h->recv_row, recv_x, &d.rs,
+                                  d.pay.act.scale_layout, cnt);
     }
-    free(rows);
-    free(recv);
+    if (st == MOEFUSE_OK && E > 0) {
+        for (int64_t e = 0; e < E; e++)
+            cnt32[e] = (int32_t)cnt[e];
+        st = ctx->backend->buffer_write(ctx, ctx->state, recv_counts->data,
+                                        (size_t)recv_counts->offset, cnt32,
+                                        sizeof *cnt32 * (size_t)E);
+    }
+    mf_ep_free(ctx, rows);
+    mf_ep_free(ctx, recv);
     free(cnt);
+    free(cnt32);
     free(fill);
     if (st != MOEFUSE_OK) {
         moefuse_ep_handle_destroy(h);
@@ -230,7 +221,7 @@ static moefuse_status check_combine(moefuse_context *ctx, const char *op, moefus
                                     const moefuse_ep_handle *h, const moefuse_tensor *y,
                                     const moefuse_tensor *out)
 {
-    MF_TRY(mf_ep_backend_check(ctx, op));
+    MF_TRY(mf_ep_backend_check(ctx, op, g));
     if (h->group != g)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: the handle comes from a dispatch on another group", op);
@@ -256,25 +247,28 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
     const int64_t K = h->model_dim;
     const mf_ep_route *r = &h->route;
     const size_t row = sizeof(float) * (size_t)K;
-    float *send = malloc(row * (size_t)(r->n_recv > 0 ? r->n_recv : 1));
-    float *back = malloc(row * (size_t)(r->n_sent > 0 ? r->n_sent : 1));
-    float *acc = malloc(row > 0 ? row : 1);
-    moefuse_status st = send && back && acc
-                            ? MOEFUSE_OK
-                            : mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
-    st = mf_ep_vote_on(ctx, op, g, st);
-    if (st == MOEFUSE_OK) {
-        for (int64_t i = 0; i < r->n_recv; i++) {
-            const int64_t e = h->recv_row[i] / h->tmax, t = h->recv_row[i] % h->tmax;
-            mf_load_row(send + i * K, mf_at3(y, e, t, 0), y->dtype, K);
-        }
-        st = mf_ep_exchange_rows(ctx, op, g, r, 1, send, row, back);
-    }
+    void *send = NULL, *back = NULL;
+    moefuse_status st = mf_ep_alloc(ctx, op, row * (size_t)r->n_recv, &send);
     if (st == MOEFUSE_OK)
-        mf_ep_reduce(r, back, K, acc, out);
-    free(send);
-    free(back);
-    free(acc);
+        st = mf_ep_alloc(ctx, op, row * (size_t)r->n_sent, &back);
+    if (st == MOEFUSE_OK && r->n_recv > 0) { /* the received rows' outputs, as f32 */
+        mf_ep_rows_args a;
+        memset(&a, 0, sizeof a);
+        a.rows = *y;
+        a.index = h->recv_row;
+        a.n = r->n_recv;
+        a.to_f32 = true;
+        a.buffer = send;
+        a.row_bytes = row;
+        st = ctx->backend->ep_gather(ctx, ctx->state, &a);
+    }
+    st = mf_ep_vote_on(ctx, op, g, st);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_exchange_rows(ctx, op, g, r, 1, send, row, back);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_reduce(ctx, r, back, K, out);
+    mf_ep_free(ctx, send);
+    mf_ep_free(ctx, back);
     return st;
 }
 

@@ -71,6 +71,7 @@ moefuse_status mf_ep_group_make(moefuse_context *ctx, const char *op,
         g->owner[e] = config->expert_owner ? config->expert_owner[e] : e / (E / W);
         g->local[e] = fill[g->owner[e]]++;
     }
+    g->ctx = ctx;
     g->rank = config->rank;
     g->world = W;
     g->experts = E;
@@ -82,14 +83,15 @@ moefuse_status mf_ep_group_make(moefuse_context *ctx, const char *op,
 }
 
 moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                                const void *send, const size_t *send_bytes,
+                                bool rows, const void *send, const size_t *send_bytes,
                                 const size_t *send_off, void *recv, const size_t *recv_bytes,
                                 const size_t *recv_off)
 {
     char why[256] = "";
-    const moefuse_status st = g->transport.i->all_to_all(g->transport.t, send, send_bytes,
-                                                         send_off, recv, recv_bytes, recv_off,
-                                                         why, sizeof why);
+    const mf_ep_transport_i *i = g->transport.i;
+    const moefuse_status st =
+        (rows ? i->all_to_all : i->all_to_all_host)(g->transport.t, send, send_bytes, send_off,
+                                                     recv, recv_bytes, recv_off, why, sizeof why);
     if (st != MOEFUSE_OK)
         return mf_error(ctx, st, "%s: the exchange between ranks failed: %s", op, why);
     return MOEFUSE_OK;
@@ -113,7 +115,8 @@ moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_grou
         sizes[p] = sizeof *mine;
         send_off[p] = recv_off[p] = (size_t)p * sizeof *mine;
     }
-    moefuse_status st = mf_ep_all_to_all(ctx, op, g, send, sizes, send_off, all, sizes, recv_off);
+    moefuse_status st =
+        mf_ep_all_to_all(ctx, op, g, false, send, sizes, send_off, all, sizes, recv_off);
     *first_rank = -1;
     for (int32_t p = 0; st == MOEFUSE_OK && p < W && *first_rank < 0; p++)
         if (all[p].status != MOEFUSE_OK) {
@@ -127,16 +130,45 @@ moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_grou
 
 /* ------------------------------------------------------------------ public */
 
+static moefuse_status no_nccl(moefuse_context *ctx, const char *op)
+{
+    return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                    "%s: the %s backend has no groups over NCCL (they need the cuda backend)", op,
+                    ctx->backend->name);
+}
+
 moefuse_status moefuse_ep_unique_id_create(moefuse_context *ctx, moefuse_ep_unique_id *id)
 {
     static const char op[] = "ep_unique_id_create";
     MF_TRY(mf_enter(ctx, op));
     if (!id)
         return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: id is NULL", op));
-    return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                                  "%s: expert parallelism over NCCL is not built yet (only the "
-                                  "CPU backend's in-process groups, for tests, exist)",
-                                  op));
+    if (!ctx->backend->ep_unique_id)
+        return mf_leave(ctx, no_nccl(ctx, op));
+    return mf_leave(ctx, ctx->backend->ep_unique_id(ctx, ctx->state, id->bytes));
+}
+
+/* A group over NCCL from a unique id, or over the caller's comm. */
+static moefuse_status nccl_group(moefuse_context *ctx, const char *op,
+                                 const moefuse_ep_unique_id *id, void *comm,
+                                 const moefuse_ep_config *config, moefuse_ep_group **out)
+{
+    if (!out)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: out is NULL", op);
+    *out = NULL;
+    if (!id && !comm)
+        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
+                        comm ? "id" : "the NCCL communicator");
+    MF_TRY(check_config(ctx, op, config));
+    if (!ctx->backend->ep_transport)
+        return no_nccl(ctx, op);
+    mf_ep_transport tr = {NULL, NULL};
+    MF_TRY(ctx->backend->ep_transport(ctx, ctx->state, id ? id->bytes : NULL, comm, config->rank,
+                                      config->world, &tr));
+    const moefuse_status st = mf_ep_group_make(ctx, op, config, tr, out);
+    if (st != MOEFUSE_OK)
+        tr.i->destroy(tr.t);
+    return st;
 }
 
 moefuse_status moefuse_ep_group_create(moefuse_context *ctx, const moefuse_ep_unique_id *id,
@@ -144,18 +176,23 @@ moefuse_status moefuse_ep_group_create(moefuse_context *ctx, const moefuse_ep_un
 {
     static const char op[] = "ep_group_create";
     MF_TRY(mf_enter(ctx, op));
-    if (out)
+    if (!id && out)
         *out = NULL;
-    if (!id || !out)
-        return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
-                                      !id ? "id" : "out"));
-    moefuse_status st = check_config(ctx, op, config);
-    if (st != MOEFUSE_OK)
-        return mf_leave(ctx, st);
-    return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                                  "%s: expert parallelism over NCCL is not built yet (only the "
-                                  "CPU backend's in-process groups, for tests, exist)",
-                                  op));
+    if (!id)
+        return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: id is NULL", op));
+    return mf_leave(ctx, nccl_group(ctx, op, id, NULL, config, out));
+}
+
+moefuse_status moefuse_ep_group_adopt(moefuse_context *ctx, void *nccl_comm,
+                                      const moefuse_ep_config *config, moefuse_ep_group **out)
+{
+    static const char op[] = "ep_group_adopt";
+    MF_TRY(mf_enter(ctx, op));
+    if (!nccl_comm && out)
+        *out = NULL;
+    if (!nccl_comm)
+        return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: nccl_comm is NULL", op));
+    return mf_leave(ctx, nccl_group(ctx, op, NULL, nccl_comm, config, out));
 }
 
 int32_t moefuse_ep_local_experts(const moefuse_ep_group *group)

@@ -8,7 +8,10 @@
 #include "moefuse_ep.h"
 #include "ep/transport.h"
 
+#include <stdbool.h>
+
 struct moefuse_ep_group {
+    const moefuse_context *ctx; /* the context it was made on, the only one it takes */
     int32_t rank, world;
     int32_t experts;       /* E, global */
     int32_t local_experts; /* E_local of this rank */
@@ -22,7 +25,7 @@ struct moefuse_ep_group {
 /*
  * Which rows go where: this rank's valid slots, sorted by the rank holding their expert (then
  * by slot), and the local experts of the rows it receives, sorted by source rank (then as
- * the source sent them). Host memory.
+ * the source sent them). Host memory: the rows themselves move in the backend's.
  */
 typedef struct mf_ep_route {
     int32_t world;
@@ -63,9 +66,10 @@ moefuse_status mf_ep_group_make(moefuse_context *ctx, const char *op,
                                 const moefuse_ep_config *config, mf_ep_transport transport,
                                 moefuse_ep_group **out);
 
-/* One collective of the group; a failure is reported on ctx with the op's name. */
+/* One collective of the group, of rows in backend memory or of host memory; a failure is
+   reported on ctx with the op's name. */
 moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                                const void *send, const size_t *send_bytes,
+                                bool rows, const void *send, const size_t *send_bytes,
                                 const size_t *send_off, void *recv, const size_t *recv_bytes,
                                 const size_t *recv_off);
 
@@ -77,8 +81,8 @@ typedef struct mf_ep_vote {
 moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                            const mf_ep_vote *mine, mf_ep_vote *first, int32_t *first_rank);
 
-/* Routes topk_ids ([M, k] i32, host) over g; weights ([M, k] f32) may be absent. Collective:
-   exchanges the counts and the local experts. */
+/* Routes topk_ids ([M, k] i32, a host view: mf_ep_to_host) over g; weights ([M, k] f32, host)
+   may be absent. Collective: exchanges the counts and the local experts. */
 moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                 const moefuse_tensor *ids, const moefuse_tensor *weights,
                                 mf_ep_route *r);
@@ -92,16 +96,22 @@ moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse
                                    const mf_ep_route *r, int back, const void *send,
                                    size_t row_bytes, void *recv);
 
-/*
- * out[m] = sum over valid j in order of weight[m k + j] * y of slot (m, j), f32 from 0, rounded
- * once to out's dtype: the reduced final's sum (docs/NUMERICS.md, MoE). back: the n_sent rows of
- * K f32 in send order (mf_ep_exchange_rows back); acc: K floats of scratch.
- */
-void mf_ep_reduce(const mf_ep_route *r, const float *back, int64_t K, float *acc,
-                  const moefuse_tensor *out);
+/* The top-k sum into out of the n_sent rows of K f32 that came back (backend memory, in send
+   order): the backend's ep_reduce. */
+moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
+                            int64_t K, const moefuse_tensor *out);
 
-/* The CPU backend only, for now: the others say so. */
-moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op);
+/* Backend memory of at least one byte, and its release (NULL allowed). */
+moefuse_status mf_ep_alloc(moefuse_context *ctx, const char *op, size_t bytes, void **p);
+void mf_ep_free(moefuse_context *ctx, void *p);
+/* A host copy of a tensor's bytes (*host, malloc'd) and a view of it with the same strides. */
+moefuse_status mf_ep_to_host(moefuse_context *ctx, const char *op, const moefuse_tensor *t,
+                             void **host, moefuse_tensor *view);
+
+/* The backend has the rows' members of the vtable (ep_gather ...), and the group was made on
+   this context; else a refusal with its message. */
+moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op,
+                                   const moefuse_ep_group *g);
 
 /* One rank's refusal as a vote, agreed with the others; returns the status every rank ends
    with (the message of another rank's refusal names it). */

@@ -13,32 +13,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The buffers of this rank's part of a layer. */
+/* The backend memory of this rank's part of a layer. */
 typedef struct layer_bufs {
-    char *sent, *recv;  /* the rows out, the rows in */
-    int32_t *ids;       /* [R]: each received row's local expert */
-    void *h;            /* [R, 1, I]: the gate's h (x's dtype, or codes) */
-    float *xs, *hs;     /* FP8: [R, K / 128] and [R, I / 128] row-major scales */
-    float *y;           /* [R, 1, K]: the experts' outputs, un-reduced */
-    float *back, *acc;  /* [n_sent, K]: the outputs of this rank's slots; [K] */
+    void *sent, *recv; /* the rows out, the rows in */
+    void *ids;         /* [R] i32: each received row's local expert */
+    void *xq, *xs;     /* FP8: the received codes [R, K] and scales [R, K / 128] f32 */
+    void *h, *hs;      /* [R, 1, I]: the gate's h (x's dtype, or codes), FP8 its scales */
+    void *y;           /* [R, 1, K] f32: the experts' outputs, un-reduced */
+    void *back;        /* [n_sent, K] f32: the outputs of this rank's slots */
 } layer_bufs;
 
-static void bufs_free(layer_bufs *b)
+static void bufs_free(moefuse_context *ctx, layer_bufs *b)
 {
-    free(b->sent);
-    free(b->recv);
-    free(b->ids);
-    free(b->h);
-    free(b->xs);
-    free(b->hs);
-    free(b->y);
-    free(b->back);
-    free(b->acc);
-}
-
-static size_t at_least_1(int64_t n)
-{
-    return (size_t)(n > 0 ? n : 1);
+    void *all[] = {b->sent, b->recv, b->ids, b->xq, b->xs, b->h, b->hs, b->y, b->back};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        mf_ep_free(ctx, all[i]);
 }
 
 /* This rank's weights hold its E_local experts at x's K (the rest the gate and final check). */
@@ -86,20 +75,20 @@ static moefuse_status run_experts(moefuse_context *ctx, const char *op, const mf
                                   int64_t I, layer_bufs *b)
 {
     const int64_t K = pay->model_dim;
-    const int64_t xs_shape[2] = {R, K}, ids_shape[2] = {R, 1}, h_shape[3] = {R, 1, I},
+    const int64_t x_shape[2] = {R, K}, ids_shape[2] = {R, 1}, h_shape[3] = {R, 1, I},
                   y_shape[3] = {R, 1, K};
     moefuse_routing rt;
     memset(&rt, 0, sizeof rt);
     rt.topk_ids = moefuse_tensor_dense(b->ids, MOEFUSE_I32, 2, ids_shape);
     const moefuse_tensor y = moefuse_tensor_dense(b->y, MOEFUSE_F32, 3, y_shape);
     if (!pay->fp8) {
-        const moefuse_tensor xr = moefuse_tensor_dense(b->recv, x_dtype, 2, xs_shape);
+        const moefuse_tensor xr = moefuse_tensor_dense(b->recv, x_dtype, 2, x_shape);
         const moefuse_tensor h = moefuse_tensor_dense(b->h, x_dtype, 3, h_shape);
         MF_TRY(mf_moe_gate_call(ctx, op, &xr, ex->w1, ex->b1, &rt, &h, ex->opt, NULL));
         return mf_moe_final_call(ctx, op, &h, ex->w2, ex->b2, &rt, &y, ex->opt, NULL);
     }
     const int64_t xsc[2] = {R, K / 128}, hsc[2] = {R, I / 128};
-    const moefuse_tensor xr = moefuse_tensor_dense(b->recv, MOEFUSE_F8_E4M3, 2, xs_shape);
+    const moefuse_tensor xr = moefuse_tensor_dense(b->xq, MOEFUSE_F8_E4M3, 2, x_shape);
     const moefuse_tensor xs = moefuse_tensor_dense(b->xs, MOEFUSE_F32, 2, xsc);
     const moefuse_tensor h = moefuse_tensor_dense(b->h, MOEFUSE_F8_E4M3, 3, h_shape);
     const moefuse_tensor hs = moefuse_tensor_dense(b->hs, MOEFUSE_F32, 2, hsc);
@@ -115,18 +104,31 @@ static moefuse_status run_experts(moefuse_context *ctx, const char *op, const mf
                                  NULL);
 }
 
-/* FP8: the received rows made compact in place, row i's codes at recv + i K (never past where
-   row i began) and its scales in b->xs; before the codes move, the scales are read. */
-static void compact_rows(const mf_ep_payload *pay, int64_t R, layer_bufs *b)
+/* The received rows as the experts read them: x's rows as they came, or FP8 rows split into
+   compact codes [R, K] and row-major f32 scales [R, K / 128] (the backend's ep_scatter), and
+   each row's local expert as its routing id. */
+static moefuse_status received_rows(moefuse_context *ctx, const char *op,
+                                    const mf_ep_payload *pay, const mf_ep_route *r, layer_bufs *b)
 {
+    const int64_t R = r->n_recv, K = pay->model_dim;
+    if (R == 0)
+        return MOEFUSE_OK;
+    MF_TRY(ctx->backend->buffer_write(ctx, ctx->state, b->ids, 0, r->recv_expert,
+                                      sizeof(int32_t) * (size_t)R));
     if (!pay->fp8)
-        return; /* x's rows as they arrived */
-    const int64_t K = pay->model_dim, G = pay->groups;
-    for (int64_t i = 0; i < R; i++) {
-        const char *row = b->recv + (size_t)i * pay->row_bytes;
-        memcpy(b->xs + i * G, row + K, sizeof(float) * (size_t)G);
-        memmove(b->recv + i * K, row, (size_t)K);
-    }
+        return MOEFUSE_OK;
+    int64_t *index = malloc(sizeof *index * (size_t)R);
+    if (!index)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    for (int64_t i = 0; i < R; i++)
+        index[i] = i; /* row i of [1, R, K] */
+    const int64_t qshape[3] = {1, R, K}, sshape[3] = {1, R, pay->groups};
+    const moefuse_tensor q = moefuse_tensor_dense(b->xq, MOEFUSE_F8_E4M3, 3, qshape);
+    const moefuse_tensor s = moefuse_tensor_dense(b->xs, MOEFUSE_F32, 3, sshape);
+    const moefuse_status st =
+        mf_ep_payload_unpack(ctx, pay, b->recv, R, index, &q, &s, MOEFUSE_SCALE_ROW_MAJOR, NULL);
+    free(index);
+    return st;
 }
 
 static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
@@ -138,7 +140,7 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: group is NULL", op);
     mf_ep_payload pay;
     int64_t I = 0;
-    moefuse_status st = mf_ep_backend_check(ctx, op);
+    moefuse_status st = mf_ep_backend_check(ctx, op, g);
     if (st == MOEFUSE_OK && !fp8 && x && x->dtype == MOEFUSE_F8_E4M3)
         st = mf_error(ctx, MOEFUSE_ERR_DTYPE,
                       "%s: x is f8_e4m3; moefuse_ep_moe_forward_fp8 takes FP8 layers", op);
@@ -149,46 +151,52 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         st = check_weights(ctx, op, g, ex->w1, ex->w2, pay.model_dim, &I);
     if (st == MOEFUSE_OK)
         st = check_out(ctx, op, out, x, routing);
-    MF_TRY(mf_ep_vote_on(ctx, op, g, st));
-
+    void *ids_host = NULL, *wts_host = NULL;
+    moefuse_tensor ids, wts;
+    if (st == MOEFUSE_OK)
+        st = mf_ep_to_host(ctx, op, &routing->topk_ids, &ids_host, &ids);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_to_host(ctx, op, &routing->topk_weights, &wts_host, &wts);
+    st = mf_ep_vote_on(ctx, op, g, st);
     mf_ep_route r;
-    MF_TRY(mf_ep_route_make(ctx, op, g, &routing->topk_ids, &routing->topk_weights, &r));
+    memset(&r, 0, sizeof r);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_route_make(ctx, op, g, &ids, &wts, &r);
+    free(ids_host);
+    free(wts_host);
+    if (st != MOEFUSE_OK)
+        return st;
     const int64_t R = r.n_recv, K = pay.model_dim;
     const size_t hsize = fp8 ? 1 : moefuse_dtype_size(x->dtype);
     layer_bufs b;
     memset(&b, 0, sizeof b);
-    b.recv = malloc(pay.row_bytes * at_least_1(R));
-    b.ids = malloc(sizeof *b.ids * at_least_1(R));
-    b.h = malloc(hsize * at_least_1(R * I));
-    b.y = malloc(sizeof *b.y * at_least_1(R * K));
-    b.back = malloc(sizeof *b.back * at_least_1(r.n_sent * K));
-    b.acc = malloc(sizeof *b.acc * at_least_1(K));
-    if (fp8) {
-        b.xs = malloc(sizeof *b.xs * at_least_1(R * (K / 128)));
-        b.hs = malloc(sizeof *b.hs * at_least_1(R * (I / 128)));
-    }
-    st = b.recv && b.ids && b.h && b.y && b.back && b.acc && (!fp8 || (b.xs && b.hs))
-             ? MOEFUSE_OK
-             : mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
-                        "%s: cannot allocate the buffers of %lld received rows", op,
-                        (long long)R);
+    const size_t need[][2] = {
+        {pay.row_bytes, (size_t)R},           {sizeof(int32_t), (size_t)R},
+        {hsize, (size_t)(R * I)},             {sizeof(float), (size_t)(R * K)},
+        {sizeof(float), (size_t)(r.n_sent * K)},
+        {fp8 ? 1u : 0u, (size_t)(R * K)},     {fp8 ? sizeof(float) : 0u, (size_t)(R * (K / 128))},
+        {fp8 ? sizeof(float) : 0u, (size_t)(R * (I / 128))},
+    };
+    void **where[] = {&b.recv, &b.ids, &b.h, &b.y, &b.back, &b.xq, &b.xs, &b.hs};
+    for (size_t i = 0; i < sizeof where / sizeof where[0] && st == MOEFUSE_OK; i++)
+        if (need[i][0] > 0)
+            st = mf_ep_alloc(ctx, op, need[i][0] * need[i][1], where[i]);
     if (st == MOEFUSE_OK)
         st = mf_ep_payload_pack(ctx, op, &pay, x, &r, &b.sent);
     st = mf_ep_vote_on(ctx, op, g, st);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 0, b.sent, pay.row_bytes, b.recv);
     if (st == MOEFUSE_OK) {
-        memcpy(b.ids, r.recv_expert, sizeof *b.ids * (size_t)R);
-        compact_rows(&pay, R, &b);
-        if (R > 0)
+        st = received_rows(ctx, op, &pay, &r, &b);
+        if (st == MOEFUSE_OK && R > 0)
             st = run_experts(ctx, op, &pay, ex, x->dtype, R, I, &b);
         st = mf_ep_vote_on(ctx, op, g, st); /* an expert step that failed stops every rank */
     }
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 1, b.y, sizeof(float) * (size_t)K, b.back);
     if (st == MOEFUSE_OK)
-        mf_ep_reduce(&r, b.back, K, b.acc, out);
-    bufs_free(&b);
+        st = mf_ep_reduce(ctx, &r, b.back, K, out);
+    bufs_free(ctx, &b);
     mf_ep_route_free(&r);
     return st;
 }

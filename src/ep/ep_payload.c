@@ -4,7 +4,6 @@
 #include "core/core.h"
 #include "core/ops_internal.h"
 #include "core/options.h"
-#include "ep/ep_scales.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -78,75 +77,75 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
 }
 
 moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
-                                  const moefuse_tensor *x, const mf_ep_route *r, char **rows)
+                                  const moefuse_tensor *x, const mf_ep_route *r, void **rows)
 {
     const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups, k = r->topk;
-    char *buf = malloc(pay->row_bytes * (size_t)(r->n_sent > 0 ? r->n_sent : 1));
-    if (!buf)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld rows to send",
-                        op, (long long)r->n_sent);
-    /* quantize: every row once, as moefuse_quant does (the one-device layer's step 1) */
-    unsigned char *codes = NULL;
-    float *scales = NULL;
-    moefuse_tensor q, qs, qs3;
-    if (pay->quantize) {
-        codes = malloc((size_t)(M * K > 0 ? M * K : 1));
-        scales = malloc(sizeof *scales * (size_t)(M * G > 0 ? M * G : 1));
-        if (!codes || !scales) {
-            free(buf);
-            free(codes);
-            free(scales);
-            return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate x's codes", op);
-        }
+    *rows = NULL;
+    int64_t *index = malloc(sizeof *index * (size_t)(r->n_sent > 0 ? r->n_sent : 1));
+    if (!index)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    for (int64_t i = 0; i < r->n_sent; i++)
+        index[i] = r->send_slot[i] / k; /* the row's token: row m of x lifted to [1, M, K] */
+    mf_ep_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = mf_tensor_lift3(x);
+    a.index = index;
+    a.n = r->n_sent;
+    a.row_bytes = pay->row_bytes;
+    void *codes = NULL, *scales = NULL;
+    moefuse_status st = MOEFUSE_OK;
+    if (pay->fp8) {
+        a.groups = G;
+        a.layout = pay->act.scale_layout;
+        a.scales = pay->xs;
+    }
+    if (pay->quantize) { /* every row once, as moefuse_quant does (the one-device layer's step 1) */
+        st = mf_ep_alloc(ctx, op, (size_t)(M * K), &codes);
+        if (st == MOEFUSE_OK)
+            st = mf_ep_alloc(ctx, op, sizeof(float) * (size_t)(M * G), &scales);
         const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
-        q = moefuse_tensor_dense(codes, MOEFUSE_F8_E4M3, 2, qshape);
-        qs = moefuse_tensor_dense(scales, MOEFUSE_F32, 2, sshape);
+        const moefuse_tensor q = moefuse_tensor_dense(codes, MOEFUSE_F8_E4M3, 2, qshape);
+        const moefuse_tensor qs = moefuse_tensor_dense(scales, MOEFUSE_F32, 2, sshape);
         moefuse_quant_options o = pay->act;
         o.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
-        moefuse_status st = M > 0 ? mf_quant_call(ctx, op, x, &q, &qs, &o, NULL) : MOEFUSE_OK;
-        if (st != MOEFUSE_OK) {
-            free(buf);
-            free(codes);
-            free(scales);
-            return st;
-        }
-        qs3 = mf_with_leading_unit(&qs);
+        if (st == MOEFUSE_OK && M > 0)
+            st = mf_quant_call(ctx, op, x, &q, &qs, &o, NULL);
+        a.rows = mf_tensor_lift3(&q);
+        a.scales = mf_with_leading_unit(&qs);
+        a.layout = MOEFUSE_SCALE_ROW_MAJOR;
     }
-    for (int64_t i = 0; i < r->n_sent; i++) {
-        const int64_t m = r->send_slot[i] / k;
-        char *row = buf + (size_t)i * pay->row_bytes;
-        if (!pay->fp8) {
-            memcpy(row, mf_at2(x, m, 0), pay->row_bytes);
-            continue;
-        }
-        const moefuse_tensor *src = pay->quantize ? &q : x;
-        memcpy(row, mf_at2(src, m, 0), (size_t)K);
-        for (int64_t gi = 0; gi < G; gi++) {
-            const float v = pay->quantize
-                                ? mf_ep_scale_read(&qs3, MOEFUSE_SCALE_ROW_MAJOR, 0, m, gi)
-                                : mf_ep_scale_read(&pay->xs, pay->act.scale_layout, 0, m, gi);
-            memcpy(row + K + (size_t)gi * sizeof v, &v, sizeof v);
-        }
+    if (st == MOEFUSE_OK)
+        st = mf_ep_alloc(ctx, op, pay->row_bytes * (size_t)r->n_sent, rows);
+    a.buffer = *rows;
+    if (st == MOEFUSE_OK && r->n_sent > 0)
+        st = ctx->backend->ep_gather(ctx, ctx->state, &a);
+    mf_ep_free(ctx, codes);
+    mf_ep_free(ctx, scales);
+    free(index);
+    if (st != MOEFUSE_OK) {
+        mf_ep_free(ctx, *rows);
+        *rows = NULL;
     }
-    free(codes);
-    free(scales);
-    *rows = buf;
-    return MOEFUSE_OK;
+    return st;
 }
 
-void mf_ep_payload_unpack(const mf_ep_payload *pay, const char *row, void *dst,
-                          const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
-                          int64_t t)
+moefuse_status mf_ep_payload_unpack(moefuse_context *ctx, const mf_ep_payload *pay,
+                                    const void *recv, int64_t n, const int64_t *index,
+                                    const moefuse_tensor *rows, const moefuse_tensor *scales,
+                                    moefuse_scale_layout layout, const int64_t *counts)
 {
-    if (!pay->fp8) {
-        memcpy(dst, row, pay->row_bytes);
-        return;
+    mf_ep_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = *rows;
+    a.index = index;
+    a.n = n;
+    a.buffer = (void *)recv;
+    a.row_bytes = pay->row_bytes;
+    if (pay->fp8) {
+        a.scales = *scales;
+        a.layout = layout;
+        a.groups = pay->groups;
+        a.counts = counts;
     }
-    const int64_t K = pay->model_dim;
-    memcpy(dst, row, (size_t)K);
-    for (int64_t gi = 0; gi < pay->groups; gi++) {
-        float v;
-        memcpy(&v, row + K + (size_t)gi * sizeof v, sizeof v);
-        mf_ep_scale_write(scales, layout, e, t, gi, v);
-    }
+    return ctx->backend->ep_scatter(ctx, ctx->state, &a);
 }

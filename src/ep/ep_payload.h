@@ -29,14 +29,17 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
                                    bool quantize, const moefuse_quant_options *act,
                                    mf_ep_payload *pay);
 
-/* The rows this rank sends, in the route's send order, in a new buffer (*rows, malloc'd). */
+/* The rows this rank sends, in the route's send order, in new backend memory (*rows,
+   mf_ep_free): x's rows, or FP8 ones (quantized here first when pay->quantize). */
 moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
-                                  const moefuse_tensor *x, const mf_ep_route *r, char **rows);
+                                  const moefuse_tensor *x, const mf_ep_route *r, void **rows);
 
-/* One received row into dst (K elements: x's dtype, or codes) and, FP8, its scales into
-   scales (rank 3, in `layout`) at expert e, row t. */
-void mf_ep_payload_unpack(const mf_ep_payload *pay, const char *row, void *dst,
-                          const moefuse_tensor *scales, moefuse_scale_layout layout, int64_t e,
-                          int64_t t);
+/* n received rows (backend memory) into rows [E, T, K] at index[i] = e T + t, FP8 scales into
+   scales (rank 3, in `layout`); counts [E] (host) when the layout pads: the backend's
+   ep_scatter. */
+moefuse_status mf_ep_payload_unpack(moefuse_context *ctx, const mf_ep_payload *pay,
+                                    const void *recv, int64_t n, const int64_t *index,
+                                    const moefuse_tensor *rows, const moefuse_tensor *scales,
+                                    moefuse_scale_layout layout, const int64_t *counts);
 
 #endif

@@ -1,24 +1,66 @@
 /*
  * The steps every expert-parallel call shares: the route of a dispatch (who sends which rows
- * to whom, agreed by one exchange of counts and one of local experts), moving rows out and
- * back along it, the top-k sum at the tokens' rank, and the vote that makes one rank's
- * refusal every rank's. Host memory: the CPU backend's (mf_ep_backend_check).
+ * to whom, agreed by one exchange of counts and one of local experts, on the host), moving
+ * rows out and back along it in the backend's memory, the top-k sum at the tokens' rank, and
+ * the vote that makes one rank's refusal every rank's.
  */
 #include "core/core.h"
-#include "cpu/tensor_cpu.h"
 #include "ep/ep_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op)
+moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op,
+                                   const moefuse_ep_group *g)
 {
-    if (strcmp(ctx->backend->name, "cpu") != 0)
+    const moefuse_backend_i *b = ctx->backend;
+    if (!b->ep_gather || !b->ep_scatter || !b->ep_reduce || !b->ep_copy)
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: expert parallelism runs on the cpu backend only so far; this "
-                        "context's backend is %s",
-                        op, ctx->backend->name);
+                        "%s: the %s backend has no expert-parallel path yet", op, b->name);
+    if (g->ctx != ctx)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: the group was made on another context; a group takes its own", op);
     return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_alloc(moefuse_context *ctx, const char *op, size_t bytes, void **p)
+{
+    *p = NULL;
+    const moefuse_status st = ctx->backend->buffer_alloc(ctx, ctx->state, bytes > 0 ? bytes : 1, p);
+    if (st != MOEFUSE_OK)
+        return mf_error(ctx, st, "%s: cannot allocate %zu bytes of the backend's memory: %s", op,
+                        bytes, moefuse_last_error(ctx));
+    return MOEFUSE_OK;
+}
+
+void mf_ep_free(moefuse_context *ctx, void *p)
+{
+    if (p)
+        ctx->backend->buffer_free(ctx->state, p);
+}
+
+moefuse_status mf_ep_to_host(moefuse_context *ctx, const char *op, const moefuse_tensor *t,
+                             void **host, moefuse_tensor *view)
+{
+    const int64_t span = moefuse_tensor_span_bytes(t);
+    *host = malloc(span > 0 ? (size_t)span : 1);
+    if (!*host)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld bytes", op,
+                        (long long)span);
+    if (span > 0)
+        MF_TRY(ctx->backend->buffer_read(ctx, ctx->state, t->data, (size_t)t->offset, *host,
+                                         (size_t)span));
+    *view = *t;
+    view->data = *host;
+    view->offset = 0;
+    return MOEFUSE_OK;
+}
+
+/* Element [i, j] of a host view of a rank-2 tensor. */
+static const void *at2(const moefuse_tensor *t, int64_t i, int64_t j)
+{
+    return (const char *)t->data + t->offset +
+           (i * t->stride[0] + j * t->stride[1]) * (int64_t)moefuse_dtype_size(t->dtype);
 }
 
 moefuse_status mf_ep_vote_on(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
@@ -95,11 +137,11 @@ moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
     }
     for (int64_t s = 0; s < S; s++) {
-        const int32_t id = *(const int32_t *)mf_at2(ids, s / k, s % k);
+        const int32_t id = *(const int32_t *)at2(ids, s / k, s % k);
         dest[s] = id >= 0 && id < g->experts ? g->owner[id] : -1;
         if (dest[s] >= 0) {
             r->sent[dest[s]]++;
-            r->weight[s] = weights ? *(const float *)mf_at2(weights, s / k, s % k) : 0.0f;
+            r->weight[s] = weights ? *(const float *)at2(weights, s / k, s % k) : 0.0f;
         }
     }
     size_t total = 0;
@@ -122,7 +164,7 @@ moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep
         const size_t row = at[dest[s]]++;
         r->send_slot[row] = s;
         r->slot_row[s] = (int64_t)row;
-        sent_expert[row] = g->local[*(const int32_t *)mf_at2(ids, s / k, s % k)];
+        sent_expert[row] = g->local[*(const int32_t *)at2(ids, s / k, s % k)];
     }
     free(dest);
     free(at);
@@ -137,7 +179,7 @@ moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep
             one[p] = sizeof(size_t);
             off[p] = (size_t)p * sizeof(size_t);
         }
-        st = mf_ep_all_to_all(ctx, op, g, r->sent, one, off, r->received, one, off);
+        st = mf_ep_all_to_all(ctx, op, g, false, r->sent, one, off, r->received, one, off);
     }
     if (st == MOEFUSE_OK) {
         size_t n = 0;
@@ -153,7 +195,7 @@ moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep
         size_t *sb = b, *so = b + W, *rb = b + 2 * W, *ro = b + 3 * W;
         runs(r->sent, W, sizeof(int32_t), sb, so);
         runs(r->received, W, sizeof(int32_t), rb, ro);
-        st = mf_ep_all_to_all(ctx, op, g, sent_expert, sb, so, r->recv_expert, rb, ro);
+        st = mf_ep_all_to_all(ctx, op, g, false, sent_expert, sb, so, r->recv_expert, rb, ro);
     }
     free(b);
     free(sent_expert);
@@ -173,30 +215,22 @@ moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse
     size_t *sb = b, *so = b + W, *rb = b + 2 * W, *ro = b + 3 * W;
     runs(back ? r->received : r->sent, W, row_bytes, sb, so);
     runs(back ? r->sent : r->received, W, row_bytes, rb, ro);
-    const moefuse_status st = mf_ep_all_to_all(ctx, op, g, send, sb, so, recv, rb, ro);
+    const moefuse_status st = mf_ep_all_to_all(ctx, op, g, true, send, sb, so, recv, rb, ro);
     free(b);
     return st;
 }
 
-void mf_ep_reduce(const mf_ep_route *r, const float *back, int64_t K, float *acc,
-                  const moefuse_tensor *out)
+moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
+                            int64_t K, const moefuse_tensor *out)
 {
-    const int64_t k = r->topk;
-    for (int64_t m = 0; m < r->tokens; m++) {
-        for (int64_t c = 0; c < K; c++)
-            acc[c] = 0.0f;
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t row = r->slot_row[m * k + j];
-            if (row < 0)
-                continue;
-            const float wt = r->weight[m * k + j];
-            const float *y = back + row * K;
-            /* the CPU backend's reduced final (moe_slots.c): a product, then a sum */
-            for (int64_t c = 0; c < K; c++) {
-                const float prod = wt * y[c];
-                acc[c] = acc[c] + prod;
-            }
-        }
-        mf_store_row(mf_at2(out, m, 0), acc, out->dtype, K);
-    }
+    mf_ep_reduce_args a;
+    memset(&a, 0, sizeof a);
+    a.back = back;
+    a.slot_row = r->slot_row;
+    a.weight = r->weight;
+    a.tokens = r->tokens;
+    a.topk = r->topk;
+    a.model_dim = K;
+    a.out = *out;
+    return ctx->backend->ep_reduce(ctx, ctx->state, &a);
 }

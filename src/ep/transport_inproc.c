@@ -2,12 +2,15 @@
  * The in-process transport: the ranks are threads of one program, each with its own context
  * and group, sharing one world. A collective posts each rank's buffers, waits for every rank,
  * copies what the others send it, and waits again so that no rank reuses its buffers while
- * another still reads them. Host memory only (the CPU backend's); the tests' transport.
+ * another still reads them. Rows in backend memory go through the backend's ep_copy, after
+ * each rank has waited for its own queued work (contexts on one device share its memory);
+ * the tests' transport.
  */
 #include "core/core.h"
 #include "ep/ep_internal.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,7 @@ struct mf_ep_inproc_world {
 typedef struct inproc_rank {
     mf_ep_inproc_world *w;
     int32_t rank;
+    moefuse_context *ctx; /* the rank's context: its backend copies the rows */
 } inproc_rank;
 
 mf_ep_inproc_world *mf_ep_inproc_world_create(int32_t world)
@@ -76,14 +80,18 @@ static void inproc_barrier(mf_ep_inproc_world *w)
     pthread_mutex_unlock(&w->lock);
 }
 
-static moefuse_status inproc_all_to_all(void *t, const void *send, const size_t *send_bytes,
-                                        const size_t *send_off, void *recv,
-                                        const size_t *recv_bytes, const size_t *recv_off,
-                                        char *why, size_t why_size)
+/* The collective, copying with memcpy (host) or the backend's ep_copy (rows). */
+static moefuse_status inproc_exchange(inproc_rank *me, bool rows, const void *send,
+                                      const size_t *send_bytes, const size_t *send_off,
+                                      void *recv, const size_t *recv_bytes,
+                                      const size_t *recv_off, char *why, size_t why_size)
 {
-    inproc_rank *me = t;
     mf_ep_inproc_world *w = me->w;
     const int32_t r = me->rank;
+    moefuse_context *ctx = me->ctx;
+    moefuse_status st = MOEFUSE_OK;
+    if (rows && ctx->backend->synchronize) /* this rank's send rows are written */
+        st = ctx->backend->synchronize(ctx, ctx->state);
     w->post[r] = (inproc_post){send, send_bytes, send_off, recv_bytes};
     inproc_barrier(w);
     /* sizes checked pairwise both ways, so that both ends of a mismatch fail */
@@ -91,11 +99,16 @@ static moefuse_status inproc_all_to_all(void *t, const void *send, const size_t 
     for (int32_t p = 0; p < w->world && bad < 0; p++)
         if (w->post[p].send_bytes[r] != recv_bytes[p] || send_bytes[p] != w->post[p].recv_bytes[r])
             bad = p;
-    if (bad < 0)
-        for (int32_t p = 0; p < w->world; p++)
-            if (recv_bytes[p] > 0)
-                memcpy((char *)recv + recv_off[p], w->post[p].send + w->post[p].send_off[r],
-                       recv_bytes[p]);
+    for (int32_t p = 0; p < w->world && bad < 0 && st == MOEFUSE_OK; p++) {
+        if (recv_bytes[p] == 0)
+            continue;
+        char *dst = (char *)recv + recv_off[p];
+        const char *src = w->post[p].send + w->post[p].send_off[r];
+        if (rows)
+            st = ctx->backend->ep_copy(ctx, ctx->state, dst, src, recv_bytes[p]);
+        else
+            memcpy(dst, src, recv_bytes[p]);
+    }
     inproc_barrier(w); /* the others have read this rank's send buffer */
     if (bad >= 0) {
         snprintf(why, why_size,
@@ -103,7 +116,27 @@ static moefuse_status inproc_all_to_all(void *t, const void *send, const size_t 
                  (int)r, (int)bad);
         return MOEFUSE_ERR_INTERNAL;
     }
-    return MOEFUSE_OK;
+    if (st != MOEFUSE_OK)
+        snprintf(why, why_size, "a copy between ranks failed: %s", moefuse_last_error(ctx));
+    return st;
+}
+
+static moefuse_status inproc_all_to_all(void *t, const void *send, const size_t *send_bytes,
+                                        const size_t *send_off, void *recv,
+                                        const size_t *recv_bytes, const size_t *recv_off,
+                                        char *why, size_t why_size)
+{
+    return inproc_exchange(t, true, send, send_bytes, send_off, recv, recv_bytes, recv_off, why,
+                           why_size);
+}
+
+static moefuse_status inproc_all_to_all_host(void *t, const void *send,
+                                             const size_t *send_bytes, const size_t *send_off,
+                                             void *recv, const size_t *recv_bytes,
+                                             const size_t *recv_off, char *why, size_t why_size)
+{
+    return inproc_exchange(t, false, send, send_bytes, send_off, recv, recv_bytes, recv_off, why,
+                           why_size);
 }
 
 static void inproc_destroy(void *t)
@@ -113,6 +146,7 @@ static void inproc_destroy(void *t)
 
 static const mf_ep_transport_i inproc_i = {
     .all_to_all = inproc_all_to_all,
+    .all_to_all_host = inproc_all_to_all_host,
     .destroy = inproc_destroy,
 };
 
@@ -136,6 +170,7 @@ moefuse_status mf_ep_group_create_inproc(moefuse_context *ctx, mf_ep_inproc_worl
         return mf_leave(ctx, mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op));
     me->w = w;
     me->rank = config->rank;
+    me->ctx = ctx;
     mf_ep_transport tr = {&inproc_i, me};
     moefuse_status st = mf_ep_group_make(ctx, op, config, tr, out);
     if (st != MOEFUSE_OK)

@@ -4,8 +4,8 @@
  * one. Exponent bytes (u8 and the packed words): 2^(e - 127), 255 NaN; written from a power of
  * two (or NaN) as its exponent bits, the only values UE8M0 scales take.
  */
-#ifndef MOEFUSE_EP_SCALES_H
-#define MOEFUSE_EP_SCALES_H
+#ifndef MOEFUSE_CPU_EP_SCALES_H
+#define MOEFUSE_CPU_EP_SCALES_H
 
 #include "cpu/tensor_cpu.h"
 
