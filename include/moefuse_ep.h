@@ -11,9 +11,10 @@
  * because of another rank's data (a full expert, say) fails on every rank, each with a message
  * naming the rank and the expert.
  *
- * Status: the CPU backend runs dispatch, combine and the whole layer (normal mode) over a
- * group's transport. Groups over NCCL (GPUs) and the low-latency mode are not built yet: their
- * calls return MOEFUSE_ERR_UNSUPPORTED with a message.
+ * Status: the CPU and CUDA backends run dispatch, combine and the whole layer (normal mode)
+ * over a group's transport; groups over NCCL are made on CUDA contexts. The low-latency mode
+ * and shared experts are not built yet: their calls return MOEFUSE_ERR_UNSUPPORTED with a
+ * message, as every call does on a backend without expert parallelism (OpenCL).
  */
 #ifndef MOEFUSE_EP_H
 #define MOEFUSE_EP_H
@@ -46,19 +47,26 @@ typedef struct moefuse_ep_config {
     uint32_t reserved[4];        /* must be 0 */
 } moefuse_ep_config;
 
-/* A new NCCL unique id (rank 0 makes it). Not built yet: MOEFUSE_ERR_UNSUPPORTED. */
+/* A new NCCL unique id (rank 0 makes it; CUDA contexts). MOEFUSE_ERR_BACKEND_UNAVAILABLE when
+   NCCL cannot be loaded, naming the library looked for. */
 MOEFUSE_API moefuse_status moefuse_ep_unique_id_create(moefuse_context *ctx,
                                                        moefuse_ep_unique_id *id);
 
 /*
  * A group over NCCL (libnccl.so.2, or the library MOEFUSE_NCCL_LIBRARY names, loaded at run
- * time) on ctx's device, from the unique id every rank got. Not built yet:
- * MOEFUSE_ERR_UNSUPPORTED.
+ * time) on ctx's device, one rank per process and device, from the unique id every rank got.
+ * The group is used with this context only; its calls run on the context's stream.
  */
 MOEFUSE_API moefuse_status moefuse_ep_group_create(moefuse_context *ctx,
                                                    const moefuse_ep_unique_id *id,
                                                    const moefuse_ep_config *config,
                                                    moefuse_ep_group **out);
+
+/* The same over the caller's communicator (an ncclComm_t of `world` ranks on ctx's device),
+   which the group uses and does not destroy. */
+MOEFUSE_API moefuse_status moefuse_ep_group_adopt(moefuse_context *ctx, void *nccl_comm,
+                                                  const moefuse_ep_config *config,
+                                                  moefuse_ep_group **out);
 
 /* The number of local experts of this rank. */
 MOEFUSE_API int32_t moefuse_ep_local_experts(const moefuse_ep_group *group);
@@ -119,8 +127,8 @@ MOEFUSE_API void moefuse_ep_handle_destroy(moefuse_ep_handle *handle);
 /*
  * The whole layer: dispatch, this rank's experts (w1 [E_local, 2I, K], w2 [E_local, K, I],
  * optional b1, b2, as moefuse_moe_forward takes them), combine. x [M, K] f32/f16/bf16,
- * out [M, K]. Bit for bit the out of moefuse_moe_forward over all E experts on one device of
- * the same backend.
+ * out [M, K]. On the CPU backend bit for bit the out of moefuse_moe_forward over all E experts
+ * on one context (docs/NUMERICS.md "Expert parallelism" says what holds on a GPU).
  */
 MOEFUSE_API moefuse_status moefuse_ep_moe_forward(
     moefuse_context *ctx, moefuse_ep_group *group, const moefuse_tensor *x,
@@ -131,8 +139,8 @@ MOEFUSE_API moefuse_status moefuse_ep_moe_forward(
 /*
  * The same for FP8 (moefuse_moe_forward_fp8's operands, this rank's experts): x of
  * f32/f16/bf16 is quantized before it is sent (half the bytes of bf16 cross), an f8_e4m3 x is
- * sent with its x_scales. Bit for bit the out of moefuse_moe_forward_fp8 on one device of the
- * same backend.
+ * sent with its x_scales. On the CPU backend bit for bit the out of moefuse_moe_forward_fp8 on
+ * one context.
  */
 MOEFUSE_API moefuse_status moefuse_ep_moe_forward_fp8(
     moefuse_context *ctx, moefuse_ep_group *group, const moefuse_tensor *x,

@@ -420,7 +420,35 @@ MF_CUDA_OP(moe_final, mf_moe_args)
 MF_CUDA_OP(moe_forward, mf_moe_args)
 MF_CUDA_OP(moe_gate_fp8, mf_moe_args)
 MF_CUDA_OP(moe_final_fp8, mf_moe_args)
+MF_CUDA_OP(ep_gather, mf_ep_rows_args)
+MF_CUDA_OP(ep_scatter, mf_ep_rows_args)
+MF_CUDA_OP(ep_reduce, mf_ep_reduce_args)
 #undef MF_CUDA_OP
+
+static moefuse_status cuda_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
+                                   size_t bytes)
+{
+    int previous;
+    MF_TRY(enter_device(ctx, state, "ep_copy", &previous));
+    return leave_device(state, previous, mf_cuda_ep_copy(ctx, state, dst, src, bytes));
+}
+
+static moefuse_status cuda_ep_unique_id(moefuse_context *ctx, void *state, void *id)
+{
+    int previous;
+    MF_TRY(enter_device(ctx, state, "ep_unique_id_create", &previous));
+    return leave_device(state, previous, mf_cuda_ep_unique_id(ctx, state, id));
+}
+
+static moefuse_status cuda_ep_transport(moefuse_context *ctx, void *state, const void *id,
+                                        void *comm, int32_t rank, int32_t world,
+                                        mf_ep_transport *out)
+{
+    int previous;
+    MF_TRY(enter_device(ctx, state, "ep_group_create", &previous));
+    return leave_device(state, previous,
+                        mf_cuda_ep_transport(ctx, state, id, comm, rank, world, out));
+}
 
 const moefuse_backend_i mf_backend_cuda = {
     .name = "cuda",
@@ -459,4 +487,10 @@ const moefuse_backend_i mf_backend_cuda = {
     .moe_final_fp8 = cuda_moe_final_fp8,
     .moe_gate_fp8_workspace = mf_cuda_moe_gate_fp8_workspace,
     .moe_final_fp8_workspace = mf_cuda_moe_final_fp8_workspace,
+    .ep_gather = cuda_ep_gather,
+    .ep_scatter = cuda_ep_scatter,
+    .ep_reduce = cuda_ep_reduce,
+    .ep_copy = cuda_ep_copy,
+    .ep_unique_id = cuda_ep_unique_id,
+    .ep_transport = cuda_ep_transport,
 };

@@ -165,6 +165,17 @@ moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequa
 moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
+/* expert parallelism's rows (ep_rows.cu) */
+moefuse_status mf_cuda_ep_gather(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+moefuse_status mf_cuda_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
+moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);
+moefuse_status mf_cuda_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
+                               size_t bytes);
+/* expert parallelism over NCCL (ep_nccl.c) */
+moefuse_status mf_cuda_ep_unique_id(moefuse_context *ctx, void *state, void *id);
+moefuse_status mf_cuda_ep_transport(moefuse_context *ctx, void *state, const void *id,
+                                    void *comm, int32_t rank, int32_t world,
+                                    mf_ep_transport *out);
 moefuse_status mf_cuda_moe_shared_routing(moefuse_context *ctx, void *state,
                                           const mf_shared_args *a);
 moefuse_status mf_cuda_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,

@@ -1,0 +1,287 @@
+/*
+ * Expert parallelism's work on rows, on the GPU (src/core/backend.h, mf_ep_rows_args): pack
+ * listed rows into a buffer, unpack a buffer into listed rows (with their scales in any
+ * layout), the top-k sum of the rows sent back, and a device copy. The CPU's bytes
+ * (src/cpu/ep_rows.c): copies, scale values decoded and encoded exactly, and the sum's
+ * products and additions one rounding each in slot order. A block per row (or per token).
+ */
+#include "cuda/cuda_internal.h"
+#include "cuda/numerics.cuh"
+
+#include <string.h>
+
+#define EP_THREADS 256
+
+typedef struct EpRows {
+    char *rows;             /* [E, T, K] */
+    int64_t r0, r1;         /* element strides of e and t */
+    int64_t T, K;
+    int es, rdt;            /* element size, MF_DT_* */
+    char *sc;               /* scales, rank 3 */
+    int64_t s0, s1, s2;     /* element strides */
+    int sdt, layout;        /* MF_DT_F32 / U8 / I32 (packed); MF_LAYOUT_* */
+    int64_t groups;
+    const int64_t *index;   /* [n], device */
+    int64_t n;
+    char *buf;
+    int64_t row_bytes;
+    int to_f32;
+} EpRows;
+
+/* Where the scale (e, t, g) lies: a float, or a byte (u8, or one of a packed word's). */
+static __device__ __forceinline__ char *ep_scale_at(const EpRows &p, int64_t e, int64_t t,
+                                                    int64_t g)
+{
+    if (p.layout == MF_LAYOUT_PACKED)
+        return p.sc + (e * p.s0 + (g >> 2) * p.s1 + t * p.s2) * 4 + (g & 3);
+    const int64_t i = p.layout == MF_LAYOUT_COL ? e * p.s0 + g * p.s1 + t * p.s2
+                                                : e * p.s0 + t * p.s1 + g * p.s2;
+    return p.sc + i * (p.sdt == MF_DT_F32 ? 4 : 1);
+}
+
+static __device__ __forceinline__ float ep_exponent_value(uint8_t b)
+{
+    return b == 255 ? __int_as_float(0x7FC00000) : b == 0 ? __int_as_float(0x00400000)
+                                                          : __int_as_float((int)b << 23);
+}
+
+static __device__ __forceinline__ uint8_t ep_exponent_of(float v)
+{
+    const uint32_t b = (uint32_t)__float_as_int(v);
+    return v != v ? 255 : b == 0x00400000u ? 0 : (uint8_t)(b >> 23);
+}
+
+static __device__ __forceinline__ float ep_load(const char *p, int dt, int64_t c)
+{
+    if (dt == MF_DT_F32)
+        return ((const float *)p)[c];
+    const uint16_t h = ((const uint16_t *)p)[c];
+    return dt == MF_DT_BF16 ? mf_bf16_to_f32(h) : mf_f16_to_f32(h);
+}
+
+__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
+{
+    for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
+        const int64_t e = p.index[i] / p.T, t = p.index[i] % p.T;
+        const char *src = p.rows + (e * p.r0 + t * p.r1) * p.es;
+        char *dst = p.buf + i * p.row_bytes;
+        if (p.to_f32) {
+            for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS)
+                ((float *)dst)[c] = ep_load(src, p.rdt, c);
+            continue;
+        }
+        for (int64_t b = threadIdx.x; b < p.K * p.es; b += EP_THREADS)
+            dst[b] = src[b];
+        for (int64_t g = threadIdx.x; g < p.groups; g += EP_THREADS) {
+            const char *q = ep_scale_at(p, e, t, g);
+            const float v = p.sdt == MF_DT_F32 ? *(const float *)q : ep_exponent_value(*q);
+            memcpy(dst + p.K + g * 4, &v, 4);
+        }
+    }
+}
+
+/* The padding of the column-major and packed layouts: rows T .. Ta - 1 of every expert, and
+   the packed words of the rows about to be written (count[e] of them). */
+__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_pad(const EpRows p, const int64_t *counts,
+                                                        int64_t E, int64_t inner, int64_t ta)
+{
+    const int64_t es = p.sdt == MF_DT_F32 ? 4 : p.sdt == MF_DT_I32 ? 4 : 1;
+    for (int64_t ew = blockIdx.x; ew < E * inner; ew += gridDim.x) {
+        const int64_t e = ew / inner, w = ew % inner;
+        char *col = p.sc + (e * p.s0 + w * p.s1) * es;
+        const int64_t first = p.layout == MF_LAYOUT_PACKED ? 0 : p.T;
+        for (int64_t t = threadIdx.x; t < ta; t += EP_THREADS)
+            if (t >= p.T || (t >= first && t < counts[e]))
+                for (int64_t b = 0; b < es; b++)
+                    col[t * p.s2 * es + b] = 0;
+    }
+}
+
+__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_scatter(const EpRows p)
+{
+    for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
+        const int64_t e = p.index[i] / p.T, t = p.index[i] % p.T;
+        char *dst = p.rows + (e * p.r0 + t * p.r1) * p.es;
+        const char *src = p.buf + i * p.row_bytes;
+        for (int64_t b = threadIdx.x; b < p.K * p.es; b += EP_THREADS)
+            dst[b] = src[b];
+        for (int64_t g = threadIdx.x; g < p.groups; g += EP_THREADS) {
+            float v;
+            memcpy(&v, src + p.K + g * 4, 4);
+            char *q = ep_scale_at(p, e, t, g);
+            if (p.sdt == MF_DT_F32)
+                *(float *)q = v;
+            else
+                *(uint8_t *)q = ep_exponent_of(v);
+        }
+    }
+}
+
+typedef struct EpReduce {
+    const float *back;      /* [n, K] */
+    const int64_t *slot_row; /* [M k], device */
+    const float *weight;    /* [M k], device */
+    int64_t M, k, K;
+    char *out;
+    int64_t o0;             /* element stride of a token */
+    int odt;
+} EpReduce;
+
+__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_reduce(const EpReduce p)
+{
+    for (int64_t m = blockIdx.x; m < p.M; m += gridDim.x)
+        for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < p.k; j++) {
+                const int64_t row = p.slot_row[m * p.k + j];
+                if (row < 0)
+                    continue;
+                acc = __fadd_rn(acc, __fmul_rn(p.weight[m * p.k + j], p.back[row * p.K + c]));
+            }
+            if (p.odt == MF_DT_F32)
+                ((float *)p.out)[m * p.o0 + c] = acc;
+            else
+                ((uint16_t *)p.out)[m * p.o0 + c] =
+                    (uint16_t)(p.odt == MF_DT_BF16 ? mf_f32_to_bf16(acc) : mf_f32_to_f16(acc));
+        }
+}
+
+/* ------------------------------------------------------------------- host */
+
+static int dt_code(moefuse_dtype d)
+{
+    switch (d) {
+    case MOEFUSE_F32: return MF_DT_F32;
+    case MOEFUSE_F16: return MF_DT_F16;
+    case MOEFUSE_BF16: return MF_DT_BF16;
+    case MOEFUSE_I32: return MF_DT_I32;
+    case MOEFUSE_U8: return MF_DT_U8;
+    default: return MF_DT_F8;
+    }
+}
+
+static int layout_code(moefuse_scale_layout l)
+{
+    return l == MOEFUSE_SCALE_COLUMN_MAJOR ? MF_LAYOUT_COL
+           : l == MOEFUSE_SCALE_PACKED_UE8M0 ? MF_LAYOUT_PACKED
+                                             : MF_LAYOUT_ROW;
+}
+
+/* The kernel parameters of a, with its index (and counts) copied to device scratch. */
+static moefuse_status ep_rows_params(moefuse_context *ctx, cuda_state *s, const char *op,
+                                     const mf_ep_rows_args *a, EpRows *p, int64_t **counts)
+{
+    memset(p, 0, sizeof *p);
+    const int64_t E = a->rows.shape[0];
+    const size_t ib = sizeof(int64_t) * (size_t)a->n, cb = a->counts ? sizeof(int64_t) * E : 0;
+    void *scratch = NULL;
+    MF_TRY(mf_cuda_scratch(ctx, s, ib + cb > 0 ? ib + cb : 8, op, &scratch));
+    cudaError_t e = ib ? cudaMemcpyAsync(scratch, a->index, ib, cudaMemcpyHostToDevice, s->stream)
+                       : cudaSuccess;
+    if (e == cudaSuccess && cb)
+        e = cudaMemcpyAsync((char *)scratch + ib, a->counts, cb, cudaMemcpyHostToDevice,
+                            s->stream);
+    if (e != cudaSuccess)
+        return mf_cuda_fail(ctx, e, op, "cudaMemcpyAsync");
+    p->rows = mf_cuda_base(&a->rows);
+    p->r0 = a->rows.stride[0];
+    p->r1 = a->rows.stride[1];
+    p->T = a->rows.shape[1];
+    p->K = a->rows.shape[2];
+    p->es = (int)moefuse_dtype_size(a->rows.dtype);
+    p->rdt = dt_code(a->rows.dtype);
+    if (a->groups > 0) {
+        p->sc = mf_cuda_base(&a->scales);
+        p->s0 = a->scales.stride[0];
+        p->s1 = a->scales.stride[1];
+        p->s2 = a->scales.stride[2];
+        p->sdt = dt_code(a->scales.dtype);
+        p->layout = layout_code(a->layout);
+        p->groups = a->groups;
+    }
+    p->index = (const int64_t *)scratch;
+    p->n = a->n;
+    p->buf = (char *)a->buffer;
+    p->row_bytes = (int64_t)a->row_bytes;
+    p->to_f32 = a->to_f32;
+    *counts = cb ? (int64_t *)((char *)scratch + ib) : NULL;
+    return MOEFUSE_OK;
+}
+
+static unsigned ep_grid(const cuda_state *s, int64_t items)
+{
+    const int64_t cap = 8LL * s->sm_count;
+    return (unsigned)(items < cap ? (items > 0 ? items : 1) : cap);
+}
+
+moefuse_status mf_cuda_ep_gather(moefuse_context *ctx, void *state, const mf_ep_rows_args *a)
+{
+    cuda_state *s = (cuda_state *)state;
+    EpRows p;
+    int64_t *counts = NULL;
+    MF_TRY(ep_rows_params(ctx, s, "ep_gather", a, &p, &counts));
+    if (a->n == 0)
+        return MOEFUSE_OK;
+    mf_k_ep_gather<<<ep_grid(s, a->n), EP_THREADS, 0, s->stream>>>(p);
+    return mf_cuda_launched(ctx, "ep_gather", "mf_k_ep_gather");
+}
+
+moefuse_status mf_cuda_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_rows_args *a)
+{
+    cuda_state *s = (cuda_state *)state;
+    EpRows p;
+    int64_t *counts = NULL;
+    MF_TRY(ep_rows_params(ctx, s, "ep_scatter", a, &p, &counts));
+    if (a->groups > 0 && counts && a->layout != MOEFUSE_SCALE_ROW_MAJOR) {
+        const int64_t E = a->scales.shape[0], inner = a->scales.shape[1];
+        mf_k_ep_pad<<<ep_grid(s, E * inner), EP_THREADS, 0, s->stream>>>(p, counts, E, inner,
+                                                                        a->scales.shape[2]);
+        MF_TRY(mf_cuda_launched(ctx, "ep_scatter", "mf_k_ep_pad"));
+    }
+    if (a->n == 0)
+        return MOEFUSE_OK;
+    mf_k_ep_scatter<<<ep_grid(s, a->n), EP_THREADS, 0, s->stream>>>(p);
+    return mf_cuda_launched(ctx, "ep_scatter", "mf_k_ep_scatter");
+}
+
+moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a)
+{
+    cuda_state *s = (cuda_state *)state;
+    const size_t S = (size_t)(a->tokens * a->topk);
+    void *scratch = NULL;
+    MF_TRY(mf_cuda_scratch(ctx, s, S * (sizeof(int64_t) + sizeof(float)) + 8, "ep_reduce",
+                           &scratch));
+    if (S > 0) {
+        cudaError_t e = cudaMemcpyAsync(scratch, a->slot_row, S * sizeof(int64_t),
+                                        cudaMemcpyHostToDevice, s->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync((char *)scratch + S * sizeof(int64_t), a->weight,
+                                S * sizeof(float), cudaMemcpyHostToDevice, s->stream);
+        if (e != cudaSuccess)
+            return mf_cuda_fail(ctx, e, "ep_reduce", "cudaMemcpyAsync");
+    }
+    if (a->tokens == 0 || a->model_dim == 0)
+        return MOEFUSE_OK;
+    EpReduce p;
+    p.back = (const float *)a->back;
+    p.slot_row = (const int64_t *)scratch;
+    p.weight = (const float *)((char *)scratch + S * sizeof(int64_t));
+    p.M = a->tokens;
+    p.k = a->topk;
+    p.K = a->model_dim;
+    p.out = mf_cuda_base(&a->out);
+    p.o0 = a->out.stride[0];
+    p.odt = dt_code(a->out.dtype);
+    mf_k_ep_reduce<<<ep_grid(s, a->tokens), EP_THREADS, 0, s->stream>>>(p);
+    return mf_cuda_launched(ctx, "ep_reduce", "mf_k_ep_reduce");
+}
+
+moefuse_status mf_cuda_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
+                               size_t bytes)
+{
+    cuda_state *s = (cuda_state *)state;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s->stream);
+    return e == cudaSuccess ? MOEFUSE_OK : mf_cuda_fail(ctx, e, "ep_copy", "cudaMemcpyAsync");
+}

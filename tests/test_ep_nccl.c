@@ -1,0 +1,240 @@
+/*
+ * Expert parallelism over NCCL: one process per GPU (fork), rank 0's unique id passed through
+ * a pipe, dispatch of bf16 rows and of FP8 rows quantized on the way, and combine, each rank
+ * checking its own outputs against what it computes from every rank's inputs (all drawn from
+ * one seed). Needs 2 GPUs and NCCL (libnccl.so.2, or MOEFUSE_NCCL_LIBRARY): otherwise it
+ * prints why and exits 77 (Meson's SKIP). Not a Check program: the ranks are processes.
+ */
+#include "moefuse_ep.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define W 2
+#define E 8
+#define K 256
+#define KTOP 4
+#define TMAX 256
+
+static int M_of(int r)
+{
+    return 37 + 11 * r;
+}
+
+/* One seed for every rank's data, so that each process can compute every rank's. */
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static uint16_t x_all[W][64 * K];
+static int32_t ids_all[W][64 * KTOP];
+static float w_all[W][64 * KTOP];
+
+static void draw(void)
+{
+    for (int r = 0; r < W; r++)
+        for (int i = 0; i < M_of(r) * K; i++)
+            x_all[r][i] = (uint16_t)(0x3C00 + (next() % 0x700)) ^ (uint16_t)((next() & 1) << 15);
+    for (int r = 0; r < W; r++)
+        for (int s = 0; s < M_of(r) * KTOP; s++) {
+            const uint64_t v = next() % 20;
+            ids_all[r][s] = v == 0 ? -1 : v == 1 ? E + 2 : (int32_t)(next() % E);
+            w_all[r][s] = 0.05f + (float)(next() % 1000) / 1000.0f;
+        }
+}
+
+static float y_of(int r, int e, int t, int c)
+{
+    return (float)((r * 131 + e * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
+}
+
+static moefuse_tensor dense(void *p, moefuse_dtype dt, int rank, int64_t a, int64_t b, int64_t c)
+{
+    const int64_t shape[3] = {a, b, c};
+    return moefuse_tensor_dense(p, dt, rank, shape);
+}
+
+static void *put(moefuse_context *ctx, const void *host, size_t bytes)
+{
+    void *b = NULL;
+    if (moefuse_buffer_alloc(ctx, bytes ? bytes : 1, &b) != MOEFUSE_OK)
+        return NULL;
+    if (host && bytes)
+        moefuse_buffer_write(ctx, b, 0, host, bytes);
+    return b;
+}
+
+#define FAIL(...)                                                                                \
+    do {                                                                                         \
+        fprintf(stderr, "rank %d: ", r);                                                         \
+        fprintf(stderr, __VA_ARGS__);                                                            \
+        fprintf(stderr, "\n");                                                                   \
+        return 1;                                                                                \
+    } while (0)
+
+/* One rank's run; 0 when every check holds, 77 when its GPU or NCCL is missing. Rank 0 makes
+   the unique id and writes it to the other ranks' pipe; the others read it. The parent never
+   touches CUDA, which a forked child could not use after it. */
+static int rank_main(int r, int pipe_fd[2], int quantize)
+{
+    moefuse_ep_unique_id id;
+    if (r == 0) {
+        moefuse_context *c0;
+        int ok = moefuse_context_create_on(&c0, "cuda", "0") == MOEFUSE_OK &&
+                 moefuse_ep_unique_id_create(c0, &id) == MOEFUSE_OK;
+        if (!ok)
+            printf("SKIP: rank 0: %s\n", moefuse_last_error(NULL)[0]
+                                              ? moefuse_last_error(NULL)
+                                              : moefuse_last_error(c0));
+        if (ok)
+            moefuse_context_destroy(c0);
+        for (int p = 1; p < W; p++) {
+            const char flag = ok ? 1 : 0;
+            if (write(pipe_fd[1], &flag, 1) != 1 || (ok && write(pipe_fd[1], &id, sizeof id) !=
+                                                               (ssize_t)sizeof id))
+                return 1;
+        }
+        if (!ok)
+            return 77;
+    } else {
+        char flag = 0;
+        if (read(pipe_fd[0], &flag, 1) != 1 || !flag ||
+            read(pipe_fd[0], &id, sizeof id) != (ssize_t)sizeof id)
+            return 77;
+    }
+    char dev[8];
+    snprintf(dev, sizeof dev, "%d", r);
+    moefuse_context *ctx;
+    if (moefuse_context_create_on(&ctx, "cuda", dev) != MOEFUSE_OK) {
+        printf("SKIP: rank %d: %s\n", r, moefuse_last_error(NULL));
+        return 77;
+    }
+    moefuse_ep_config cfg = {r, W, E, NULL, {0}};
+    moefuse_ep_group *g;
+    if (moefuse_ep_group_create(ctx, &id, &cfg, &g) != MOEFUSE_OK)
+        FAIL("group: %s", moefuse_last_error(ctx));
+    const int M = M_of(r), El = moefuse_ep_local_experts(g);
+    void *dx = put(ctx, x_all[r], 2u * M * K), *dids = put(ctx, ids_all[r], 4u * M * KTOP);
+    void *dw = put(ctx, w_all[r], 4u * M * KTOP);
+    const size_t rb = (quantize ? 1u : 2u) * El * TMAX * K;
+    void *drecv = put(ctx, NULL, rb), *dcnt = put(ctx, NULL, 4u * El);
+    void *dsc = quantize ? put(ctx, NULL, 4u * El * TMAX * (K / 128)) : NULL;
+    moefuse_tensor x = dense(dx, MOEFUSE_BF16, 2, M, K, 0);
+    moefuse_tensor rx = dense(drecv, quantize ? MOEFUSE_F8_E4M3 : MOEFUSE_BF16, 3, El, TMAX, K);
+    moefuse_tensor rc = dense(dcnt, MOEFUSE_I32, 1, El, 0, 0);
+    moefuse_tensor rs = quantize ? dense(dsc, MOEFUSE_F32, 3, El, TMAX, K / 128)
+                                 : dense(NULL, MOEFUSE_F32, 3, 0, 0, 0);
+    moefuse_routing rt;
+    memset(&rt, 0, sizeof rt);
+    rt.topk_ids = dense(dids, MOEFUSE_I32, 2, M, KTOP, 0);
+    rt.topk_weights = dense(dw, MOEFUSE_F32, 2, M, KTOP, 0);
+    moefuse_ep_dispatch_options o;
+    memset(&o, 0, sizeof o);
+    o.quantize = quantize;
+    moefuse_ep_handle *h = NULL;
+    if (moefuse_ep_dispatch(ctx, g, &x, NULL, &rt, &rx, &rs, &rc, &o, &h) != MOEFUSE_OK)
+        FAIL("dispatch: %s", moefuse_last_error(ctx));
+    int32_t cnt[E];
+    unsigned char *recv = malloc(rb);
+    moefuse_buffer_read(ctx, dcnt, 0, cnt, 4u * El);
+    moefuse_buffer_read(ctx, drecv, 0, recv, rb);
+    /* every local expert's rows: by source rank, token, slot (bf16: the rows themselves) */
+    for (int e = 0; e < El; e++) {
+        int t = 0;
+        for (int p = 0; p < W; p++)
+            for (int s = 0; s < M_of(p) * KTOP; s++) {
+                const int gid = ids_all[p][s];
+                if (gid < 0 || gid >= E || gid / (E / W) != r || gid % (E / W) != e)
+                    continue;
+                if (!quantize &&
+                    memcmp(recv + 2u * ((size_t)e * TMAX + t) * K, x_all[p] + (s / KTOP) * K,
+                           2u * K) != 0)
+                    FAIL("expert %d row %d is not row %d of rank %d", e, t, s / KTOP, p);
+                t++;
+            }
+        if (cnt[e] != t)
+            FAIL("expert %d: count %d, expected %d", e, cnt[e], t);
+    }
+    /* combine of y = y_of(r, e, t, c) */
+    float *y = malloc(4u * El * TMAX * K);
+    for (int e = 0; e < El; e++)
+        for (int t = 0; t < TMAX; t++)
+            for (int c = 0; c < K; c++)
+                y[((size_t)e * TMAX + t) * K + c] = t < cnt[e] ? y_of(r, e, t, c) : NAN;
+    void *dy = put(ctx, y, 4u * El * TMAX * K), *dout = put(ctx, NULL, 4u * M * K);
+    moefuse_tensor ty = dense(dy, MOEFUSE_F32, 3, El, TMAX, K);
+    moefuse_tensor out = dense(dout, MOEFUSE_F32, 2, M, K, 0);
+    if (moefuse_ep_combine(ctx, g, h, &ty, &out) != MOEFUSE_OK)
+        FAIL("combine: %s", moefuse_last_error(ctx));
+    float *got = malloc(4u * M * K);
+    moefuse_buffer_read(ctx, dout, 0, got, 4u * M * K);
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < K; c++) {
+            float acc = 0.0f;
+            for (int j = 0; j < KTOP; j++) {
+                const int gid = ids_all[r][m * KTOP + j];
+                if (gid < 0 || gid >= E)
+                    continue;
+                const int owner = gid / (E / W), e = gid % (E / W);
+                int t = 0; /* the slot's row at its expert */
+                for (int p = 0; p < W; p++)
+                    for (int s = 0; s < M_of(p) * KTOP; s++) {
+                        if (p == r && s == m * KTOP + j)
+                            goto found;
+                        t += ids_all[p][s] == gid;
+                    }
+            found:;
+                const float prod = w_all[r][m * KTOP + j] * y_of(owner, e, t, c);
+                acc = acc + prod;
+            }
+            if (got[(size_t)m * K + c] != acc)
+                FAIL("combine: token %d channel %d: %g, expected %g", m, c,
+                     (double)got[(size_t)m * K + c], (double)acc);
+        }
+    moefuse_ep_handle_destroy(h);
+    moefuse_ep_group_destroy(g);
+    moefuse_context_destroy(ctx);
+    printf("rank %d: %s dispatch and combine over NCCL: ok\n", r, quantize ? "FP8" : "bf16");
+    return 0;
+}
+
+int main(void)
+{
+    draw();
+    int failed = 0, skipped = 0;
+    for (int quantize = 0; quantize < 2; quantize++) {
+        int fd[2];
+        if (pipe(fd) != 0)
+            return 1;
+        pid_t pid[W];
+        for (int r = 0; r < W; r++) {
+            pid[r] = fork();
+            if (pid[r] == 0)
+                _exit(rank_main(r, fd, quantize));
+        }
+        close(fd[0]);
+        close(fd[1]);
+        for (int r = 0; r < W; r++) {
+            int status = 0;
+            waitpid(pid[r], &status, 0);
+            const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            skipped |= code == 77;
+            failed |= code != 0 && code != 77;
+        }
+    }
+    if (failed) {
+        printf("FAILED\n");
+        return 1;
+    }
+    printf(skipped ? "SKIP: two CUDA devices and NCCL needed\n" : "ok\n");
+    return skipped ? 77 : 0;
+}
