@@ -218,8 +218,11 @@ int main(void)
         pid_t pid[W];
         for (int r = 0; r < W; r++) {
             pid[r] = fork();
-            if (pid[r] == 0)
-                _exit(rank_main(r, fd, quantize));
+            if (pid[r] == 0) {
+                const int code = rank_main(r, fd, quantize);
+                fflush(NULL); /* _exit flushes no stdio buffer */
+                _exit(code);
+            }
         }
         close(fd[0]);
         close(fd[1]);
