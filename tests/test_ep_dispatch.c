@@ -455,6 +455,16 @@ START_TEST(t_refusals)
         ck_assert_int_eq(moefuse_ep_group_create(ctx, &id, &ok, &g), MOEFUSE_ERR_UNSUPPORTED);
         ck_assert_ptr_null(g);
         ck_assert_msg(strstr(moefuse_last_error(ctx), "NCCL"), "%s", moefuse_last_error(ctx));
+    } else if (strcmp(h_backend(), "cuda") == 0) {
+        /* NCCL not found: the file looked for is named (this process has not loaded NCCL) */
+        setenv("MOEFUSE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+        ck_assert_int_eq(moefuse_ep_unique_id_create(ctx, &id), MOEFUSE_ERR_BACKEND_UNAVAILABLE);
+        ck_assert_msg(strstr(moefuse_last_error(ctx), "/nonexistent/libnccl.so.2"), "%s",
+                      moefuse_last_error(ctx));
+        ck_assert_int_eq(moefuse_ep_group_create(ctx, &id, &ok, &g),
+                         MOEFUSE_ERR_BACKEND_UNAVAILABLE);
+        ck_assert_ptr_null(g);
+        unsetenv("MOEFUSE_NCCL_LIBRARY");
     }
     ck_assert_int_eq(moefuse_ep_local_experts(NULL), 0);
     moefuse_ep_group_destroy(NULL);

@@ -72,16 +72,25 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
     return mf_check_outputs(ctx, op, ops, sizeof ops / sizeof ops[0], &idle);
 }
 
-/* Each local expert's received rows; the first over Tmax (or -1) in *over. */
-static void count_rows(const mf_ep_route *r, int64_t E, int64_t tmax, int64_t *cnt, int64_t *over)
+/* Each local expert's received rows; the first over Tmax (or -1) in *over. An expert id out
+   of range (another rank's bytes, not trusted) is MOEFUSE_ERR_INTERNAL. */
+static moefuse_status count_rows(moefuse_context *ctx, const char *op, const mf_ep_route *r,
+                                 int64_t E, int64_t tmax, int64_t *cnt, int64_t *over)
 {
     memset(cnt, 0, sizeof *cnt * (size_t)(E > 0 ? E : 1));
-    for (int64_t i = 0; i < r->n_recv; i++)
-        cnt[r->recv_expert[i]]++;
     *over = -1;
+    for (int64_t i = 0; i < r->n_recv; i++) {
+        const int32_t e = r->recv_expert[i];
+        if (e < 0 || e >= E)
+            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
+                            "%s: received row %lld names local expert %d of %lld", op,
+                            (long long)i, (int)e, (long long)E);
+        cnt[e]++;
+    }
     for (int64_t e = 0; e < E && *over < 0; e++)
         if (cnt[e] > tmax)
             *over = e;
+    return MOEFUSE_OK;
 }
 
 /* Agrees on one status: this rank's, or the first failing rank's (a full expert named). */
@@ -152,8 +161,9 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     if (!cnt || !fill || !cnt32 || !h->recv_row)
         st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld received rows",
                       op, (long long)n);
+    if (st == MOEFUSE_OK)
+        st = count_rows(ctx, op, &h->route, E, d.tmax, cnt, &over);
     if (st == MOEFUSE_OK) {
-        count_rows(&h->route, E, d.tmax, cnt, &over);
         if (over >= 0)
             st = mf_error(ctx, MOEFUSE_ERR_SHAPE,
                           "%s: local expert %lld of rank %d receives %lld rows; recv_x holds "
