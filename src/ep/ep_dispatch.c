@@ -172,9 +172,9 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
                           (long long)d.tmax);
     }
     if (st == MOEFUSE_OK)
-        st = mf_ep_alloc(ctx, op, d.pay.row_bytes * (size_t)n, &recv);
+        st = mf_ep_scratch(ctx, op, g, MF_EP_RECV, d.pay.row_bytes * (size_t)n, &recv);
     if (st == MOEFUSE_OK)
-        st = mf_ep_payload_pack(ctx, op, &d.pay, x, &h->route, &rows);
+        st = mf_ep_payload_pack(ctx, op, g, &d.pay, x, &h->route, &rows);
     st = agree_dispatch(ctx, op, g, st, over, over >= 0 ? cnt[over] : 0, d.tmax);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &h->route, 0, rows, d.pay.row_bytes, recv);
@@ -194,8 +194,6 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
                                         (size_t)recv_counts->offset, cnt32,
                                         sizeof *cnt32 * (size_t)E);
     }
-    mf_ep_free(ctx, rows);
-    mf_ep_free(ctx, recv);
     free(cnt);
     free(cnt32);
     free(fill);
@@ -258,9 +256,9 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
     const mf_ep_route *r = &h->route;
     const size_t row = sizeof(float) * (size_t)K;
     void *send = NULL, *back = NULL;
-    moefuse_status st = mf_ep_alloc(ctx, op, row * (size_t)r->n_recv, &send);
+    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, row * (size_t)r->n_recv, &send);
     if (st == MOEFUSE_OK)
-        st = mf_ep_alloc(ctx, op, row * (size_t)r->n_sent, &back);
+        st = mf_ep_scratch(ctx, op, g, MF_EP_BACK, row * (size_t)r->n_sent, &back);
     if (st == MOEFUSE_OK && r->n_recv > 0) { /* the received rows' outputs, as f32 */
         mf_ep_rows_args a;
         memset(&a, 0, sizeof a);
@@ -277,8 +275,6 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
         st = mf_ep_exchange_rows(ctx, op, g, r, 1, send, row, back);
     if (st == MOEFUSE_OK)
         st = mf_ep_reduce(ctx, r, back, K, out);
-    mf_ep_free(ctx, send);
-    mf_ep_free(ctx, back);
     return st;
 }
 

@@ -206,6 +206,9 @@ void moefuse_ep_group_destroy(moefuse_ep_group *group)
         return;
     if (group->transport.i)
         group->transport.i->destroy(group->transport.t);
+    for (int i = 0; i < MF_EP_SLOTS; i++)
+        if (group->scratch[i])
+            group->ctx->backend->buffer_free(group->ctx->state, group->scratch[i]);
     free(group->owner);
     free(group->local);
     free(group);

@@ -10,8 +10,27 @@
 
 #include <stdbool.h>
 
+/* The group's scratch in backend memory, one buffer per use, kept and grown across calls: a
+   call's work is ordered on the context, so the next call may take the same memory. */
+enum mf_ep_slot {
+    MF_EP_SEND,   /* rows out (dispatch), outputs back (combine) */
+    MF_EP_RECV,   /* rows in */
+    MF_EP_CODES,  /* x quantized on the way: codes */
+    MF_EP_SCALES, /* and scales */
+    MF_EP_BACK,   /* outputs back, in send order */
+    MF_EP_IDS,    /* the layer's: received rows' experts */
+    MF_EP_XQ,     /* codes */
+    MF_EP_XS,     /* scales */
+    MF_EP_H,      /* h */
+    MF_EP_HS,     /* h's scales */
+    MF_EP_Y,      /* the experts' outputs */
+    MF_EP_SLOTS
+};
+
 struct moefuse_ep_group {
-    const moefuse_context *ctx; /* the context it was made on, the only one it takes */
+    moefuse_context *ctx; /* the context it was made on, the only one it takes */
+    void *scratch[MF_EP_SLOTS];
+    size_t scratch_bytes[MF_EP_SLOTS];
     int32_t rank, world;
     int32_t experts;       /* E, global */
     int32_t local_experts; /* E_local of this rank */
@@ -101,9 +120,10 @@ moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse
 moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
                             int64_t K, const moefuse_tensor *out);
 
-/* Backend memory of at least one byte, and its release (NULL allowed). */
-moefuse_status mf_ep_alloc(moefuse_context *ctx, const char *op, size_t bytes, void **p);
-void mf_ep_free(moefuse_context *ctx, void *p);
+/* The group's scratch buffer `slot` of at least `bytes` (grown when short; its contents are
+   not kept when it grows). */
+moefuse_status mf_ep_scratch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                             enum mf_ep_slot slot, size_t bytes, void **p);
 /* A host copy of a tensor's bytes (*host, malloc'd) and a view of it with the same strides. */
 moefuse_status mf_ep_to_host(moefuse_context *ctx, const char *op, const moefuse_tensor *t,
                              void **host, moefuse_tensor *view);

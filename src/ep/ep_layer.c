@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The backend memory of this rank's part of a layer. */
+/* The backend memory of this rank's part of a layer (the group's scratch). */
 typedef struct layer_bufs {
     void *sent, *recv; /* the rows out, the rows in */
     void *ids;         /* [R] i32: each received row's local expert */
@@ -22,13 +22,6 @@ typedef struct layer_bufs {
     void *y;           /* [R, 1, K] f32: the experts' outputs, un-reduced */
     void *back;        /* [n_sent, K] f32: the outputs of this rank's slots */
 } layer_bufs;
-
-static void bufs_free(moefuse_context *ctx, layer_bufs *b)
-{
-    void *all[] = {b->sent, b->recv, b->ids, b->xq, b->xs, b->h, b->hs, b->y, b->back};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        mf_ep_free(ctx, all[i]);
-}
 
 /* This rank's weights hold its E_local experts at x's K (the rest the gate and final check). */
 static moefuse_status check_weights(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
@@ -178,11 +171,13 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         {fp8 ? sizeof(float) : 0u, (size_t)(R * (I / 128))},
     };
     void **where[] = {&b.recv, &b.ids, &b.h, &b.y, &b.back, &b.xq, &b.xs, &b.hs};
+    static const enum mf_ep_slot slot[] = {MF_EP_RECV, MF_EP_IDS, MF_EP_H,  MF_EP_Y,
+                                           MF_EP_BACK, MF_EP_XQ,  MF_EP_XS, MF_EP_HS};
     for (size_t i = 0; i < sizeof where / sizeof where[0] && st == MOEFUSE_OK; i++)
         if (need[i][0] > 0)
-            st = mf_ep_alloc(ctx, op, need[i][0] * need[i][1], where[i]);
+            st = mf_ep_scratch(ctx, op, g, slot[i], need[i][0] * need[i][1], where[i]);
     if (st == MOEFUSE_OK)
-        st = mf_ep_payload_pack(ctx, op, &pay, x, &r, &b.sent);
+        st = mf_ep_payload_pack(ctx, op, g, &pay, x, &r, &b.sent);
     st = mf_ep_vote_on(ctx, op, g, st);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 0, b.sent, pay.row_bytes, b.recv);
@@ -196,7 +191,6 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         st = mf_ep_exchange_rows(ctx, op, g, &r, 1, b.y, sizeof(float) * (size_t)K, b.back);
     if (st == MOEFUSE_OK)
         st = mf_ep_reduce(ctx, &r, b.back, K, out);
-    bufs_free(ctx, &b);
     mf_ep_route_free(&r);
     return st;
 }

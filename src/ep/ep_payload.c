@@ -76,8 +76,9 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
     return check_routing(ctx, op, routing, M);
 }
 
-moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
-                                  const moefuse_tensor *x, const mf_ep_route *r, void **rows)
+moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                  const mf_ep_payload *pay, const moefuse_tensor *x,
+                                  const mf_ep_route *r, void **rows)
 {
     const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups, k = r->topk;
     *rows = NULL;
@@ -100,9 +101,9 @@ moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf
         a.scales = pay->xs;
     }
     if (pay->quantize) { /* every row once, as moefuse_quant does (the one-device layer's step 1) */
-        st = mf_ep_alloc(ctx, op, (size_t)(M * K), &codes);
+        st = mf_ep_scratch(ctx, op, g, MF_EP_CODES, (size_t)(M * K), &codes);
         if (st == MOEFUSE_OK)
-            st = mf_ep_alloc(ctx, op, sizeof(float) * (size_t)(M * G), &scales);
+            st = mf_ep_scratch(ctx, op, g, MF_EP_SCALES, sizeof(float) * (size_t)(M * G), &scales);
         const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
         const moefuse_tensor q = moefuse_tensor_dense(codes, MOEFUSE_F8_E4M3, 2, qshape);
         const moefuse_tensor qs = moefuse_tensor_dense(scales, MOEFUSE_F32, 2, sshape);
@@ -115,17 +116,13 @@ moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf
         a.layout = MOEFUSE_SCALE_ROW_MAJOR;
     }
     if (st == MOEFUSE_OK)
-        st = mf_ep_alloc(ctx, op, pay->row_bytes * (size_t)r->n_sent, rows);
+        st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, pay->row_bytes * (size_t)r->n_sent, rows);
     a.buffer = *rows;
     if (st == MOEFUSE_OK && r->n_sent > 0)
         st = ctx->backend->ep_gather(ctx, ctx->state, &a);
-    mf_ep_free(ctx, codes);
-    mf_ep_free(ctx, scales);
     free(index);
-    if (st != MOEFUSE_OK) {
-        mf_ep_free(ctx, *rows);
+    if (st != MOEFUSE_OK)
         *rows = NULL;
-    }
     return st;
 }
 

@@ -29,10 +29,12 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
                                    bool quantize, const moefuse_quant_options *act,
                                    mf_ep_payload *pay);
 
-/* The rows this rank sends, in the route's send order, in new backend memory (*rows,
-   mf_ep_free): x's rows, or FP8 ones (quantized here first when pay->quantize). */
-moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
-                                  const moefuse_tensor *x, const mf_ep_route *r, void **rows);
+/* The rows this rank sends, in the route's send order, in the group's MF_EP_SEND scratch
+   (*rows): x's rows, or FP8 ones (quantized here first, in MF_EP_CODES and MF_EP_SCALES, when
+   pay->quantize). */
+moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                  const mf_ep_payload *pay, const moefuse_tensor *x,
+                                  const mf_ep_route *r, void **rows);
 
 /* n received rows (backend memory) into rows [E, T, K] at index[i] = e T + t, FP8 scales into
    scales (rank 3, in `layout`); counts [E] (host) when the layout pads: the backend's

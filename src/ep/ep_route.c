@@ -23,20 +23,24 @@ moefuse_status mf_ep_backend_check(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-moefuse_status mf_ep_alloc(moefuse_context *ctx, const char *op, size_t bytes, void **p)
+moefuse_status mf_ep_scratch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                             enum mf_ep_slot slot, size_t bytes, void **p)
 {
-    *p = NULL;
-    const moefuse_status st = ctx->backend->buffer_alloc(ctx, ctx->state, bytes > 0 ? bytes : 1, p);
-    if (st != MOEFUSE_OK)
-        return mf_error(ctx, st, "%s: cannot allocate %zu bytes of the backend's memory: %s", op,
-                        bytes, moefuse_last_error(ctx));
+    if (bytes > g->scratch_bytes[slot] || !g->scratch[slot]) {
+        if (g->scratch[slot])
+            ctx->backend->buffer_free(ctx->state, g->scratch[slot]);
+        g->scratch[slot] = NULL;
+        g->scratch_bytes[slot] = 0;
+        const size_t want = bytes + bytes / 8 + 256; /* a little room for the next call */
+        const moefuse_status st = ctx->backend->buffer_alloc(ctx, ctx->state, want,
+                                                             &g->scratch[slot]);
+        if (st != MOEFUSE_OK)
+            return mf_error(ctx, st, "%s: cannot allocate %zu bytes of the backend's memory: %s",
+                            op, want, moefuse_last_error(ctx));
+        g->scratch_bytes[slot] = want;
+    }
+    *p = g->scratch[slot];
     return MOEFUSE_OK;
-}
-
-void mf_ep_free(moefuse_context *ctx, void *p)
-{
-    if (p)
-        ctx->backend->buffer_free(ctx->state, p);
 }
 
 moefuse_status mf_ep_to_host(moefuse_context *ctx, const char *op, const moefuse_tensor *t,
