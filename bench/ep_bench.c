@@ -114,9 +114,11 @@ static int run(int r, int fd[2], int M, int quantize, int iters)
             return 1;
         }
         for (int p = 1; p < W; p++)
-            if (write(fd[1], &id, sizeof id) != sizeof id || write(fd[1], &raw, sizeof raw) != sizeof raw)
+            if (write(fd[1], &id, sizeof id) != sizeof id ||
+                write(fd[1], &raw, sizeof raw) != sizeof raw)
                 return 1;
-    } else if (read(fd[0], &id, sizeof id) != sizeof id || read(fd[0], &raw, sizeof raw) != sizeof raw) {
+    } else if (read(fd[0], &id, sizeof id) != sizeof id ||
+               read(fd[0], &raw, sizeof raw) != sizeof raw) {
         return 1;
     }
     moefuse_ep_config cfg = {r, W, W * E_RANK, NULL, {0}};
@@ -164,7 +166,8 @@ static int run(int r, int fd[2], int M, int quantize, int iters)
     size_t rows_to[W] = {0};
     for (int s = 0; s < M * KTOP; s++)
         rows_to[ids[s] / E_RANK]++;
-    double *t_ep = malloc(sizeof(double) * (size_t)iters), *t_nc = malloc(sizeof(double) * (size_t)iters);
+    double *t_ep = malloc(sizeof(double) * (size_t)iters);
+    double *t_nc = malloc(sizeof(double) * (size_t)iters);
     for (int it = -2; it < iters; it++) {
         moefuse_synchronize(ctx);
         const double t0 = now();

@@ -115,7 +115,8 @@ MOEFUSE_API moefuse_status moefuse_ep_dispatch(
  * Combine: y [E_local, Tmax, K] f32/f16/bf16, the local experts' outputs for the rows dispatch
  * wrote (rows t >= count are not read), goes back to the tokens' ranks, where
  * out[m] = sum over valid j = 0..k-1, in that order, of topk_weights[m, j] * y of slot (m, j),
- * in f32 from 0, rounded once to out's dtype (out [M, K] f32/f16/bf16): the sum of moefuse_moe_final.
+ * in f32 from 0, rounded once to out's dtype (out [M, K] f32/f16/bf16): the sum of
+ * moefuse_moe_final.
  */
 MOEFUSE_API moefuse_status moefuse_ep_combine(moefuse_context *ctx, moefuse_ep_group *group,
                                               const moefuse_ep_handle *handle,

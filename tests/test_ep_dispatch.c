@@ -108,7 +108,8 @@ static void disp_rank(ep_world *w, int32_t r)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t ch = 0; ch < K; ch++)
                     y[(e * T + t) * K + ch] = t < counts[e] ? y_of(r, e, t, ch) : NAN;
-        const size_t yb = sizeof(float) * (size_t)(El * T * K), ob = sizeof(float) * (size_t)(M * K);
+        const size_t yb = sizeof(float) * (size_t)(El * T * K);
+        const size_t ob = sizeof(float) * (size_t)(M * K);
         void *dy = ep_put(ctx, y, yb), *dout = ep_put(ctx, NULL, ob);
         moefuse_tensor ty = on(dy, MOEFUSE_F32, 3, El, T, K);
         moefuse_tensor out = on(dout, MOEFUSE_F32, 2, M, K, 0);
@@ -164,8 +165,9 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                       moefuse_status_name(c->st[r]), c->msg[r]);
         ck_assert_msg(c->st_combine[r] == MOEFUSE_OK, "rank %d: combine %s", (int)r,
                       moefuse_status_name(c->st_combine[r]));
-        moefuse_tensor sc = c->quantize ? rscales_of(c->scales[r] + EP_GUARD, &LAYS[c->lay], El, T, K)
-                                        : dense(NULL, MOEFUSE_F32, 1, 0, 0, 0);
+        moefuse_tensor sc = c->quantize
+                                ? rscales_of(c->scales[r] + EP_GUARD, &LAYS[c->lay], El, T, K)
+                                : dense(NULL, MOEFUSE_F32, 1, 0, 0, 0);
         moefuse_tensor sc3 = sc;
         for (int32_t e = 0; e < El; e++) {
             int64_t t = 0;
@@ -184,10 +186,11 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                                   "rank %d expert %d row %lld: not row %lld of rank %d", (int)r,
                                   (int)e, (long long)t, (long long)m, (int)p);
                     for (int64_t gi = 0; gi < G && c->quantize; gi++) {
-                        const float v = mf_ep_scale_read(&sc3, (moefuse_scale_layout)LAYS[c->lay].layout,
-                                                         e, t, gi);
-                        ck_assert_msg(v == qs[p][m * G + gi], "rank %d expert %d row %lld: scale %lld",
-                                      (int)r, (int)e, (long long)t, (long long)gi);
+                        const moefuse_scale_layout L = (moefuse_scale_layout)LAYS[c->lay].layout;
+                        const float v = mf_ep_scale_read(&sc3, L, e, t, gi);
+                        ck_assert_msg(v == qs[p][m * G + gi],
+                                      "rank %d expert %d row %lld: scale %lld", (int)r, (int)e,
+                                      (long long)t, (long long)gi);
                     }
                     t++;
                 }

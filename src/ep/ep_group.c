@@ -20,8 +20,8 @@ static moefuse_status check_config(moefuse_context *ctx, const char *op,
                             "%s: config.reserved[%zu] is %u; it must be 0", op, i,
                             (unsigned)c->reserved[i]);
     if (c->world < 1)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: config.world is %d; it must be >= 1",
-                        op, (int)c->world);
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: config.world is %d; it must be >= 1", op, (int)c->world);
     if (c->rank < 0 || c->rank >= c->world)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: config.rank is %d; it must be in [0, world = %d)", op, (int)c->rank,
