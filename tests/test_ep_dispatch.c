@@ -15,6 +15,9 @@ typedef struct disp_case {
     int32_t world, E, k;
     int64_t K, tmax, M[EP_MAX_WORLD];
     int quantize, lay; /* FP8 rows: recv_scales in LAYS[lay] */
+    int f8x;           /* FP8 rows from an f8 x with its scales in LAYS[lay] (quantize 0) */
+    void *xq[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
+    size_t xs_bytes[EP_MAX_WORLD];
     moefuse_dtype dt;
     moefuse_ep_dispatch_options opt;
     void *x[EP_MAX_WORLD];
@@ -70,20 +73,31 @@ static void disp_rank(ep_world *w, int32_t r)
     moefuse_context *ctx = w->ctx[r];
     const int64_t K = c->K, T = c->tmax, M = c->M[r];
     const int32_t El = moefuse_ep_local_experts(w->group[r]);
-    const moefuse_dtype rdt = c->quantize ? MOEFUSE_F8_E4M3 : c->dt;
+    const bool fp8 = c->quantize || c->f8x;
+    const moefuse_dtype rdt = fp8 ? MOEFUSE_F8_E4M3 : c->dt;
     c->local[r] = El;
-    const size_t xb = moefuse_dtype_size(c->dt) * (size_t)(M * K);
+    const size_t xb = (c->f8x ? 1 : moefuse_dtype_size(c->dt)) * (size_t)(M * K);
     const size_t rb = moefuse_dtype_size(rdt) * (size_t)(El * T * K);
     const size_t cb = sizeof(int32_t) * (size_t)El, sb = sizeof(int32_t) * (size_t)(M * c->k);
-    void *dx = ep_put(ctx, c->x[r], xb), *dids = ep_put(ctx, c->ids[r], sb);
+    void *dx = ep_put(ctx, c->f8x ? c->xq[r] : c->x[r], xb), *dids = ep_put(ctx, c->ids[r], sb);
+    void *dxs = c->f8x ? ep_put(ctx, c->xs[r], c->xs_bytes[r]) : NULL;
     void *dwts = ep_put(ctx, c->wts[r], sizeof(float) * (size_t)(M * c->k));
     void *drecv = ep_put(ctx, NULL, rb), *dcounts = ep_put(ctx, NULL, cb), *dscales = NULL;
-    moefuse_tensor x = on(dx, c->dt, 2, M, K, 0);
+    moefuse_tensor x = on(dx, c->f8x ? MOEFUSE_F8_E4M3 : c->dt, 2, M, K, 0);
+    moefuse_tensor xs;
+    memset(&xs, 0, sizeof xs);
+    if (c->f8x) {
+        xs = rscales_of(dxs, &LAYS[c->lay], 1, M, K); /* [1, ...]: the 2-D layout's */
+        xs.rank = 2;
+        xs.shape[0] = xs.shape[1], xs.shape[1] = xs.shape[2];
+        xs.stride[0] = xs.stride[1], xs.stride[1] = xs.stride[2];
+        xs.offset = EP_GUARD;
+    }
     moefuse_tensor rx = on(drecv, rdt, 3, El, T, K);
     moefuse_tensor rc = on(dcounts, MOEFUSE_I32, 1, El, 0, 0);
     moefuse_tensor rs;
     memset(&rs, 0, sizeof rs);
-    if (c->quantize) {
+    if (fp8) {
         rs = rscales_of(NULL, &LAYS[c->lay], El, T, K);
         c->scale_bytes[r] = (size_t)moefuse_tensor_span_bytes(&rs);
         dscales = ep_put(ctx, NULL, c->scale_bytes[r]);
@@ -95,7 +109,8 @@ static void disp_rank(ep_world *w, int32_t r)
     rt.topk_ids = on(dids, MOEFUSE_I32, 2, M, c->k, 0);
     rt.topk_weights = on(dwts, MOEFUSE_F32, 2, M, c->k, 0);
     moefuse_ep_handle *h = NULL;
-    c->st[r] = moefuse_ep_dispatch(ctx, w->group[r], &x, NULL, &rt, &rx, &rs, &rc, &c->opt, &h);
+    c->st[r] = moefuse_ep_dispatch(ctx, w->group[r], &x, c->f8x ? &xs : NULL, &rt, &rx, &rs, &rc,
+                                   &c->opt, &h);
     snprintf(c->msg[r], sizeof c->msg[r], "%s", moefuse_last_error(ctx));
     c->recv[r] = ep_get(ctx, drecv, rb);
     c->counts[r] = ep_get(ctx, dcounts, cb);
@@ -122,7 +137,7 @@ static void disp_rank(ep_world *w, int32_t r)
         ck_assert_ptr_null(h);
     }
     moefuse_ep_handle_destroy(h);
-    void *all[] = {dx, dids, dwts, drecv, dcounts, dscales};
+    void *all[] = {dx, dxs, dids, dwts, drecv, dcounts, dscales};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i])
             moefuse_buffer_free(ctx, all[i]);
@@ -145,7 +160,8 @@ static void check_dispatch(disp_case *c, ep_world *wv)
     /* the senders' FP8 rows, as moefuse_quant forms them (row-major f32 scales) */
     unsigned char *codes[EP_MAX_WORLD] = {0};
     float *qs[EP_MAX_WORLD] = {0};
-    for (int32_t p = 0; p < c->world && c->quantize; p++) {
+    const bool fp8 = c->quantize || c->f8x;
+    for (int32_t p = 0; p < c->world && fp8; p++) {
         const int64_t M = c->M[p];
         codes[p] = malloc((size_t)(M * K) + 1);
         qs[p] = malloc(sizeof(float) * (size_t)(M * G) + 1);
@@ -158,15 +174,14 @@ static void check_dispatch(disp_case *c, ep_world *wv)
         ck_assert_int_eq(moefuse_quant(ref, &x, &q, &s, &o), MOEFUSE_OK);
     }
     moefuse_context_destroy(ref);
-    const size_t rs = moefuse_dtype_size(c->quantize ? MOEFUSE_F8_E4M3 : c->dt) * (size_t)K;
+    const size_t rs = moefuse_dtype_size(fp8 ? MOEFUSE_F8_E4M3 : c->dt) * (size_t)K;
     for (int32_t r = 0; r < c->world; r++) {
         const int32_t El = c->local[r];
         ck_assert_msg(c->st[r] == MOEFUSE_OK, "rank %d: dispatch %s: %s", (int)r,
                       moefuse_status_name(c->st[r]), c->msg[r]);
         ck_assert_msg(c->st_combine[r] == MOEFUSE_OK, "rank %d: combine %s", (int)r,
                       moefuse_status_name(c->st_combine[r]));
-        moefuse_tensor sc = c->quantize
-                                ? rscales_of(c->scales[r] + EP_GUARD, &LAYS[c->lay], El, T, K)
+        moefuse_tensor sc = fp8 ? rscales_of(c->scales[r] + EP_GUARD, &LAYS[c->lay], El, T, K)
                                 : dense(NULL, MOEFUSE_F32, 1, 0, 0, 0);
         moefuse_tensor sc3 = sc;
         for (int32_t e = 0; e < El; e++) {
@@ -179,13 +194,13 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     const int64_t m = s / c->k;
                     const char *got =
                         (const char *)c->recv[r] + EP_GUARD + rs * (size_t)(e * T + t);
-                    const void *want = c->quantize ? (const void *)(codes[p] + m * K)
+                    const void *want = fp8 ? (const void *)(codes[p] + m * K)
                                                    : (const void *)((const char *)c->x[p] +
                                                                     rs * (size_t)m);
                     ck_assert_msg(memcmp(got, want, rs) == 0,
                                   "rank %d expert %d row %lld: not row %lld of rank %d", (int)r,
                                   (int)e, (long long)t, (long long)m, (int)p);
-                    for (int64_t gi = 0; gi < G && c->quantize; gi++) {
+                    for (int64_t gi = 0; gi < G && fp8; gi++) {
                         const moefuse_scale_layout L = (moefuse_scale_layout)LAYS[c->lay].layout;
                         const float v = mf_ep_scale_read(&sc3, L, e, t, gi);
                         ck_assert_msg(v == qs[p][m * G + gi],
@@ -201,7 +216,7 @@ static void check_dispatch(disp_case *c, ep_world *wv)
         }
         ck_assert(ep_guards_ok(c->recv[r], rs * (size_t)(El * T)) &&
                   ep_guards_ok(c->counts[r], sizeof(int32_t) * (size_t)El));
-        if (c->quantize)
+        if (fp8)
             ck_assert(ep_guards_ok(c->scales[r], c->scale_bytes[r]));
     }
     /* combine: out[m] = sum over valid j of w * y of the slot, taken here the same way */
@@ -252,6 +267,22 @@ static void run_dispatch(disp_case *c, const int32_t *owner)
         c->wts[r] = malloc(sizeof(float) * (size_t)(M * c->k) + 1);
         ep_fill(c->x[r], c->dt, M * c->K);
         ep_routing(c->ids[r], c->wts[r], M, c->k, 0, c->E, c->E);
+        if (c->f8x) { /* x quantized here, its scales in the case's layout */
+            moefuse_context *ref;
+            ck_assert_int_eq(moefuse_context_create(&ref, "cpu"), MOEFUSE_OK);
+            moefuse_tensor s2 = rscales_of(NULL, &LAYS[c->lay], 1, M, c->K);
+            c->xs_bytes[r] = (size_t)moefuse_tensor_span_bytes(&s2);
+            c->xq[r] = malloc((size_t)(M * c->K) + 1);
+            c->xs[r] = calloc(c->xs_bytes[r] + 1, 1);
+            s2.data = c->xs[r];
+            s2.rank = 2;
+            s2.shape[0] = s2.shape[1], s2.shape[1] = s2.shape[2];
+            s2.stride[0] = s2.stride[1], s2.stride[1] = s2.stride[2];
+            moefuse_tensor x = dense(c->x[r], c->dt, 2, M, c->K, 0);
+            moefuse_tensor q = dense(c->xq[r], MOEFUSE_F8_E4M3, 2, M, c->K, 0);
+            ck_assert_int_eq(moefuse_quant(ref, &x, &q, &s2, &c->opt.act), MOEFUSE_OK);
+            moefuse_context_destroy(ref);
+        }
     }
     ep_run(c->world, c->E, owner, disp_rank, c);
     memset(&placement, 0, sizeof placement);
@@ -264,6 +295,8 @@ static void free_dispatch(disp_case *c)
 {
     for (int32_t r = 0; r < c->world; r++) {
         free(c->x[r]);
+        free(c->xq[r]);
+        free(c->xs[r]);
         free(c->ids[r]);
         free(c->wts[r]);
         free(c->recv[r]);
@@ -297,6 +330,16 @@ START_TEST(t_dispatch_rows)
         check_dispatch(&c, &placement);
         free_dispatch(&c);
     }
+    disp_case f = make_case(2, 17, 200); /* f16 and f32 rows: the same bytes */
+    f.dt = MOEFUSE_F16;
+    run_dispatch(&f, NULL);
+    check_dispatch(&f, &placement);
+    free_dispatch(&f);
+    f = make_case(2, 17, 200);
+    f.dt = MOEFUSE_F32;
+    run_dispatch(&f, NULL);
+    check_dispatch(&f, &placement);
+    free_dispatch(&f);
     static const int32_t owner[8] = {3, 0, 0, 3, 2, 0, 2, 3}; /* rank 1 holds none */
     disp_case d = make_case(4, 0, 100);
     d.M[1] = 1;
@@ -331,6 +374,21 @@ START_TEST(t_dispatch_fp8_layouts)
                                                  [((e * s.shape[1] + w) * s.shape[2] + t) * es + b],
                                              0);
         }
+        free_dispatch(&c);
+    }
+}
+END_TEST
+
+START_TEST(t_dispatch_f8_x)
+{
+    for (int l = 0; l < 5; l++) { /* an f8 x, its scales in each layout, recv_scales likewise */
+        disp_case c = make_case(4, 11, 64);
+        c.f8x = 1;
+        c.lay = l;
+        c.opt.act.scale_layout = (moefuse_scale_layout)LAYS[l].layout;
+        c.opt.act.ue8m0 = LAYS[l].ue8m0;
+        run_dispatch(&c, NULL);
+        check_dispatch(&c, &placement);
         free_dispatch(&c);
     }
 }
@@ -482,6 +540,7 @@ void ep_add_dispatch_tests(Suite *s)
     TCase *tc = h_add_tcase(s, "ep_dispatch", NULL, 120);
     tcase_add_test(tc, t_dispatch_rows);
     tcase_add_test(tc, t_dispatch_fp8_layouts);
+    tcase_add_test(tc, t_dispatch_f8_x);
     tcase_add_test(tc, t_dispatch_overflow);
     tcase_add_test(tc, t_refusals);
 }
