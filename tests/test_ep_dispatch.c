@@ -394,29 +394,45 @@ START_TEST(t_dispatch_f8_x)
 }
 END_TEST
 
-START_TEST(t_dispatch_overflow)
+/* Every slot of both ranks (M = 9 and 14 tokens, k = 4) to expert 1, held by rank 0: 92 rows,
+   against a Tmax of tmax. */
+static void one_busy_expert(disp_case *c, int64_t tmax)
 {
-    /* every slot to expert 1 (rank 0 of 2): more rows than Tmax; every rank fails, nothing is
-       written anywhere */
-    disp_case c = make_case(2, 9, 16);
+    *c = make_case(2, 9, tmax);
     for (int32_t r = 0; r < 2; r++) {
-        const int64_t M = c.M[r];
-        c.x[r] = malloc(2 * (size_t)(M * c.K));
-        c.ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c.k));
-        c.wts[r] = malloc(sizeof(float) * (size_t)(M * c.k));
-        ep_fill(c.x[r], c.dt, M * c.K);
-        for (int64_t s = 0; s < M * c.k; s++) {
-            c.ids[r][s] = 1;
-            c.wts[r][s] = 0.5f;
+        const int64_t M = c->M[r];
+        c->x[r] = malloc(2 * (size_t)(M * c->K));
+        c->ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c->k));
+        c->wts[r] = malloc(sizeof(float) * (size_t)(M * c->k));
+        ep_fill(c->x[r], c->dt, M * c->K);
+        for (int64_t s = 0; s < M * c->k; s++) {
+            c->ids[r][s] = 1;
+            c->wts[r][s] = 0.5f;
         }
     }
-    ep_run(2, c.E, NULL, disp_rank, &c);
+    ep_run(2, c->E, NULL, disp_rank, c);
+}
+
+START_TEST(t_dispatch_overflow)
+{
+    /* one row over Tmax: every rank fails, nothing is written anywhere */
+    disp_case c;
+    one_busy_expert(&c, 91);
     for (int32_t r = 0; r < 2; r++) {
         ck_assert_int_eq(c.st[r], MOEFUSE_ERR_SHAPE);
+        ck_assert_msg(strstr(c.msg[r], "local expert 1 of rank 0 receives 92 rows"), "%s",
+                      c.msg[r]);
         const size_t n = 2 * (size_t)(c.local[r] * c.tmax * c.K);
         ck_assert(untouched(c.recv[r], n + 2 * EP_GUARD));
         ck_assert(untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r] + 2 * EP_GUARD));
     }
+    free_dispatch(&c);
+    /* exactly Tmax rows: taken */
+    one_busy_expert(&c, 92);
+    for (int32_t r = 0; r < 2; r++)
+        ck_assert_msg(c.st[r] == MOEFUSE_OK && c.st_combine[r] == MOEFUSE_OK, "rank %d: %s",
+                      (int)r, c.msg[r]);
+    ck_assert_int_eq(((const int32_t *)(c.counts[0] + EP_GUARD))[1], 92);
     free_dispatch(&c);
 }
 END_TEST

@@ -1,8 +1,9 @@
 /*
  * moefuse_ep_dispatch and moefuse_ep_combine: rows out to the experts' ranks in the 3-D masked
  * layout, and their outputs back to the tokens' ranks as the top-k sum. docs/NUMERICS.md
- * "Expert parallelism" fixes the order of the rows and of the sum. Every refusal is voted on
- * (mf_ep_vote_on) before any rank moves a row, so that no rank waits for one that returned.
+ * "Expert parallelism" fixes the order of the rows and of the sum. Each call makes one small
+ * exchange in host memory before its rows, which agrees on one status for every rank (a
+ * refusal, an expert over its Tmax), so that no rank waits for one that returned.
  */
 #include "core/core.h"
 #include "core/options.h"
@@ -72,13 +73,12 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
     return mf_check_outputs(ctx, op, ops, sizeof ops / sizeof ops[0], &idle);
 }
 
-/* Each local expert's received rows; the first over Tmax (or -1) in *over. An expert id out
-   of range (another rank's bytes, not trusted) is MOEFUSE_ERR_INTERNAL. */
+/* Each local expert's received rows. An expert id out of range (the route's bytes came from
+   other ranks) is MOEFUSE_ERR_INTERNAL. */
 static moefuse_status count_rows(moefuse_context *ctx, const char *op, const mf_ep_route *r,
-                                 int64_t E, int64_t tmax, int64_t *cnt, int64_t *over)
+                                 int64_t E, int64_t *cnt)
 {
     memset(cnt, 0, sizeof *cnt * (size_t)(E > 0 ? E : 1));
-    *over = -1;
     for (int64_t i = 0; i < r->n_recv; i++) {
         const int32_t e = r->recv_expert[i];
         if (e < 0 || e >= E)
@@ -87,37 +87,15 @@ static moefuse_status count_rows(moefuse_context *ctx, const char *op, const mf_
                             (long long)i, (int)e, (long long)E);
         cnt[e]++;
     }
-    for (int64_t e = 0; e < E && *over < 0; e++)
-        if (cnt[e] > tmax)
-            *over = e;
     return MOEFUSE_OK;
 }
 
-/* Agrees on one status: this rank's, or the first failing rank's (a full expert named). */
-static moefuse_status agree_dispatch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                                     moefuse_status st, int64_t over, int64_t rows, int64_t tmax)
-{
-    mf_ep_vote me = {(int32_t)st, {(int32_t)over, (int32_t)rows, (int32_t)tmax}}, first;
-    int32_t who = -1;
-    MF_TRY(mf_ep_agree(ctx, op, g, &me, &first, &who));
-    if (who < 0 || st != MOEFUSE_OK)
-        return st; /* this rank's own message stands */
-    if (first.status == MOEFUSE_ERR_SHAPE && first.detail[0] >= 0)
-        return mf_error(ctx, MOEFUSE_ERR_SHAPE,
-                        "%s: local expert %d of rank %d receives %d rows, more than its Tmax = "
-                        "%d; no rank wrote anything",
-                        op, (int)first.detail[0], (int)who, (int)first.detail[1],
-                        (int)first.detail[2]);
-    return mf_error(ctx, (moefuse_status)first.status,
-                    "%s: rank %d failed (%s); every rank of the group stops with it", op,
-                    (int)who, moefuse_status_name((moefuse_status)first.status));
-}
-
 /*
- * The steps, each rank in step with the others: the arguments (voted); the route (counts and
- * experts exchanged); every expert's rows against Tmax, and the rows to send, packed (voted);
- * the rows; the outputs, written. (A rank that runs out of host memory inside an exchange
- * leaves the others waiting, as a rank leaving an NCCL collective does.)
+ * The steps, each rank in step with the others: the arguments, the route's send side and the
+ * rows packed, then the call's one host exchange, which every rank takes part in and which
+ * agrees on one status (a refusal, an expert over its Tmax); then the rows; then the outputs.
+ * (A rank that runs out of memory after that exchange leaves the others waiting, as a rank
+ * leaving an NCCL collective does.)
  */
 static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                const moefuse_tensor *x, const moefuse_tensor *x_scales,
@@ -134,54 +112,47 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     memset(&d, 0, sizeof d);
     moefuse_status st = check_dispatch(ctx, op, g, x, x_scales, routing, recv_x, recv_scales,
                                        recv_counts, opt, &d);
-    moefuse_ep_handle *h = st == MOEFUSE_OK ? calloc(1, sizeof *h) : NULL;
+    moefuse_ep_handle *h = calloc(1, sizeof *h);
     if (st == MOEFUSE_OK && !h)
         st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the handle", op);
-    void *ids_host = NULL, *wts_host = NULL;
+    mf_ep_route none;
+    memset(&none, 0, sizeof none);
+    mf_ep_route *route = h ? &h->route : &none;
+    void *ids_host = NULL, *wts_host = NULL, *rows = NULL, *recv = NULL;
     moefuse_tensor ids, wts;
     if (st == MOEFUSE_OK)
         st = mf_ep_to_host(ctx, op, &routing->topk_ids, &ids_host, &ids);
     if (st == MOEFUSE_OK)
         st = mf_ep_to_host(ctx, op, &routing->topk_weights, &wts_host, &wts);
-    st = mf_ep_vote_on(ctx, op, g, st);
     if (st == MOEFUSE_OK)
-        st = mf_ep_route_make(ctx, op, g, &ids, &wts, &h->route);
+        st = mf_ep_route_local(ctx, op, g, &ids, &wts, route);
     free(ids_host);
     free(wts_host);
-    if (st != MOEFUSE_OK) {
-        free(h);
-        return st;
-    }
-    const int64_t E = d.local_experts, n = h->route.n_recv;
-    int64_t *cnt = malloc(sizeof *cnt * (size_t)(E > 0 ? E : 1)), over = -1;
-    int64_t *fill = calloc((size_t)(E > 0 ? E : 1), sizeof *fill);
-    int32_t *cnt32 = malloc(sizeof *cnt32 * (size_t)(E > 0 ? E : 1));
-    void *rows = NULL, *recv = NULL;
-    h->recv_row = malloc(sizeof *h->recv_row * (size_t)(n > 0 ? n : 1));
-    if (!cnt || !fill || !cnt32 || !h->recv_row)
-        st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate %lld received rows",
-                      op, (long long)n);
     if (st == MOEFUSE_OK)
-        st = count_rows(ctx, op, &h->route, E, d.tmax, cnt, &over);
+        st = mf_ep_payload_pack(ctx, op, g, &d.pay, x, route, &rows);
+    st = mf_ep_route_agree(ctx, op, g, st, d.tmax, route);
+    const int64_t E = d.local_experts, n = route->n_recv;
+    int64_t *cnt = NULL, *fill = NULL;
+    int32_t *cnt32 = NULL;
     if (st == MOEFUSE_OK) {
-        if (over >= 0)
-            st = mf_error(ctx, MOEFUSE_ERR_SHAPE,
-                          "%s: local expert %lld of rank %d receives %lld rows; recv_x holds "
-                          "Tmax = %lld",
-                          op, (long long)over, (int)g->rank, (long long)cnt[over],
-                          (long long)d.tmax);
+        cnt = malloc(sizeof *cnt * (size_t)(E > 0 ? E : 1));
+        fill = calloc((size_t)(E > 0 ? E : 1), sizeof *fill);
+        cnt32 = malloc(sizeof *cnt32 * (size_t)(E > 0 ? E : 1));
+        h->recv_row = malloc(sizeof *h->recv_row * (size_t)(n > 0 ? n : 1));
+        if (!cnt || !fill || !cnt32 || !h->recv_row)
+            st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                          "%s: cannot allocate %lld received rows", op, (long long)n);
     }
+    if (st == MOEFUSE_OK)
+        st = count_rows(ctx, op, route, E, cnt);
     if (st == MOEFUSE_OK)
         st = mf_ep_scratch(ctx, op, g, MF_EP_RECV, d.pay.row_bytes * (size_t)n, &recv);
     if (st == MOEFUSE_OK)
-        st = mf_ep_payload_pack(ctx, op, g, &d.pay, x, &h->route, &rows);
-    st = agree_dispatch(ctx, op, g, st, over, over >= 0 ? cnt[over] : 0, d.tmax);
-    if (st == MOEFUSE_OK)
-        st = mf_ep_exchange_rows(ctx, op, g, &h->route, 0, rows, d.pay.row_bytes, recv);
+        st = mf_ep_exchange_rows(ctx, op, g, route, 0, rows, d.pay.row_bytes, recv);
     if (st == MOEFUSE_OK) {
         /* by source rank, then as sent: each expert's rows in that order */
         for (int64_t i = 0; i < n; i++) {
-            const int64_t e = h->route.recv_expert[i];
+            const int64_t e = route->recv_expert[i];
             h->recv_row[i] = e * d.tmax + fill[e]++;
         }
         st = mf_ep_payload_unpack(ctx, &d.pay, recv, n, h->recv_row, recv_x, &d.rs,
@@ -197,6 +168,7 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     free(cnt);
     free(cnt32);
     free(fill);
+    mf_ep_route_free(&none);
     if (st != MOEFUSE_OK) {
         moefuse_ep_handle_destroy(h);
         return st;
@@ -251,12 +223,13 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
     if (!g || !h)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
                         !g ? "group" : "handle");
-    MF_TRY(mf_ep_vote_on(ctx, op, g, check_combine(ctx, op, g, h, y, out)));
     const int64_t K = h->model_dim;
     const mf_ep_route *r = &h->route;
     const size_t row = sizeof(float) * (size_t)K;
     void *send = NULL, *back = NULL;
-    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, row * (size_t)r->n_recv, &send);
+    moefuse_status st = check_combine(ctx, op, g, h, y, out);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, row * (size_t)r->n_recv, &send);
     if (st == MOEFUSE_OK)
         st = mf_ep_scratch(ctx, op, g, MF_EP_BACK, row * (size_t)r->n_sent, &back);
     if (st == MOEFUSE_OK && r->n_recv > 0) { /* the received rows' outputs, as f32 */
@@ -270,7 +243,7 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
         a.row_bytes = row;
         st = ctx->backend->ep_gather(ctx, ctx->state, &a);
     }
-    st = mf_ep_vote_on(ctx, op, g, st);
+    st = mf_ep_vote_on(ctx, op, g, st); /* the call's one host exchange */
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, r, 1, send, row, back);
     if (st == MOEFUSE_OK)

@@ -42,9 +42,9 @@ struct moefuse_ep_group {
 /* ---------------------------------------------- the route of one dispatch (ep_route.c) */
 
 /*
- * Which rows go where: this rank's valid slots, sorted by the rank holding their expert (then
- * by slot), and the local experts of the rows it receives, sorted by source rank (then as
- * the source sent them). Host memory: the rows themselves move in the backend's.
+ * Which rows go where: this rank's valid slots, sorted by the rank holding their expert, then
+ * the local expert there, then the slot; and the local experts of the rows it receives, by
+ * source rank, then as the source sent them. Host memory: the rows move in the backend's.
  */
 typedef struct mf_ep_route {
     int32_t world;
@@ -56,6 +56,7 @@ typedef struct mf_ep_route {
     int64_t *slot_row;       /* [M k]: each slot's place among the sent rows, -1: invalid */
     int32_t *recv_expert;    /* [n_recv]: local expert of each received row */
     float *weight;           /* [M k]: the valid slots' topk_weights (0 elsewhere) */
+    int64_t *per_expert;     /* [E]: this rank's slots of each global expert */
 } mf_ep_route;
 
 /* What combine needs of one dispatch: its route, and where each received row went. */
@@ -100,11 +101,20 @@ typedef struct mf_ep_vote {
 moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                            const mf_ep_vote *mine, mf_ep_vote *first, int32_t *first_rank);
 
-/* Routes topk_ids ([M, k] i32, a host view: mf_ep_to_host) over g; weights ([M, k] f32, host)
-   may be absent. Collective: exchanges the counts and the local experts. */
-moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                                const moefuse_tensor *ids, const moefuse_tensor *weights,
-                                mf_ep_route *r);
+/*
+ * A call's route in two steps. Local: this rank's valid slots of topk_ids ([M, k] i32, a host
+ * view: mf_ep_to_host) sorted by the rank holding their expert, then the local expert there,
+ * then the slot; weights ([M, k] f32, host) may be absent. Agreed: the call's one exchange of
+ * host memory, each rank's status (`mine`: its arguments, buffers and packing), capacity (tmax,
+ * -1: none) and slots per expert. Every rank then knows the rows it receives and the first
+ * rank that refused or has an expert over its capacity, and returns the same status (the
+ * message names that rank). With `mine` failing, r's send side may be empty.
+ */
+moefuse_status mf_ep_route_local(moefuse_context *ctx, const char *op, const moefuse_ep_group *g,
+                                 const moefuse_tensor *ids, const moefuse_tensor *weights,
+                                 mf_ep_route *r);
+moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                 moefuse_status mine, int64_t tmax, mf_ep_route *r);
 void mf_ep_route_free(mf_ep_route *r);
 
 /*

@@ -132,6 +132,7 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
     if (!g)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: group is NULL", op);
     mf_ep_payload pay;
+    memset(&pay, 0, sizeof pay);
     int64_t I = 0;
     moefuse_status st = mf_ep_backend_check(ctx, op, g);
     if (st == MOEFUSE_OK && !fp8 && x && x->dtype == MOEFUSE_F8_E4M3)
@@ -146,39 +147,38 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         st = check_out(ctx, op, out, x, routing);
     void *ids_host = NULL, *wts_host = NULL;
     moefuse_tensor ids, wts;
+    mf_ep_route r;
+    memset(&r, 0, sizeof r);
+    layer_bufs b;
+    memset(&b, 0, sizeof b);
     if (st == MOEFUSE_OK)
         st = mf_ep_to_host(ctx, op, &routing->topk_ids, &ids_host, &ids);
     if (st == MOEFUSE_OK)
         st = mf_ep_to_host(ctx, op, &routing->topk_weights, &wts_host, &wts);
-    st = mf_ep_vote_on(ctx, op, g, st);
-    mf_ep_route r;
-    memset(&r, 0, sizeof r);
     if (st == MOEFUSE_OK)
-        st = mf_ep_route_make(ctx, op, g, &ids, &wts, &r);
+        st = mf_ep_route_local(ctx, op, g, &ids, &wts, &r);
     free(ids_host);
     free(wts_host);
-    if (st != MOEFUSE_OK)
-        return st;
+    if (st == MOEFUSE_OK) /* this rank's rows out, and the outputs of its slots back */
+        st = mf_ep_scratch(ctx, op, g, MF_EP_BACK,
+                           sizeof(float) * (size_t)(r.n_sent * pay.model_dim), &b.back);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_payload_pack(ctx, op, g, &pay, x, &r, &b.sent);
+    st = mf_ep_route_agree(ctx, op, g, st, -1, &r); /* the call's one exchange of counts */
     const int64_t R = r.n_recv, K = pay.model_dim;
-    const size_t hsize = fp8 ? 1 : moefuse_dtype_size(x->dtype);
-    layer_bufs b;
-    memset(&b, 0, sizeof b);
+    const size_t hsize = fp8 ? 1 : (x ? moefuse_dtype_size(x->dtype) : 1);
     const size_t need[][2] = {
         {pay.row_bytes, (size_t)R},           {sizeof(int32_t), (size_t)R},
         {hsize, (size_t)(R * I)},             {sizeof(float), (size_t)(R * K)},
-        {sizeof(float), (size_t)(r.n_sent * K)},
         {fp8 ? 1u : 0u, (size_t)(R * K)},     {fp8 ? sizeof(float) : 0u, (size_t)(R * (K / 128))},
         {fp8 ? sizeof(float) : 0u, (size_t)(R * (I / 128))},
     };
-    void **where[] = {&b.recv, &b.ids, &b.h, &b.y, &b.back, &b.xq, &b.xs, &b.hs};
-    static const enum mf_ep_slot slot[] = {MF_EP_RECV, MF_EP_IDS, MF_EP_H,  MF_EP_Y,
-                                           MF_EP_BACK, MF_EP_XQ,  MF_EP_XS, MF_EP_HS};
+    void **where[] = {&b.recv, &b.ids, &b.h, &b.y, &b.xq, &b.xs, &b.hs};
+    static const enum mf_ep_slot slot[] = {MF_EP_RECV, MF_EP_IDS, MF_EP_H, MF_EP_Y,
+                                           MF_EP_XQ,   MF_EP_XS,  MF_EP_HS};
     for (size_t i = 0; i < sizeof where / sizeof where[0] && st == MOEFUSE_OK; i++)
         if (need[i][0] > 0)
             st = mf_ep_scratch(ctx, op, g, slot[i], need[i][0] * need[i][1], where[i]);
-    if (st == MOEFUSE_OK)
-        st = mf_ep_payload_pack(ctx, op, g, &pay, x, &r, &b.sent);
-    st = mf_ep_vote_on(ctx, op, g, st);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 0, b.sent, pay.row_bytes, b.recv);
     if (st == MOEFUSE_OK) {

@@ -82,6 +82,7 @@ moefuse_status mf_ep_vote_on(moefuse_context *ctx, const char *op, moefuse_ep_gr
 
 void mf_ep_route_free(mf_ep_route *r)
 {
+    free(r->per_expert);
     free(r->sent);
     free(r->received);
     free(r->send_slot);
@@ -120,91 +121,166 @@ static void runs(const size_t *rows, int32_t W, size_t row_bytes, size_t *bytes,
     }
 }
 
-moefuse_status mf_ep_route_make(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                                const moefuse_tensor *ids, const moefuse_tensor *weights,
-                                mf_ep_route *r)
+moefuse_status mf_ep_route_local(moefuse_context *ctx, const char *op, const moefuse_ep_group *g,
+                                 const moefuse_tensor *ids, const moefuse_tensor *weights,
+                                 mf_ep_route *r)
 {
     memset(r, 0, sizeof *r);
-    const int32_t W = g->world;
+    const int32_t W = g->world, E = g->experts;
     const int64_t M = ids->shape[0], k = ids->shape[1], S = M * k;
     r->world = W;
     r->tokens = M;
     r->topk = k;
     MF_TRY(route_alloc(ctx, op, S, W, r));
-    /* each slot's rank (-1: invalid), counted, then placed by rank and slot */
-    int32_t *dest = malloc((size_t)(S > 0 ? S : 1) * sizeof *dest);
-    size_t *at = calloc((size_t)W, sizeof *at);
-    if (!dest || !at) {
-        free(dest);
+    r->per_expert = calloc((size_t)E, sizeof *r->per_expert);
+    int64_t *at = calloc((size_t)E, sizeof *at);
+    int32_t *gid = malloc((size_t)(S > 0 ? S : 1) * sizeof *gid);
+    if (!r->per_expert || !at || !gid) {
         free(at);
+        free(gid);
         mf_ep_route_free(r);
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
     }
+    /* each slot's global expert (-1: invalid), counted per expert */
     for (int64_t s = 0; s < S; s++) {
         const int32_t id = *(const int32_t *)at2(ids, s / k, s % k);
-        dest[s] = id >= 0 && id < g->experts ? g->owner[id] : -1;
-        if (dest[s] >= 0) {
-            r->sent[dest[s]]++;
+        gid[s] = id >= 0 && id < E ? id : -1;
+        if (gid[s] >= 0) {
+            r->per_expert[gid[s]]++;
+            r->sent[g->owner[gid[s]]]++;
             r->weight[s] = weights ? *(const float *)at2(weights, s / k, s % k) : 0.0f;
         }
     }
-    size_t total = 0;
-    for (int32_t p = 0; p < W; p++) {
-        at[p] = total;
-        total += r->sent[p];
-    }
-    r->n_sent = (int64_t)total;
-    int32_t *sent_expert = malloc((total > 0 ? total : 1) * sizeof *sent_expert);
-    if (!sent_expert) {
-        free(dest);
-        free(at);
-        mf_ep_route_free(r);
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
-    }
+    /* rows by the experts' rank, then their local expert, then slot: each expert's first row */
+    int64_t next = 0;
+    for (int32_t d = 0; d < W; d++)
+        for (int32_t e = 0; e < E; e++)
+            if (g->owner[e] == d) {
+                at[e] = next;
+                next += r->per_expert[e];
+            }
+    r->n_sent = next;
     for (int64_t s = 0; s < S; s++) {
         r->slot_row[s] = -1;
-        if (dest[s] < 0)
+        if (gid[s] < 0)
             continue;
-        const size_t row = at[dest[s]]++;
+        const int64_t row = at[gid[s]]++;
         r->send_slot[row] = s;
-        r->slot_row[s] = (int64_t)row;
-        sent_expert[row] = g->local[*(const int32_t *)at2(ids, s / k, s % k)];
+        r->slot_row[s] = row;
     }
-    free(dest);
     free(at);
+    free(gid);
+    return MOEFUSE_OK;
+}
 
-    /* the counts, then the local experts of the rows */
-    size_t *b = malloc(sizeof *b * (size_t)W * 4);
-    moefuse_status st = b ? MOEFUSE_OK
-                          : mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
-    if (st == MOEFUSE_OK) {
-        size_t *one = b, *off = b + W;
-        for (int32_t p = 0; p < W; p++) {
-            one[p] = sizeof(size_t);
-            off[p] = (size_t)p * sizeof(size_t);
-        }
-        st = mf_ep_all_to_all(ctx, op, g, false, r->sent, one, off, r->received, one, off);
+/* One rank's record of the call's one exchange: its status, its capacity, and its slots per
+   global expert. */
+typedef struct rank_record {
+    int64_t status, tmax;
+} rank_record;
+
+moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                 moefuse_status mine, int64_t tmax, mf_ep_route *r)
+{
+    const int32_t W = g->world, E = g->experts, me = g->rank;
+    const size_t rec = sizeof(rank_record) + sizeof(int64_t) * (size_t)E;
+    char *send = calloc((size_t)W, rec), *all = calloc((size_t)W, rec);
+    size_t *b = calloc((size_t)W * 2, sizeof *b);
+    if (!send || !all || !b) {
+        free(send);
+        free(all);
+        free(b);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the exchange", op);
     }
-    if (st == MOEFUSE_OK) {
-        size_t n = 0;
-        for (int32_t p = 0; p < W; p++)
-            n += r->received[p];
-        r->n_recv = (int64_t)n;
-        r->recv_expert = malloc((n > 0 ? n : 1) * sizeof *r->recv_expert);
-        if (!r->recv_expert)
-            st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the experts of "
-                          "%zu received rows", op, n);
+    for (int32_t p = 0; p < W; p++) {
+        rank_record hd = {(int64_t)mine, tmax};
+        memcpy(send + (size_t)p * rec, &hd, sizeof hd);
+        if (mine == MOEFUSE_OK && r->per_expert)
+            memcpy(send + (size_t)p * rec + sizeof hd, r->per_expert,
+                   sizeof(int64_t) * (size_t)E);
+        b[p] = rec;
+        b[W + p] = (size_t)p * rec;
     }
-    if (st == MOEFUSE_OK) {
-        size_t *sb = b, *so = b + W, *rb = b + 2 * W, *ro = b + 3 * W;
-        runs(r->sent, W, sizeof(int32_t), sb, so);
-        runs(r->received, W, sizeof(int32_t), rb, ro);
-        st = mf_ep_all_to_all(ctx, op, g, false, sent_expert, sb, so, r->recv_expert, rb, ro);
-    }
+    moefuse_status st = mf_ep_all_to_all(ctx, op, g, false, send, b, b + W, all, b, b + W);
+    free(send);
     free(b);
-    free(sent_expert);
-    if (st != MOEFUSE_OK)
-        mf_ep_route_free(r);
+    /* the first rank (in rank order) that refused, or has an expert over its capacity: every
+       rank finds the same one */
+    int32_t who = -1;
+    int64_t why = MOEFUSE_OK, over = -1, rows = 0, cap = 0;
+    for (int32_t q = 0; st == MOEFUSE_OK && q < W && who < 0; q++) {
+        const rank_record *hq = (const rank_record *)(all + (size_t)q * rec);
+        if (hq->status != MOEFUSE_OK) {
+            who = q;
+            why = hq->status;
+            break;
+        }
+        for (int32_t e = 0; e < E && hq->tmax >= 0 && who < 0; e++) {
+            if (g->owner[e] != q)
+                continue;
+            int64_t n = 0;
+            for (int32_t p = 0; p < W; p++) {
+                const rank_record *hp = (const rank_record *)(all + (size_t)p * rec);
+                n += ((const int64_t *)(hp + 1))[e];
+            }
+            if (n > hq->tmax) {
+                who = q;
+                why = MOEFUSE_ERR_SHAPE;
+                over = g->local[e];
+                rows = n;
+                cap = hq->tmax;
+            }
+        }
+    }
+    if (st == MOEFUSE_OK && who >= 0) {
+        if (who == me && mine != MOEFUSE_OK)
+            st = mine; /* this rank's own message stands */
+        else if (over >= 0 && who == me)
+            st = mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                          "%s: local expert %lld of rank %d receives %lld rows; recv_x holds "
+                          "Tmax = %lld",
+                          op, (long long)over, (int)who, (long long)rows, (long long)cap);
+        else if (over >= 0)
+            st = mf_error(ctx, MOEFUSE_ERR_SHAPE,
+                          "%s: local expert %lld of rank %d receives %lld rows, more than its "
+                          "Tmax = %lld; no rank wrote anything",
+                          op, (long long)over, (int)who, (long long)rows, (long long)cap);
+        else if (mine != MOEFUSE_OK)
+            st = mine;
+        else
+            st = mf_error(ctx, (moefuse_status)why,
+                          "%s: rank %d refused the call (%s); every rank of the group stops with "
+                          "it",
+                          op, (int)who, moefuse_status_name((moefuse_status)why));
+    }
+    /* the rows this rank receives: from each source, by local expert, as the source sent them */
+    int64_t n = 0;
+    for (int32_t p = 0; st == MOEFUSE_OK && p < W; p++) {
+        const int64_t *hp = (const int64_t *)(all + (size_t)p * rec + sizeof(rank_record));
+        size_t from = 0;
+        for (int32_t e = 0; e < E; e++)
+            if (g->owner[e] == me)
+                from += (size_t)hp[e];
+        r->received[p] = from;
+        n += (int64_t)from;
+    }
+    if (st == MOEFUSE_OK) {
+        r->n_recv = n;
+        r->recv_expert = malloc((size_t)(n > 0 ? n : 1) * sizeof *r->recv_expert);
+        if (!r->recv_expert)
+            st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                          "%s: cannot allocate the experts of %lld received rows", op,
+                          (long long)n);
+    }
+    int64_t at = 0;
+    for (int32_t p = 0; st == MOEFUSE_OK && p < W; p++) {
+        const int64_t *hp = (const int64_t *)(all + (size_t)p * rec + sizeof(rank_record));
+        for (int32_t e = 0; e < E; e++)
+            if (g->owner[e] == me)
+                for (int64_t i = 0; i < hp[e]; i++)
+                    r->recv_expert[at++] = g->local[e];
+    }
+    free(all);
     return st;
 }
 
