@@ -71,7 +71,8 @@ MOEFUSE_API moefuse_status moefuse_ep_group_adopt(moefuse_context *ctx, void *nc
 /* The number of local experts of this rank. */
 MOEFUSE_API int32_t moefuse_ep_local_experts(const moefuse_ep_group *group);
 
-/* Frees the group (after every call on it has returned). NULL is allowed. */
+/* Frees the group and the memory it keeps on its context: after every call on it has
+   returned, before the context is destroyed. NULL is allowed. */
 MOEFUSE_API void moefuse_ep_group_destroy(moefuse_ep_group *group);
 
 typedef enum moefuse_ep_mode {
