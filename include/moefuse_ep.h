@@ -12,9 +12,9 @@
  * naming the rank and the expert.
  *
  * Status: the CPU and CUDA backends run dispatch, combine and the whole layer (normal mode)
- * over a group's transport; groups over NCCL are made on CUDA contexts. The low-latency mode
- * and shared experts are not built yet: their calls return MOEFUSE_ERR_UNSUPPORTED with a
- * message, as every call does on a backend without expert parallelism (OpenCL).
+ * over a group's transport; groups over NCCL are made on CUDA contexts. The low-latency mode is
+ * not built yet: its calls return MOEFUSE_ERR_UNSUPPORTED with a message, as every call does
+ * on a backend without expert parallelism (OpenCL).
  */
 #ifndef MOEFUSE_EP_H
 #define MOEFUSE_EP_H
@@ -97,7 +97,8 @@ typedef struct moefuse_ep_dispatch_options {
  * expert topk_ids[m, j], where it becomes row t of its local expert e in the masked layout.
  *  x [M, K] f32/f16/bf16, or f8_e4m3 with x_scales ([M, K/128] in opt->act's layout);
  *  routing: topk_ids [M, k] i32 (global ids; < 0 or >= E: invalid, sent nowhere) and
- *   topk_weights [M, k] f32 (kept for combine); no expert_map, no shared experts;
+ *   topk_weights [M, k] f32 (kept for combine); no expert_map, no shared experts (the layer
+ *   calls take those);
  *  recv_x [E_local, Tmax, K]: x's dtype, or f8_e4m3 (quantize, or an f8 x) with recv_scales
  *   in the 3-D layout of opt->act ([E_local, Tmax, K/128] row-major, ...);
  *  recv_counts [E_local] i32: the rows each local expert received.
@@ -129,7 +130,9 @@ MOEFUSE_API void moefuse_ep_handle_destroy(moefuse_ep_handle *handle);
 /*
  * The whole layer: dispatch, this rank's experts (w1 [E_local, 2I, K], w2 [E_local, K, I],
  * optional b1, b2, as moefuse_moe_forward takes them), combine. x [M, K] f32/f16/bf16,
- * out [M, K]. On the CPU backend bit for bit the out of moefuse_moe_forward over all E experts
+ * out [M, K]. Shared experts (routing.n_shared = S, shared_scale, shared_weights as for
+ * moefuse_moe_forward): every rank holds them after its own, w1 [E_local + S, 2I, K] and so on,
+ * and runs them on its own tokens; their outputs join the sum after the routed slots. On the CPU backend bit for bit the out of moefuse_moe_forward over all E experts
  * on one context (docs/NUMERICS.md "Expert parallelism" says what holds on a GPU).
  */
 MOEFUSE_API moefuse_status moefuse_ep_moe_forward(

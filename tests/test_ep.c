@@ -165,16 +165,25 @@ void ep_routing(int32_t *ids, float *w, int64_t M, int64_t k, int32_t lo, int32_
 void *ep_slice(const ep_world *w, int32_t rank, const void *global, int64_t rows, int64_t cols,
                size_t elem, int32_t *local_count)
 {
+    return ep_slice_shared(w, rank, global, rows, cols, elem, 0, local_count);
+}
+
+void *ep_slice_shared(const ep_world *w, int32_t rank, const void *global, int64_t rows,
+                      int64_t cols, size_t elem, int32_t shared, int32_t *local_count)
+{
     int32_t n = 0;
     for (int32_t g = 0; g < w->experts; g++)
         n += ep_owner(w, g) == rank;
     const size_t block = (size_t)(rows * cols) * elem;
-    char *out = malloc(block * (size_t)(n > 0 ? n : 1));
+    char *out = malloc(block * (size_t)(n + shared > 0 ? n + shared : 1));
     ck_assert_ptr_nonnull(out);
     int32_t at = 0;
     for (int32_t g = 0; g < w->experts; g++)
         if (ep_owner(w, g) == rank)
             memcpy(out + block * (size_t)at++, (const char *)global + block * (size_t)g, block);
+    for (int32_t j = 0; j < shared; j++) /* the shared experts: every rank's, after its own */
+        memcpy(out + block * (size_t)at++, (const char *)global + block * (size_t)(w->experts + j),
+               block);
     *local_count = n;
     return out;
 }
@@ -189,6 +198,9 @@ typedef struct layer_case {
     int64_t K, I, M[EP_MAX_WORLD];
     int32_t lo, hi; /* the ids' range (skewed loads: one rank's experts) */
     int fp8, xform, bias;
+    int32_t shared;     /* n_shared: the last experts of the global weights */
+    int shared_weights; /* a per-token factor on them */
+    float *sw[EP_MAX_WORLD];
     moefuse_dtype dt, out_dt;
     void *w1, *w2, *b1, *b2, *w1s, *w2s; /* global */
     void *x[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
@@ -247,13 +259,15 @@ static void layer_rank(ep_world *w, int32_t r)
     const moefuse_dtype wdt = c->fp8 ? MOEFUSE_F8_E4M3 : c->dt;
     const size_t es = moefuse_dtype_size(wdt);
     int32_t El;
-    void *w1 = ep_slice(w, r, c->w1, 2 * I, K, es, &El);
-    void *w2 = ep_slice(w, r, c->w2, K, I, es, &El);
-    void *b1 = c->bias ? ep_slice(w, r, c->b1, 1, 2 * I, 4, &El) : NULL;
-    void *b2 = c->bias ? ep_slice(w, r, c->b2, 1, K, 4, &El) : NULL;
-    void *w1s = c->fp8 ? ep_slice(w, r, c->w1s, 2 * I / 128, K / 128, 4, &El) : NULL;
-    void *w2s = c->fp8 ? ep_slice(w, r, c->w2s, K / 128, I / 128, 4, &El) : NULL;
-    void *keep[10];
+    const int32_t S = c->shared;
+    void *w1 = ep_slice_shared(w, r, c->w1, 2 * I, K, es, S, &El);
+    void *w2 = ep_slice_shared(w, r, c->w2, K, I, es, S, &El);
+    void *b1 = c->bias ? ep_slice_shared(w, r, c->b1, 1, 2 * I, 4, S, &El) : NULL;
+    void *b2 = c->bias ? ep_slice_shared(w, r, c->b2, 1, K, 4, S, &El) : NULL;
+    void *w1s = c->fp8 ? ep_slice_shared(w, r, c->w1s, 2 * I / 128, K / 128, 4, S, &El) : NULL;
+    void *w2s = c->fp8 ? ep_slice_shared(w, r, c->w2s, K / 128, I / 128, 4, S, &El) : NULL;
+    El += S; /* the weights' experts: the rank's, then the shared ones */
+    void *keep[11];
     moefuse_tensor tw1 = moved(ctx, w1, dense(NULL, wdt, 3, El, 2 * I, K), &keep[0]);
     moefuse_tensor tw2 = moved(ctx, w2, dense(NULL, wdt, 3, El, K, I), &keep[1]);
     moefuse_tensor tb1 = moved(ctx, b1, dense(NULL, MOEFUSE_F32, 2, El, 2 * I, 0), &keep[2]);
@@ -266,6 +280,10 @@ static void layer_rank(ep_world *w, int32_t r)
     memset(&rt, 0, sizeof rt);
     rt.topk_ids = moved(ctx, c->ids[r], dense(NULL, MOEFUSE_I32, 2, M, c->k, 0), &keep[6]);
     rt.topk_weights = moved(ctx, c->wts[r], dense(NULL, MOEFUSE_F32, 2, M, c->k, 0), &keep[7]);
+    rt.n_shared = S;
+    rt.shared_scale = S ? 0.75f : 0.0f;
+    rt.shared_weights = moved(ctx, c->shared_weights ? c->sw[r] : NULL,
+                              dense(NULL, MOEFUSE_F32, 1, M, 0, 0), &keep[10]);
     const size_t ob = moefuse_dtype_size(c->out_dt) * (size_t)(M * K);
     void *dout = ep_put(ctx, NULL, ob);
     moefuse_tensor out = dense(dout, c->out_dt, 2, M, K, 0);
@@ -293,7 +311,7 @@ static void layer_rank(ep_world *w, int32_t r)
     memcpy(c->out[r], back + GUARD, ob);
     free(back);
     moefuse_buffer_free(ctx, dout);
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 11; i++)
         if (keep[i])
             moefuse_buffer_free(ctx, keep[i]);
     free(w1);
@@ -336,23 +354,23 @@ static void check_close(const layer_case *c, int32_t r)
 static void run_layer(layer_case *c, const int32_t *owner)
 {
     const int64_t K = c->K, I = c->I;
-    const int32_t E = c->E;
+    const int32_t E = c->E, Et = c->E + c->shared; /* the weights hold the shared ones last */
     const moefuse_dtype wdt = c->fp8 ? MOEFUSE_F8_E4M3 : c->dt;
     const size_t es = moefuse_dtype_size(wdt), os = moefuse_dtype_size(c->out_dt);
-    c->w1 = malloc(es * (size_t)(E * 2 * I * K));
-    c->w2 = malloc(es * (size_t)(E * K * I));
-    c->b1 = malloc(4 * (size_t)(E * 2 * I));
-    c->b2 = malloc(4 * (size_t)(E * K));
-    ep_fill(c->w1, wdt, E * 2 * I * K);
-    ep_fill(c->w2, wdt, E * K * I);
-    ep_fill(c->b1, MOEFUSE_F32, E * 2 * I);
-    ep_fill(c->b2, MOEFUSE_F32, E * K);
+    c->w1 = malloc(es * (size_t)(Et * 2 * I * K));
+    c->w2 = malloc(es * (size_t)(Et * K * I));
+    c->b1 = malloc(4 * (size_t)(Et * 2 * I));
+    c->b2 = malloc(4 * (size_t)(Et * K));
+    ep_fill(c->w1, wdt, Et * 2 * I * K);
+    ep_fill(c->w2, wdt, Et * K * I);
+    ep_fill(c->b1, MOEFUSE_F32, Et * 2 * I);
+    ep_fill(c->b2, MOEFUSE_F32, Et * K);
     if (c->fp8) {
-        c->w1s = malloc(4 * (size_t)(E * (2 * I / 128) * (K / 128)));
-        c->w2s = malloc(4 * (size_t)(E * (K / 128) * (I / 128)));
-        for (int64_t i = 0; i < E * (2 * I / 128) * (K / 128); i++)
+        c->w1s = malloc(4 * (size_t)(Et * (2 * I / 128) * (K / 128)));
+        c->w2s = malloc(4 * (size_t)(Et * (K / 128) * (I / 128)));
+        for (int64_t i = 0; i < Et * (2 * I / 128) * (K / 128); i++)
             ((float *)c->w1s)[i] = (float)h_unif(0.002, 0.01);
-        for (int64_t i = 0; i < E * (K / 128) * (I / 128); i++)
+        for (int64_t i = 0; i < Et * (K / 128) * (I / 128); i++)
             ((float *)c->w2s)[i] = (float)h_unif(0.002, 0.01);
         if (c->xform >= 0) {
             c->act.scale_layout = (moefuse_scale_layout)LAYS[c->xform].layout;
@@ -361,9 +379,9 @@ static void run_layer(layer_case *c, const int32_t *owner)
     }
     moefuse_context *ref;
     ck_assert_int_eq(moefuse_context_create(&ref, "cpu"), MOEFUSE_OK);
-    moefuse_tensor tw1 = dense(c->w1, wdt, 3, E, 2 * I, K), tw2 = dense(c->w2, wdt, 3, E, K, I);
-    moefuse_tensor tb1 = c->bias ? dense(c->b1, MOEFUSE_F32, 2, E, 2 * I, 0) : absent();
-    moefuse_tensor tb2 = c->bias ? dense(c->b2, MOEFUSE_F32, 2, E, K, 0) : absent();
+    moefuse_tensor tw1 = dense(c->w1, wdt, 3, Et, 2 * I, K), tw2 = dense(c->w2, wdt, 3, Et, K, I);
+    moefuse_tensor tb1 = c->bias ? dense(c->b1, MOEFUSE_F32, 2, Et, 2 * I, 0) : absent();
+    moefuse_tensor tb2 = c->bias ? dense(c->b2, MOEFUSE_F32, 2, Et, K, 0) : absent();
     for (int32_t r = 0; r < c->world; r++) {
         const int64_t M = c->M[r];
         c->x[r] = malloc(moefuse_dtype_size(c->dt) * (size_t)(M * K) + 1);
@@ -377,6 +395,14 @@ static void run_layer(layer_case *c, const int32_t *owner)
         memset(&rt, 0, sizeof rt);
         rt.topk_ids = dense(c->ids[r], MOEFUSE_I32, 2, M, c->k, 0);
         rt.topk_weights = dense(c->wts[r], MOEFUSE_F32, 2, M, c->k, 0);
+        rt.n_shared = c->shared;
+        rt.shared_scale = c->shared ? 0.75f : 0.0f;
+        if (c->shared_weights) {
+            c->sw[r] = malloc(sizeof(float) * (size_t)M + 1);
+            for (int64_t m = 0; m < M; m++)
+                c->sw[r][m] = (float)h_unif(0.1, 1.0);
+            rt.shared_weights = dense(c->sw[r], MOEFUSE_F32, 1, M, 0, 0);
+        }
         moefuse_tensor x = dense(c->x[r], c->dt, 2, M, K, 0);
         moefuse_tensor out = dense(c->ref[r], c->out_dt, 2, M, K, 0);
         if (!c->fp8) {
@@ -398,8 +424,8 @@ static void run_layer(layer_case *c, const int32_t *owner)
         moefuse_fp8_moe_options o;
         memset(&o, 0, sizeof o);
         o.act = c->act;
-        moefuse_tensor tw1s = dense(c->w1s, MOEFUSE_F32, 3, E, 2 * I / 128, K / 128);
-        moefuse_tensor tw2s = dense(c->w2s, MOEFUSE_F32, 3, E, K / 128, I / 128);
+        moefuse_tensor tw1s = dense(c->w1s, MOEFUSE_F32, 3, Et, 2 * I / 128, K / 128);
+        moefuse_tensor tw2s = dense(c->w2s, MOEFUSE_F32, 3, Et, K / 128, I / 128);
         ck_assert_int_eq(moefuse_moe_forward_fp8(ref, &x, &xs, &tw1, &tw1s, &tw2, &tw2s, &tb1,
                                                  &tb2, &rt, &out, &o),
                          MOEFUSE_OK);
@@ -419,6 +445,7 @@ static void run_layer(layer_case *c, const int32_t *owner)
                       (int)r);
         free(c->x[r]);
         free(c->xs[r]);
+        free(c->sw[r]);
         free(c->ids[r]);
         free(c->wts[r]);
         ep_free(c->out[r]);
@@ -503,12 +530,38 @@ START_TEST(t_layer_fp8)
 }
 END_TEST
 
+START_TEST(t_layer_shared)
+{
+    /* DeepSeek-V3's and Qwen2-MoE's shared experts: every rank's own, after its routed ones */
+    static const int32_t worlds[2] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        layer_case c = bf16_case(worlds[i], 8, 19);
+        c.shared = i + 1;
+        c.shared_weights = i == 1;
+        run_layer(&c, NULL);
+    }
+    layer_case f = bf16_case(2, 8, 13);
+    f.fp8 = 1;
+    f.xform = XFORM_QUANTIZE;
+    f.K = 256;
+    f.I = 128;
+    f.shared = 1;
+    f.shared_weights = 1;
+    run_layer(&f, NULL);
+    layer_case q = f; /* and an f8 x with its scales column-major */
+    q.xform = 1;
+    q.out_dt = MOEFUSE_F32;
+    run_layer(&q, NULL);
+}
+END_TEST
+
 void ep_add_layer_tests(Suite *s)
 {
     TCase *tc = h_add_tcase(s, "ep_layer", NULL, 120);
     tcase_add_test(tc, t_layer_bf16);
     tcase_add_test(tc, t_layer_uneven);
     tcase_add_test(tc, t_layer_fp8);
+    tcase_add_test(tc, t_layer_shared);
 }
 
 int main(void)

@@ -56,6 +56,9 @@ void ep_routing(int32_t *ids, float *w, int64_t M, int64_t k, int32_t lo, int32_
 /* The rows of experts the given rank owns, from a global [E, rows, cols] tensor's bytes. */
 void *ep_slice(const ep_world *w, int32_t rank, const void *global, int64_t rows, int64_t cols,
                size_t elem, int32_t *local_count);
+/* The same with the `shared` experts after the global ones appended (every rank's). */
+void *ep_slice_shared(const ep_world *w, int32_t rank, const void *global, int64_t rows,
+                      int64_t cols, size_t elem, int32_t shared, int32_t *local_count);
 
 void ep_add_layer_tests(Suite *s);
 void ep_add_dispatch_tests(Suite *s);

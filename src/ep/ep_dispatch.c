@@ -41,8 +41,8 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
     if (opt.mode != MOEFUSE_EP_NORMAL)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: mode %d is not a moefuse_ep_mode",
                         op, (int)opt.mode);
-    MF_TRY(mf_ep_payload_check(ctx, op, x, x_scales, routing, opt.quantize != 0, &opt.act,
-                               &d->pay));
+    MF_TRY(mf_ep_payload_check(ctx, op, x, x_scales, routing, opt.quantize != 0, false,
+                               &opt.act, &d->pay));
     const int64_t E = g->local_experts, K = d->pay.model_dim;
     const moefuse_dtype rdt = d->pay.fp8 ? MOEFUSE_F8_E4M3 : x->dtype;
     MF_TRY(mf_check_tensor(ctx, op, "recv_x", recv_x, 3, MF_DT(rdt)));

@@ -24,6 +24,11 @@ enum mf_ep_slot {
     MF_EP_H,      /* h */
     MF_EP_HS,     /* h's scales */
     MF_EP_Y,      /* the experts' outputs */
+    MF_EP_SIDS,   /* the layer's shared slots: their experts */
+    MF_EP_SXQ,    /* the rank's own tokens as FP8 codes */
+    MF_EP_SXS,    /* and scales */
+    MF_EP_SH,     /* their h */
+    MF_EP_SHS,    /* h's scales */
     MF_EP_SLOTS
 };
 
@@ -129,6 +134,10 @@ moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse
    order): the backend's ep_reduce. */
 moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
                             int64_t K, const moefuse_tensor *out);
+/* The same over slots given one by one: slot_row and weight [M slots] (host), rows of back. */
+moefuse_status mf_ep_reduce_slots(moefuse_context *ctx, const int64_t *slot_row,
+                                  const float *weight, int64_t tokens, int64_t slots,
+                                  const void *back, int64_t K, const moefuse_tensor *out);
 
 /* The group's scratch buffer `slot` of at least `bytes` (grown when short; its contents are
    not kept when it grows). */

@@ -2,8 +2,11 @@
  * The expert-parallel layer in one call: dispatch, this rank's experts, combine. The received
  * rows run as routed slots of one row each (k = 1, the local expert as the id), compact, with
  * no masked padding; the experts' outputs come back un-reduced in f32 and are summed on the
- * tokens' rank in slot order. On the CPU backend each slot's row is the same whatever the
- * batch around it (docs/NUMERICS.md, MoE), so the layer is bit for bit the one-device layer's.
+ * tokens' rank in slot order. Shared experts (routing.n_shared) are every rank's own, after
+ * its local experts in w1 and w2: a token's shared slots run where the token is, and their
+ * outputs join the sum after the routed ones, as in the one-device layer. On the CPU backend
+ * each slot's row is the same whatever the batch around it (docs/NUMERICS.md, MoE), so the
+ * layer is bit for bit the one-device layer's.
  */
 #include "core/core.h"
 #include "core/ops_internal.h"
@@ -20,25 +23,27 @@ typedef struct layer_bufs {
     void *xq, *xs;     /* FP8: the received codes [R, K] and scales [R, K / 128] f32 */
     void *h, *hs;      /* [R, 1, I]: the gate's h (x's dtype, or codes), FP8 its scales */
     void *y;           /* [R, 1, K] f32: the experts' outputs, un-reduced */
-    void *back;        /* [n_sent, K] f32: the outputs of this rank's slots */
+    void *back;        /* [n_sent + M S, K] f32: the outputs of this rank's slots, the routed
+                          ones as they came back, then the shared ones */
 } layer_bufs;
 
-/* This rank's weights hold its E_local experts at x's K (the rest the gate and final check). */
+/* This rank's weights hold its E_local experts and the S shared ones at x's K (the rest the
+   gate and final check). */
 static moefuse_status check_weights(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                     const moefuse_tensor *w1, const moefuse_tensor *w2,
-                                    int64_t K, int64_t *inter)
+                                    int64_t K, int64_t S, int64_t *inter)
 {
     if (!w1 || !w2)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op, !w1 ? "w1" : "w2");
     if (w1->rank != 3 || w2->rank != 3)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE, "%s: %s has rank %d; it must be 3", op,
                         w1->rank != 3 ? "w1" : "w2", (int)(w1->rank != 3 ? w1->rank : w2->rank));
-    if (w1->shape[0] != g->local_experts || w2->shape[0] != g->local_experts ||
-        w1->shape[2] != K || w2->shape[1] != K)
+    const int64_t E = g->local_experts + S;
+    if (w1->shape[0] != E || w2->shape[0] != E || w1->shape[2] != K || w2->shape[1] != K)
         return mf_error(ctx, MOEFUSE_ERR_SHAPE,
-                        "%s: w1 and w2 must be [E_local = %d, 2I, K = %lld] and [E_local, K, I] "
-                        "(this rank's experts)",
-                        op, (int)g->local_experts, (long long)K);
+                        "%s: w1 and w2 must be [E_local + n_shared = %lld, 2I, K = %lld] and "
+                        "[E_local + n_shared, K, I] (this rank's experts, then the shared ones)",
+                        op, (long long)E, (long long)K);
     *inter = w2->shape[2];
     return MOEFUSE_OK;
 }
@@ -124,6 +129,133 @@ static moefuse_status received_rows(moefuse_context *ctx, const char *op,
     return st;
 }
 
+/* The rank's own tokens through its S shared experts (local ids E_local .. E_local + S - 1),
+   as routed slots: y [M, S, K] f32 into back after the n_sent rows that come back. FP8 rows are
+   formed as the routed ones are (packed for every token, then split into codes and scales). */
+static moefuse_status run_shared(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                 const mf_ep_payload *pay, const layer_experts *ex,
+                                 const moefuse_tensor *x, const mf_ep_route *r, int64_t S,
+                                 int64_t I, layer_bufs *b)
+{
+    const int64_t M = r->tokens, K = pay->model_dim, El = g->local_experts;
+    if (S == 0 || M == 0)
+        return MOEFUSE_OK;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(M * S));
+    int64_t *token = malloc(sizeof *token * (size_t)M);
+    if (!ids || !token) {
+        free(ids);
+        free(token);
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    }
+    for (int64_t m = 0; m < M; m++) {
+        token[m] = m;
+        for (int64_t j = 0; j < S; j++)
+            ids[m * S + j] = (int32_t)(El + j);
+    }
+    void *dids = NULL, *h = NULL;
+    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_SIDS, sizeof *ids * (size_t)(M * S), &dids);
+    if (st == MOEFUSE_OK)
+        st = ctx->backend->buffer_write(ctx, ctx->state, dids, 0, ids, sizeof *ids * (size_t)(M * S));
+    free(ids);
+    const int64_t ids_shape[2] = {M, S}, h_shape[3] = {M, S, I}, y_shape[3] = {M, S, K};
+    moefuse_routing rt;
+    memset(&rt, 0, sizeof rt);
+    rt.topk_ids = moefuse_tensor_dense(dids, MOEFUSE_I32, 2, ids_shape);
+    const moefuse_tensor y = moefuse_tensor_dense(
+        (char *)b->back + sizeof(float) * (size_t)(r->n_sent * K), MOEFUSE_F32, 3, y_shape);
+    if (st == MOEFUSE_OK && !pay->fp8) {
+        st = mf_ep_scratch(ctx, op, g, MF_EP_SH,
+                           moefuse_dtype_size(x->dtype) * (size_t)(M * S * I), &h);
+        const moefuse_tensor th = moefuse_tensor_dense(h, x->dtype, 3, h_shape);
+        if (st == MOEFUSE_OK)
+            st = mf_moe_gate_call(ctx, op, x, ex->w1, ex->b1, &rt, &th, ex->opt, NULL);
+        if (st == MOEFUSE_OK)
+            st = mf_moe_final_call(ctx, op, &th, ex->w2, ex->b2, &rt, &y, ex->opt, NULL);
+    } else if (st == MOEFUSE_OK) {
+        mf_ep_route all;
+        memset(&all, 0, sizeof all);
+        all.topk = 1;
+        all.n_sent = M;
+        all.send_slot = token; /* row m: token m */
+        void *rows = NULL, *xq = NULL, *xs = NULL, *hs = NULL;
+        st = mf_ep_payload_pack(ctx, op, g, pay, x, &all, &rows);
+        if (st == MOEFUSE_OK)
+            st = mf_ep_scratch(ctx, op, g, MF_EP_SXQ, (size_t)(M * K), &xq);
+        if (st == MOEFUSE_OK)
+            st = mf_ep_scratch(ctx, op, g, MF_EP_SXS, sizeof(float) * (size_t)(M * (K / 128)),
+                               &xs);
+        if (st == MOEFUSE_OK)
+            st = mf_ep_scratch(ctx, op, g, MF_EP_SH, (size_t)(M * S * I), &h);
+        if (st == MOEFUSE_OK)
+            st = mf_ep_scratch(ctx, op, g, MF_EP_SHS, sizeof(float) * (size_t)(M * S * (I / 128)),
+                               &hs);
+        const int64_t q3[3] = {1, M, K}, s3[3] = {1, M, K / 128}, q2[2] = {M, K},
+                      s2[2] = {M, K / 128}, hs2[2] = {M * S, I / 128};
+        if (st == MOEFUSE_OK) {
+            const moefuse_tensor q = moefuse_tensor_dense(xq, MOEFUSE_F8_E4M3, 3, q3);
+            const moefuse_tensor sc = moefuse_tensor_dense(xs, MOEFUSE_F32, 3, s3);
+            st = mf_ep_payload_unpack(ctx, pay, rows, M, token, &q, &sc, MOEFUSE_SCALE_ROW_MAJOR,
+                                      NULL);
+        }
+        moefuse_fp8_moe_options o;
+        memset(&o, 0, sizeof o);
+        if (ex->fp8_opt)
+            o = *ex->fp8_opt;
+        o.act = pay->act;
+        o.act.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+        const moefuse_tensor tx = moefuse_tensor_dense(xq, MOEFUSE_F8_E4M3, 2, q2);
+        const moefuse_tensor txs = moefuse_tensor_dense(xs, MOEFUSE_F32, 2, s2);
+        const moefuse_tensor th = moefuse_tensor_dense(h, MOEFUSE_F8_E4M3, 3, h_shape);
+        const moefuse_tensor ths = moefuse_tensor_dense(hs, MOEFUSE_F32, 2, hs2);
+        if (st == MOEFUSE_OK)
+            st = mf_moe_gate_fp8_call(ctx, op, &tx, &txs, ex->w1, ex->w1_scales, ex->b1, &rt, &th,
+                                      &ths, &o, NULL);
+        if (st == MOEFUSE_OK)
+            st = mf_moe_final_fp8_call(ctx, op, &th, &ths, ex->w2, ex->w2_scales, ex->b2, &rt,
+                                       &y, &o, NULL);
+    }
+    free(token);
+    return st;
+}
+
+/* The sum over a token's routed slots, then its shared ones (weight shared_scale, times its
+   shared_weights entry when given: one f32 multiplication, as the one-device layer's). */
+static moefuse_status reduce_with_shared(moefuse_context *ctx, const char *op,
+                                         const moefuse_routing *routing, const mf_ep_route *r,
+                                         const void *back, int64_t K, const moefuse_tensor *out)
+{
+    const int64_t S = routing->n_shared, M = r->tokens, k = r->topk, slots = k + S;
+    if (S == 0)
+        return mf_ep_reduce(ctx, r, back, K, out);
+    int64_t *row = malloc(sizeof *row * (size_t)(M * slots > 0 ? M * slots : 1));
+    float *w = malloc(sizeof *w * (size_t)(M * slots > 0 ? M * slots : 1));
+    void *sw_host = NULL;
+    moefuse_tensor sw;
+    moefuse_status st = row && w ? MOEFUSE_OK
+                                 : mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate",
+                                            op);
+    const bool per_token = mf_present(&routing->shared_weights);
+    if (st == MOEFUSE_OK && per_token)
+        st = mf_ep_to_host(ctx, op, &routing->shared_weights, &sw_host, &sw);
+    const float scale = routing->shared_scale == 0.0f ? 1.0f : routing->shared_scale;
+    for (int64_t m = 0; st == MOEFUSE_OK && m < M; m++) {
+        const float f =
+            per_token ? scale * *(const float *)((const char *)sw.data +
+                                                 m * sw.stride[0] * (int64_t)sizeof(float))
+                      : scale;
+        for (int64_t j = 0; j < slots; j++) {
+            row[m * slots + j] = j < k ? r->slot_row[m * k + j] : r->n_sent + m * S + (j - k);
+            w[m * slots + j] = j < k ? r->weight[m * k + j] : f;
+        }
+    }
+    if (st == MOEFUSE_OK)
+        st = mf_ep_reduce_slots(ctx, row, w, M, slots, back, K, out);
+    free(row);
+    free(w);
+    free(sw_host);
+    return st;
+}
+
 static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                             const moefuse_tensor *x, const moefuse_tensor *x_scales,
                             const moefuse_routing *routing, const moefuse_tensor *out, bool fp8,
@@ -140,9 +272,9 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
                       "%s: x is f8_e4m3; moefuse_ep_moe_forward_fp8 takes FP8 layers", op);
     if (st == MOEFUSE_OK)
         st = mf_ep_payload_check(ctx, op, x, x_scales, routing,
-                                 fp8 && x && x->dtype != MOEFUSE_F8_E4M3, act, &pay);
+                                 fp8 && x && x->dtype != MOEFUSE_F8_E4M3, true, act, &pay);
     if (st == MOEFUSE_OK)
-        st = check_weights(ctx, op, g, ex->w1, ex->w2, pay.model_dim, &I);
+        st = check_weights(ctx, op, g, ex->w1, ex->w2, pay.model_dim, routing->n_shared, &I);
     if (st == MOEFUSE_OK)
         st = check_out(ctx, op, out, x, routing);
     void *ids_host = NULL, *wts_host = NULL;
@@ -159,9 +291,11 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         st = mf_ep_route_local(ctx, op, g, &ids, &wts, &r);
     free(ids_host);
     free(wts_host);
+    const int64_t S = routing ? routing->n_shared : 0;
     if (st == MOEFUSE_OK) /* this rank's rows out, and the outputs of its slots back */
         st = mf_ep_scratch(ctx, op, g, MF_EP_BACK,
-                           sizeof(float) * (size_t)(r.n_sent * pay.model_dim), &b.back);
+                           sizeof(float) * (size_t)((r.n_sent + r.tokens * S) * pay.model_dim),
+                           &b.back);
     if (st == MOEFUSE_OK)
         st = mf_ep_payload_pack(ctx, op, g, &pay, x, &r, &b.sent);
     st = mf_ep_route_agree(ctx, op, g, st, -1, &r); /* the call's one exchange of counts */
@@ -185,12 +319,14 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
         st = received_rows(ctx, op, &pay, &r, &b);
         if (st == MOEFUSE_OK && R > 0)
             st = run_experts(ctx, op, &pay, ex, x->dtype, R, I, &b);
+        if (st == MOEFUSE_OK)
+            st = run_shared(ctx, op, g, &pay, ex, x, &r, S, I, &b);
         st = mf_ep_vote_on(ctx, op, g, st); /* an expert step that failed stops every rank */
     }
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 1, b.y, sizeof(float) * (size_t)K, b.back);
     if (st == MOEFUSE_OK)
-        st = mf_ep_reduce(ctx, &r, b.back, K, out);
+        st = reduce_with_shared(ctx, op, routing, &r, b.back, K, out);
     mf_ep_route_free(&r);
     return st;
 }

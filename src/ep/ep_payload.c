@@ -5,11 +5,12 @@
 #include "core/ops_internal.h"
 #include "core/options.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static moefuse_status check_routing(moefuse_context *ctx, const char *op,
-                                    const moefuse_routing *routing, int64_t M)
+                                    const moefuse_routing *routing, int64_t M, bool shared_ok)
 {
     if (!routing)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: routing is NULL", op);
@@ -26,18 +27,31 @@ static moefuse_status check_routing(moefuse_context *ctx, const char *op,
                         "%s: routing.expert_map is given; the group places the experts "
                         "(moefuse_ep_config)",
                         op);
-    if (routing->n_shared != 0 || mf_present(&routing->shared_weights))
+    if (!shared_ok && (routing->n_shared != 0 || mf_present(&routing->shared_weights)))
         return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: shared experts are not built into expert parallelism yet "
-                        "(routing.n_shared is %d)",
+                        "%s: shared experts run in the layer calls (moefuse_ep_moe_forward*), "
+                        "not in dispatch (routing.n_shared is %d)",
                         op, (int)routing->n_shared);
+    if (routing->n_shared < 0)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: routing.n_shared is %d", op,
+                        (int)routing->n_shared);
+    if (!isfinite(routing->shared_scale))
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: routing.shared_scale is %g; it must be finite (0 means 1)", op,
+                        (double)routing->shared_scale);
+    if (mf_present(&routing->shared_weights)) {
+        MF_TRY(mf_check_tensor(ctx, op, "routing.shared_weights", &routing->shared_weights, 1,
+                               MF_DT(MOEFUSE_F32)));
+        MF_TRY(mf_expect_shape(ctx, op, "routing.shared_weights", &routing->shared_weights, &M,
+                               "[M]"));
+    }
     return MOEFUSE_OK;
 }
 
 moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                    const moefuse_tensor *x_scales, const moefuse_routing *routing,
-                                   bool quantize, const moefuse_quant_options *act,
-                                   mf_ep_payload *pay)
+                                   bool quantize, bool shared_ok,
+                                   const moefuse_quant_options *act, mf_ep_payload *pay)
 {
     memset(pay, 0, sizeof *pay);
     MF_TRY(mf_check_tensor(ctx, op, "x", x, 2, MF_FLOATS | MF_DT(MOEFUSE_F8_E4M3)));
@@ -73,7 +87,7 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: x_scales is given but x is %s, not f8_e4m3", op,
                         moefuse_dtype_name(x->dtype));
-    return check_routing(ctx, op, routing, M);
+    return check_routing(ctx, op, routing, M, shared_ok);
 }
 
 moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_ep_group *g,

@@ -21,13 +21,13 @@ typedef struct mf_ep_payload {
 
 /*
  * x [M, K] (f32/f16/bf16, or f8_e4m3 with x_scales in act's layout), quantize (f32/f16/bf16
- * x only), routing (topk_ids [M, k] i32 and topk_weights [M, k] f32; no expert_map, no shared
- * experts): checked, and the payload they make.
+ * x only), routing (topk_ids [M, k] i32 and topk_weights [M, k] f32; no expert_map; shared
+ * experts only where shared_ok, the layer's): checked, and the payload they make.
  */
 moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const moefuse_tensor *x,
                                    const moefuse_tensor *x_scales, const moefuse_routing *routing,
-                                   bool quantize, const moefuse_quant_options *act,
-                                   mf_ep_payload *pay);
+                                   bool quantize, bool shared_ok,
+                                   const moefuse_quant_options *act, mf_ep_payload *pay);
 
 /* The rows this rank sends, in the route's send order, in the group's MF_EP_SEND scratch
    (*rows): x's rows, or FP8 ones (quantized here first, in MF_EP_CODES and MF_EP_SCALES, when

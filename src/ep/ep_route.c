@@ -300,17 +300,24 @@ moefuse_status mf_ep_exchange_rows(moefuse_context *ctx, const char *op, moefuse
     return st;
 }
 
-moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
-                            int64_t K, const moefuse_tensor *out)
+moefuse_status mf_ep_reduce_slots(moefuse_context *ctx, const int64_t *slot_row,
+                                  const float *weight, int64_t tokens, int64_t slots,
+                                  const void *back, int64_t K, const moefuse_tensor *out)
 {
     mf_ep_reduce_args a;
     memset(&a, 0, sizeof a);
     a.back = back;
-    a.slot_row = r->slot_row;
-    a.weight = r->weight;
-    a.tokens = r->tokens;
-    a.topk = r->topk;
+    a.slot_row = slot_row;
+    a.weight = weight;
+    a.tokens = tokens;
+    a.topk = slots;
     a.model_dim = K;
     a.out = *out;
     return ctx->backend->ep_reduce(ctx, ctx->state, &a);
+}
+
+moefuse_status mf_ep_reduce(moefuse_context *ctx, const mf_ep_route *r, const void *back,
+                            int64_t K, const moefuse_tensor *out)
+{
+    return mf_ep_reduce_slots(ctx, r->slot_row, r->weight, r->tokens, r->topk, back, K, out);
 }
