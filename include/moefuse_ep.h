@@ -132,8 +132,9 @@ MOEFUSE_API void moefuse_ep_handle_destroy(moefuse_ep_handle *handle);
  * optional b1, b2, as moefuse_moe_forward takes them), combine. x [M, K] f32/f16/bf16,
  * out [M, K]. Shared experts (routing.n_shared = S, shared_scale, shared_weights as for
  * moefuse_moe_forward): every rank holds them after its own, w1 [E_local + S, 2I, K] and so on,
- * and runs them on its own tokens; their outputs join the sum after the routed slots. On the CPU backend bit for bit the out of moefuse_moe_forward over all E experts
- * on one context (docs/NUMERICS.md "Expert parallelism" says what holds on a GPU).
+ * and runs them on its own tokens; their outputs join the sum after the routed slots. On the
+ * CPU backend bit for bit the out of moefuse_moe_forward over all E experts on one context
+ * (docs/NUMERICS.md "Expert parallelism" says what holds on a GPU).
  */
 MOEFUSE_API moefuse_status moefuse_ep_moe_forward(
     moefuse_context *ctx, moefuse_ep_group *group, const moefuse_tensor *x,

@@ -153,9 +153,10 @@ static moefuse_status run_shared(moefuse_context *ctx, const char *op, moefuse_e
             ids[m * S + j] = (int32_t)(El + j);
     }
     void *dids = NULL, *h = NULL;
-    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_SIDS, sizeof *ids * (size_t)(M * S), &dids);
+    const size_t id_bytes = sizeof *ids * (size_t)(M * S);
+    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_SIDS, id_bytes, &dids);
     if (st == MOEFUSE_OK)
-        st = ctx->backend->buffer_write(ctx, ctx->state, dids, 0, ids, sizeof *ids * (size_t)(M * S));
+        st = ctx->backend->buffer_write(ctx, ctx->state, dids, 0, ids, id_bytes);
     free(ids);
     const int64_t ids_shape[2] = {M, S}, h_shape[3] = {M, S, I}, y_shape[3] = {M, S, K};
     moefuse_routing rt;
