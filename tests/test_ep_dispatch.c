@@ -6,7 +6,7 @@
  */
 #include "test_ep.h"
 
-#include "cpu/ep_scales.h"
+#include "cpu/scales.h"
 
 #include <math.h>
 #include <string.h>
@@ -202,7 +202,7 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                                   (int)e, (long long)t, (long long)m, (int)p);
                     for (int64_t gi = 0; gi < G && fp8; gi++) {
                         const moefuse_scale_layout L = (moefuse_scale_layout)LAYS[c->lay].layout;
-                        const float v = mf_ep_scale_read(&sc3, L, e, t, gi);
+                        const float v = mf_scale_read(&sc3, L, e, t, gi);
                         ck_assert_msg(v == qs[p][m * G + gi],
                                       "rank %d expert %d row %lld: scale %lld", (int)r, (int)e,
                                       (long long)t, (long long)gi);

@@ -3,20 +3,12 @@
 #include "cpu/cpu_internal.h"
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
+#include "cpu/scales.h"
 #include "cpu/tensor_cpu.h"
 
 static float read_scale(const mf_dequant_args *a, int64_t t, int64_t g)
 {
-    const char *p;
-    switch (a->quant.scale_layout) {
-    case MOEFUSE_SCALE_COLUMN_MAJOR: p = mf_at3(&a->scales, 0, g, t); break;
-    case MOEFUSE_SCALE_PACKED_UE8M0: p = mf_at3(&a->scales, 0, g / 4, t) + (g % 4); break;
-    case MOEFUSE_SCALE_ROW_MAJOR:
-    default: p = mf_at3(&a->scales, 0, t, g); break;
-    }
-    if (a->scales.dtype == MOEFUSE_F32)
-        return *(const float *)p;
-    return mf_ue8m0_read(*(const uint8_t *)p);
+    return mf_scale_read(&a->scales, a->quant.scale_layout, 0, t, g);
 }
 
 moefuse_status mf_cpu_dequant(moefuse_context *ctx, void *state, const mf_dequant_args *a)

@@ -4,7 +4,7 @@
  * layout), the top-k sum of the rows sent back, and the in-process transport's copy.
  */
 #include "cpu/cpu_internal.h"
-#include "cpu/ep_scales.h"
+#include "cpu/scales.h"
 #include "cpu/tensor_cpu.h"
 
 #include <stdlib.h>
@@ -24,7 +24,7 @@ moefuse_status mf_cpu_ep_gather(moefuse_context *ctx, void *state, const mf_ep_r
         }
         memcpy(dst, src, (size_t)K * moefuse_dtype_size(a->rows.dtype));
         for (int64_t g = 0; g < a->groups; g++) { /* f8 rows: their scales' values */
-            const float v = mf_ep_scale_read(&a->scales, a->layout, e, t, g);
+            const float v = mf_scale_read(&a->scales, a->layout, e, t, g);
             memcpy(dst + K + (size_t)g * sizeof v, &v, sizeof v);
         }
     }
@@ -61,7 +61,7 @@ moefuse_status mf_cpu_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_
         for (int64_t g = 0; g < a->groups; g++) {
             float v;
             memcpy(&v, src + K + (size_t)g * sizeof v, sizeof v);
-            mf_ep_scale_write(&a->scales, a->layout, e, t, g, v);
+            mf_scale_write(&a->scales, a->layout, e, t, g, v);
         }
     }
     return MOEFUSE_OK;

@@ -39,12 +39,7 @@ static __device__ __forceinline__ char *ep_scale_at(const EpRows &p, int64_t e, 
     return p.sc + i * (p.sdt == MF_DT_F32 ? 4 : 1);
 }
 
-static __device__ __forceinline__ float ep_exponent_value(uint8_t b)
-{
-    return b == 255 ? __int_as_float(0x7FC00000) : b == 0 ? __int_as_float(0x00400000)
-                                                          : __int_as_float((int)b << 23);
-}
-
+/* The exponent byte that mf_ue8m0_read turns back into v, a power of two or NaN. */
 static __device__ __forceinline__ uint8_t ep_exponent_of(float v)
 {
     const uint32_t b = (uint32_t)__float_as_int(v);
@@ -85,7 +80,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
         ep_copy_bytes(dst, src, p.K * p.es);
         for (int64_t g = threadIdx.x; g < p.groups; g += EP_THREADS) {
             const char *q = ep_scale_at(p, e, t, g);
-            const float v = p.sdt == MF_DT_F32 ? *(const float *)q : ep_exponent_value(*q);
+            const float v = p.sdt == MF_DT_F32 ? *(const float *)q : mf_ue8m0_read((uint8_t)*q);
             memcpy(dst + p.K + g * 4, &v, 4);
         }
     }

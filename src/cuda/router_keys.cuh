@@ -171,6 +171,30 @@ static __device__ void rw_softmax_k(const int32_t *ids, float *w, int k)
 }
 
 /*
+ * Steps 7-8 with the picks in lanes: lane sub of a row's lanes (the first at warp lane first)
+ * holds pick sub's id and score wj (sub < K, K at most the row's lanes). The renormalisation's
+ * sum takes them by shuffles in pick order; then the scale, and each live pick's stores.
+ */
+static __device__ __forceinline__ void rw_weigh_lanes(const RouteParams &p, int64_t m, int sub,
+                                                      int first, bool live, int32_t id, float wj,
+                                                      int K)
+{
+    float sum = 0.0f;
+    if (p.renorm)
+#pragma unroll 8
+        for (int j = 0; j < K; j++)
+            sum = __fadd_rn(sum, __shfl_sync(RW_FULL, wj, first | j));
+    if (live && sub < K) {
+        if (p.renorm && sum > 0.0f)
+            wj = __fdiv_rn(wj, sum);
+        if (p.scale != 1.0f)
+            wj = __fmul_rn(wj, p.scale);
+        p.ids[m * p.is0 + sub] = id;
+        p.w[m * p.ws0 + sub] = wj;
+    }
+}
+
+/*
  * Steps 6-8 for row m on the LANES lanes of a row (lane sub of them, the first at warp lane
  * first), once ids[0..K) hold the picks (-1: none) and w[0..K) their scores s, in shared
  * memory: the softmax over the k (TOPK_SOFTMAX), the renormalisation and the scale, sums in
@@ -182,23 +206,11 @@ static __device__ void rw_store_picks(const RouteParams &p, int64_t m, int sub, 
                                       bool live, const int32_t *ids, float *w, int K)
 {
     if (K <= LANES && p.scoring != MOEFUSE_ROUTER_TOPK_SOFTMAX) {
-        /* lane sub holds pick sub: the loads at once, then the sum in pick order from
-           shuffles (a chain of shared loads on one lane was a tenth of the lanes kernel's
-           stalls, Nsight Compute, DeepSeek-V3 M = 4096) */
-        float wj = sub < K ? w[sub] : 0.0f;
-        float sum = 0.0f;
-        if (p.renorm)
-#pragma unroll 8
-            for (int j = 0; j < K; j++)
-                sum = __fadd_rn(sum, __shfl_sync(RW_FULL, wj, first | j));
-        if (live && sub < K) {
-            if (p.renorm && sum > 0.0f)
-                wj = __fdiv_rn(wj, sum);
-            if (p.scale != 1.0f)
-                wj = __fmul_rn(wj, p.scale);
-            p.ids[m * p.is0 + sub] = ids[sub];
-            p.w[m * p.ws0 + sub] = wj;
-        }
+        /* lane sub holds pick sub: the loads at once, then the sum by shuffles (a chain of
+           shared loads on one lane was a tenth of the lanes kernel's stalls, Nsight Compute,
+           DeepSeek-V3 M = 4096) */
+        rw_weigh_lanes(p, m, sub, first, live, sub < K ? ids[sub] : -1, sub < K ? w[sub] : 0.0f,
+                       K);
         return;
     }
     if (sub == 0 && p.scoring == MOEFUSE_ROUTER_TOPK_SOFTMAX)
@@ -235,20 +247,7 @@ static __device__ void rw_finish(const RouteParams &p, int64_t m, int lane, cons
 {
     if (K <= 32 && p.scoring != MOEFUSE_ROUTER_TOPK_SOFTMAX) {
         const int32_t id = lane < K ? ids[lane] : -1;
-        float wj = id >= 0 ? sv[id] : 0.0f;
-        float sum = 0.0f;
-        if (p.renorm)
-#pragma unroll 8
-            for (int j = 0; j < K; j++)
-                sum = __fadd_rn(sum, __shfl_sync(RW_FULL, wj, j));
-        if (lane < K) {
-            if (p.renorm && sum > 0.0f)
-                wj = __fdiv_rn(wj, sum);
-            if (p.scale != 1.0f)
-                wj = __fmul_rn(wj, p.scale);
-            p.ids[m * p.is0 + lane] = id;
-            p.w[m * p.ws0 + lane] = wj;
-        }
+        rw_weigh_lanes(p, m, lane, 0, true, id, id >= 0 ? sv[id] : 0.0f, K);
         return;
     }
 #pragma unroll 1

@@ -73,23 +73,6 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
     return mf_check_outputs(ctx, op, ops, sizeof ops / sizeof ops[0], &idle);
 }
 
-/* Each local expert's received rows. An expert id out of range (the route's bytes came from
-   other ranks) is MOEFUSE_ERR_INTERNAL. */
-static moefuse_status count_rows(moefuse_context *ctx, const char *op, const mf_ep_route *r,
-                                 int64_t E, int64_t *cnt)
-{
-    memset(cnt, 0, sizeof *cnt * (size_t)(E > 0 ? E : 1));
-    for (int64_t i = 0; i < r->n_recv; i++) {
-        const int32_t e = r->recv_expert[i];
-        if (e < 0 || e >= E)
-            return mf_error(ctx, MOEFUSE_ERR_INTERNAL,
-                            "%s: received row %lld names local expert %d of %lld", op,
-                            (long long)i, (int)e, (long long)E);
-        cnt[e]++;
-    }
-    return MOEFUSE_OK;
-}
-
 /*
  * The steps, each rank in step with the others: the arguments, the route's send side and the
  * rows packed, then the call's one host exchange, which every rank takes part in and which
@@ -132,19 +115,17 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
         st = mf_ep_payload_pack(ctx, op, g, &d.pay, x, route, &rows);
     st = mf_ep_route_agree(ctx, op, g, st, d.tmax, route);
     const int64_t E = d.local_experts, n = route->n_recv;
-    int64_t *cnt = NULL, *fill = NULL;
+    const int64_t *cnt = route->local_rows; /* each local expert's rows, from the exchange */
+    int64_t *fill = NULL;
     int32_t *cnt32 = NULL;
     if (st == MOEFUSE_OK) {
-        cnt = malloc(sizeof *cnt * (size_t)(E > 0 ? E : 1));
         fill = calloc((size_t)(E > 0 ? E : 1), sizeof *fill);
         cnt32 = malloc(sizeof *cnt32 * (size_t)(E > 0 ? E : 1));
         h->recv_row = malloc(sizeof *h->recv_row * (size_t)(n > 0 ? n : 1));
-        if (!cnt || !fill || !cnt32 || !h->recv_row)
+        if (!fill || !cnt32 || !h->recv_row)
             st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
                           "%s: cannot allocate %lld received rows", op, (long long)n);
     }
-    if (st == MOEFUSE_OK)
-        st = count_rows(ctx, op, route, E, cnt);
     if (st == MOEFUSE_OK)
         st = mf_ep_scratch(ctx, op, g, MF_EP_RECV, d.pay.row_bytes * (size_t)n, &recv);
     if (st == MOEFUSE_OK)
@@ -165,7 +146,6 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
                                         (size_t)recv_counts->offset, cnt32,
                                         sizeof *cnt32 * (size_t)E);
     }
-    free(cnt);
     free(cnt32);
     free(fill);
     mf_ep_route_free(&none);

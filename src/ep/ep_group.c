@@ -97,32 +97,40 @@ moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep
     return MOEFUSE_OK;
 }
 
-moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                           const mf_ep_vote *mine, mf_ep_vote *first, int32_t *first_rank)
+moefuse_status mf_ep_refused(moefuse_context *ctx, const char *op, int32_t who,
+                             moefuse_status status)
+{
+    return mf_error(ctx, status,
+                    "%s: rank %d refused the call (%s); every rank of the group stops with it", op,
+                    (int)who, moefuse_status_name(status));
+}
+
+moefuse_status mf_ep_vote_on(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                             moefuse_status mine)
 {
     const int32_t W = g->world;
-    mf_ep_vote *all = calloc((size_t)W * 2, sizeof *all);
-    size_t *bytes = calloc((size_t)W * 3, sizeof *bytes);
+    int32_t *all = calloc((size_t)W * 2, sizeof *all);
+    size_t *bytes = calloc((size_t)W * 2, sizeof *bytes);
     if (!all || !bytes) {
         free(all);
         free(bytes);
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate a vote", op);
     }
-    mf_ep_vote *send = all + W;
-    size_t *sizes = bytes, *send_off = bytes + W, *recv_off = bytes + 2 * W;
+    int32_t *send = all + W;
     for (int32_t p = 0; p < W; p++) {
-        send[p] = *mine;
-        sizes[p] = sizeof *mine;
-        send_off[p] = recv_off[p] = (size_t)p * sizeof *mine;
+        send[p] = (int32_t)mine;
+        bytes[p] = sizeof *send;
+        bytes[W + p] = (size_t)p * sizeof *send;
     }
     moefuse_status st =
-        mf_ep_all_to_all(ctx, op, g, false, send, sizes, send_off, all, sizes, recv_off);
-    *first_rank = -1;
-    for (int32_t p = 0; st == MOEFUSE_OK && p < W && *first_rank < 0; p++)
-        if (all[p].status != MOEFUSE_OK) {
-            *first_rank = p;
-            *first = all[p];
-        }
+        mf_ep_all_to_all(ctx, op, g, false, send, bytes, bytes + W, all, bytes, bytes + W);
+    int32_t who = -1;
+    for (int32_t p = 0; st == MOEFUSE_OK && p < W && who < 0; p++)
+        if (all[p] != MOEFUSE_OK)
+            who = p;
+    if (st == MOEFUSE_OK)
+        st = who < 0 || mine != MOEFUSE_OK ? mine /* this rank's own message stands */
+                                           : mf_ep_refused(ctx, op, who, (moefuse_status)all[who]);
     free(all);
     free(bytes);
     return st;

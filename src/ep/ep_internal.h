@@ -62,6 +62,7 @@ typedef struct mf_ep_route {
     int32_t *recv_expert;    /* [n_recv]: local expert of each received row */
     float *weight;           /* [M k]: the valid slots' topk_weights (0 elsewhere) */
     int64_t *per_expert;     /* [E]: this rank's slots of each global expert */
+    int64_t *local_rows;     /* [E_local]: the rows each local expert receives */
 } mf_ep_route;
 
 /* What combine needs of one dispatch: its route, and where each received row went. */
@@ -98,13 +99,9 @@ moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep
                                 const size_t *send_off, void *recv, const size_t *recv_bytes,
                                 const size_t *recv_off);
 
-/* Every rank's status: each rank gives its own, and all get the first failing rank (-1:
-   none) and its status and detail words, so that a collective call fails everywhere. */
-typedef struct mf_ep_vote {
-    int32_t status, detail[3];
-} mf_ep_vote;
-moefuse_status mf_ep_agree(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                           const mf_ep_vote *mine, mf_ep_vote *first, int32_t *first_rank);
+/* The status of a rank whose own call went well when rank `who` refused with `status`. */
+moefuse_status mf_ep_refused(moefuse_context *ctx, const char *op, int32_t who,
+                             moefuse_status status);
 
 /*
  * A call's route in two steps. Local: this rank's valid slots of topk_ids ([M, k] i32, a host

@@ -2,49 +2,36 @@
 #include "ep/ep_payload.h"
 
 #include "core/core.h"
+#include "core/moe_checks.h"
 #include "core/ops_internal.h"
 #include "core/options.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The routing as the MoE calls check it (mf_moe_check_routing), with the router weights, and
+   what expert parallelism adds: no expert_map (the group places the experts), and shared
+   experts only in the layer calls, whose weights hold them after the rank's own. */
 static moefuse_status check_routing(moefuse_context *ctx, const char *op,
                                     const moefuse_routing *routing, int64_t M, bool shared_ok)
 {
-    if (!routing)
-        return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: routing is NULL", op);
-    MF_TRY(mf_check_tensor(ctx, op, "routing.topk_ids", &routing->topk_ids, 2,
-                           MF_DT(MOEFUSE_I32)));
-    const int64_t want[2] = {M, routing->topk_ids.shape[1]};
-    MF_TRY(mf_expect_shape(ctx, op, "routing.topk_ids", &routing->topk_ids, want, "[M, k]"));
-    MF_TRY(mf_check_tensor(ctx, op, "routing.topk_weights", &routing->topk_weights, 2,
-                           MF_DT(MOEFUSE_F32)));
-    MF_TRY(mf_expect_shape(ctx, op, "routing.topk_weights", &routing->topk_weights, want,
-                           "[M, k] as topk_ids"));
+    if (routing && !shared_ok && (routing->n_shared != 0 || mf_present(&routing->shared_weights)))
+        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
+                        "%s: shared experts run in the layer calls (moefuse_ep_moe_forward*), "
+                        "not in dispatch (routing.n_shared is %d)",
+                        op, (int)routing->n_shared);
+    mf_moe_args a;
+    memset(&a, 0, sizeof a);
+    a.tokens = M;
+    /* the bound on n_shared is the weights' (the layer's check_weights) */
+    a.experts = routing && routing->n_shared > 0 ? routing->n_shared : 0;
+    mf_shared sh;
+    MF_TRY(mf_moe_check_routing(ctx, op, routing, true, &a, shared_ok ? &sh : NULL));
     if (mf_present(&routing->expert_map))
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
                         "%s: routing.expert_map is given; the group places the experts "
                         "(moefuse_ep_config)",
                         op);
-    if (!shared_ok && (routing->n_shared != 0 || mf_present(&routing->shared_weights)))
-        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: shared experts run in the layer calls (moefuse_ep_moe_forward*), "
-                        "not in dispatch (routing.n_shared is %d)",
-                        op, (int)routing->n_shared);
-    if (routing->n_shared < 0)
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: routing.n_shared is %d", op,
-                        (int)routing->n_shared);
-    if (!isfinite(routing->shared_scale))
-        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
-                        "%s: routing.shared_scale is %g; it must be finite (0 means 1)", op,
-                        (double)routing->shared_scale);
-    if (mf_present(&routing->shared_weights)) {
-        MF_TRY(mf_check_tensor(ctx, op, "routing.shared_weights", &routing->shared_weights, 1,
-                               MF_DT(MOEFUSE_F32)));
-        MF_TRY(mf_expect_shape(ctx, op, "routing.shared_weights", &routing->shared_weights, &M,
-                               "[M]"));
-    }
     return MOEFUSE_OK;
 }
 

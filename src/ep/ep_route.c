@@ -67,22 +67,10 @@ static const void *at2(const moefuse_tensor *t, int64_t i, int64_t j)
            (i * t->stride[0] + j * t->stride[1]) * (int64_t)moefuse_dtype_size(t->dtype);
 }
 
-moefuse_status mf_ep_vote_on(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
-                             moefuse_status mine)
-{
-    mf_ep_vote me = {(int32_t)mine, {0, 0, 0}}, first;
-    int32_t who;
-    MF_TRY(mf_ep_agree(ctx, op, g, &me, &first, &who));
-    if (who < 0 || mine != MOEFUSE_OK)
-        return mine; /* this rank's own message stands */
-    return mf_error(ctx, (moefuse_status)first.status,
-                    "%s: rank %d refused the call (%s); every rank of the group stops with it", op,
-                    (int)who, moefuse_status_name((moefuse_status)first.status));
-}
-
 void mf_ep_route_free(mf_ep_route *r)
 {
     free(r->per_expert);
+    free(r->local_rows);
     free(r->sent);
     free(r->received);
     free(r->send_slot);
@@ -215,6 +203,11 @@ moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_e
             why = hq->status;
             break;
         }
+        for (int32_t e = 0; e < E && who < 0; e++) /* another rank's bytes: not trusted */
+            if (((const int64_t *)(hq + 1))[e] < 0) {
+                who = q;
+                why = MOEFUSE_ERR_INTERNAL;
+            }
         for (int32_t e = 0; e < E && hq->tmax >= 0 && who < 0; e++) {
             if (g->owner[e] != q)
                 continue;
@@ -247,11 +240,11 @@ moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_e
                           op, (long long)over, (int)who, (long long)rows, (long long)cap);
         else if (mine != MOEFUSE_OK)
             st = mine;
+        else if (why == MOEFUSE_ERR_INTERNAL)
+            st = mf_error(ctx, MOEFUSE_ERR_INTERNAL, "%s: rank %d sent a negative count of rows",
+                          op, (int)who);
         else
-            st = mf_error(ctx, (moefuse_status)why,
-                          "%s: rank %d refused the call (%s); every rank of the group stops with "
-                          "it",
-                          op, (int)who, moefuse_status_name((moefuse_status)why));
+            st = mf_ep_refused(ctx, op, who, (moefuse_status)why);
     }
     /* the rows this rank receives: from each source, by local expert, as the source sent them */
     int64_t n = 0;
@@ -267,7 +260,9 @@ moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_e
     if (st == MOEFUSE_OK) {
         r->n_recv = n;
         r->recv_expert = malloc((size_t)(n > 0 ? n : 1) * sizeof *r->recv_expert);
-        if (!r->recv_expert)
+        r->local_rows = calloc((size_t)(g->local_experts > 0 ? g->local_experts : 1),
+                               sizeof *r->local_rows);
+        if (!r->recv_expert || !r->local_rows)
             st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
                           "%s: cannot allocate the experts of %lld received rows", op,
                           (long long)n);
@@ -276,9 +271,11 @@ moefuse_status mf_ep_route_agree(moefuse_context *ctx, const char *op, moefuse_e
     for (int32_t p = 0; st == MOEFUSE_OK && p < W; p++) {
         const int64_t *hp = (const int64_t *)(all + (size_t)p * rec + sizeof(rank_record));
         for (int32_t e = 0; e < E; e++)
-            if (g->owner[e] == me)
+            if (g->owner[e] == me) {
+                r->local_rows[g->local[e]] += hp[e];
                 for (int64_t i = 0; i < hp[e]; i++)
                     r->recv_expert[at++] = g->local[e];
+            }
     }
     free(all);
     return st;

@@ -1,18 +1,19 @@
 /*
  * One group scale of a scales tensor in any of moefuse_scale_layout's layouts (normalised to
  * rank 3 [E or 1, ...] as mf_check_scales returns it), read as its f32 value or written from
- * one. Exponent bytes (u8 and the packed words): 2^(e - 127), 255 NaN; written from a power of
- * two (or NaN) as its exponent bits, the only values UE8M0 scales take.
+ * one. Exponent bytes (u8 and the packed words) read as mf_ue8m0_read does; written from a
+ * power of two (or NaN) as the byte that reads back to it, the only values UE8M0 scales take.
  */
-#ifndef MOEFUSE_CPU_EP_SCALES_H
-#define MOEFUSE_CPU_EP_SCALES_H
+#ifndef MOEFUSE_CPU_SCALES_H
+#define MOEFUSE_CPU_SCALES_H
 
+#include "cpu/numerics.h"
 #include "cpu/tensor_cpu.h"
 
 #include <math.h>
 #include <string.h>
 
-static inline unsigned char *mf_ep_scale_at(const moefuse_tensor *s, moefuse_scale_layout layout,
+static inline unsigned char *mf_scale_at(const moefuse_tensor *s, moefuse_scale_layout layout,
                                             int64_t e, int64_t t, int64_t g)
 {
     switch (layout) {
@@ -25,32 +26,22 @@ static inline unsigned char *mf_ep_scale_at(const moefuse_tensor *s, moefuse_sca
     }
 }
 
-static inline float mf_ep_exponent_value(unsigned char b)
-{
-    if (b == 255)
-        return NAN;
-    uint32_t bits = b == 0 ? 0x00400000u : (uint32_t)b << 23; /* 2^-127 is subnormal */
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-static inline float mf_ep_scale_read(const moefuse_tensor *s, moefuse_scale_layout layout,
+static inline float mf_scale_read(const moefuse_tensor *s, moefuse_scale_layout layout,
                                      int64_t e, int64_t t, int64_t g)
 {
-    const unsigned char *p = mf_ep_scale_at(s, layout, e, t, g);
+    const unsigned char *p = mf_scale_at(s, layout, e, t, g);
     if (s->dtype == MOEFUSE_F32) {
         float v;
         memcpy(&v, p, sizeof v);
         return v;
     }
-    return mf_ep_exponent_value(*p); /* u8, or a byte of a packed word */
+    return mf_ue8m0_read(*p); /* u8, or a byte of a packed word */
 }
 
-static inline void mf_ep_scale_write(const moefuse_tensor *s, moefuse_scale_layout layout,
+static inline void mf_scale_write(const moefuse_tensor *s, moefuse_scale_layout layout,
                                      int64_t e, int64_t t, int64_t g, float v)
 {
-    unsigned char *p = mf_ep_scale_at(s, layout, e, t, g);
+    unsigned char *p = mf_scale_at(s, layout, e, t, g);
     if (s->dtype == MOEFUSE_F32) {
         memcpy(p, &v, sizeof v);
         return;
