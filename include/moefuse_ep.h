@@ -12,9 +12,8 @@
  * naming the rank and the expert.
  *
  * Status: the CPU and CUDA backends run dispatch, combine and the whole layer (normal mode)
- * over a group's transport; groups over NCCL are made on CUDA contexts. The low-latency mode is
- * not built yet: its calls return MOEFUSE_ERR_UNSUPPORTED with a message, as every call does
- * on a backend without expert parallelism (OpenCL).
+ * over a group's transport, in both modes; groups over NCCL are made on CUDA contexts. A
+ * backend without expert parallelism (OpenCL) returns MOEFUSE_ERR_UNSUPPORTED with a message.
  */
 #ifndef MOEFUSE_EP_H
 #define MOEFUSE_EP_H
@@ -77,7 +76,7 @@ MOEFUSE_API void moefuse_ep_group_destroy(moefuse_ep_group *group);
 
 typedef enum moefuse_ep_mode {
     MOEFUSE_EP_NORMAL = 0,      /* counts exchanged first, then rows of any number */
-    MOEFUSE_EP_LOW_LATENCY = 1, /* fixed capacity, one exchange (not built yet) */
+    MOEFUSE_EP_LOW_LATENCY = 1, /* fixed capacity, one exchange, graph-capturable */
     MOEFUSE_EP_MODE_COUNT_
 } moefuse_ep_mode;
 
@@ -89,7 +88,11 @@ typedef struct moefuse_ep_dispatch_options {
     /* The scales of an f8_e4m3 x (x_scales) and of recv_x (recv_scales): group_size 0 or 128,
      * the layout, ue8m0, eps (quantize only). */
     moefuse_quant_options act;
-    uint32_t reserved[4]; /* must be 0 */
+    /* Low-latency mode: the most tokens any rank of the group dispatches in one call (M <=
+     * max_tokens on every rank; the same value on every rank). It fixes every size the call
+     * moves, so nothing is read back to the host. Normal mode: 0. */
+    int32_t max_tokens;
+    uint32_t reserved[3]; /* must be 0 */
 } moefuse_ep_dispatch_options;
 
 /*
@@ -106,6 +109,17 @@ typedef struct moefuse_ep_dispatch_options {
  * written. An expert that would receive more than Tmax rows fails the call on every rank
  * (MOEFUSE_ERR_SHAPE), before any row is written. *handle (freed by moefuse_ep_handle_destroy)
  * records where every row came from, for moefuse_ep_combine.
+ *
+ * Low-latency mode (opt->mode MOEFUSE_EP_LOW_LATENCY, opt->max_tokens = C): the same rows in the
+ * same places, in one exchange of fixed size (C rows to each rank), with the route made on the
+ * device: nothing is read back to the host, so dispatch and combine can be captured in a CUDA
+ * graph. recv_x's Tmax must be at least W C (W ranks), which holds every row when a token names
+ * an expert once. Rows past Tmax (a token naming an expert in several slots) are not written;
+ * recv_counts then holds the number the expert should have had (more than Tmax), and combine
+ * gives NaN for the tokens whose rows were lost: nothing is dropped silently. The handle's
+ * records stay in the group's memory: one low-latency dispatch a group awaits its combine at a
+ * time (the next one takes the same memory). Before capturing, make one call with the same
+ * shapes and max_tokens outside the capture (it sizes that memory).
  */
 MOEFUSE_API moefuse_status moefuse_ep_dispatch(
     moefuse_context *ctx, moefuse_ep_group *group, const moefuse_tensor *x,
@@ -118,7 +132,10 @@ MOEFUSE_API moefuse_status moefuse_ep_dispatch(
  * wrote (rows t >= count are not read), goes back to the tokens' ranks, where
  * out[m] = sum over valid j = 0..k-1, in that order, of topk_weights[m, j] * y of slot (m, j),
  * in f32 from 0, rounded once to out's dtype (out [M, K] f32/f16/bf16): the sum of
- * moefuse_moe_final.
+ * moefuse_moe_final. After a low-latency dispatch, each rank first sums the slots it holds of a
+ * token (in slot order, the same roundings) and sends that one row back; out[m] is the sum of
+ * those rows over the ranks in rank order, in f32 from 0, rounded once (with one rank, the
+ * same bits as above; with more, the sum is associated by rank).
  */
 MOEFUSE_API moefuse_status moefuse_ep_combine(moefuse_context *ctx, moefuse_ep_group *group,
                                               const moefuse_ep_handle *handle,

@@ -569,5 +569,6 @@ int main(void)
     Suite *s = suite_create("ep");
     ep_add_layer_tests(s);
     ep_add_dispatch_tests(s);
+    ep_add_ll_tests(s);
     return h_run(s);
 }

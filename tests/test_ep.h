@@ -60,7 +60,46 @@ void *ep_slice(const ep_world *w, int32_t rank, const void *global, int64_t rows
 void *ep_slice_shared(const ep_world *w, int32_t rank, const void *global, int64_t rows,
                       int64_t cols, size_t elem, int32_t shared, int32_t *local_count);
 
+/* A dispatch and combine on every rank (test_ep_dispatch.c): its inputs, made by ep_disp_run
+   from the shapes, and its outputs read back with their guards. */
+typedef struct disp_case {
+    int32_t world, E, k;
+    int64_t K, tmax, M[EP_MAX_WORLD];
+    int quantize, lay; /* FP8 rows: recv_scales in LAYS[lay] */
+    int f8x;           /* FP8 rows from an f8 x with its scales in LAYS[lay] (quantize 0) */
+    int ll;            /* the low-latency mode, max_tokens the largest M (ep_disp_run sets it) */
+    void *xq[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
+    size_t xs_bytes[EP_MAX_WORLD];
+    moefuse_dtype dt;
+    moefuse_ep_dispatch_options opt;
+    void *x[EP_MAX_WORLD];
+    int32_t *ids[EP_MAX_WORLD];
+    float *wts[EP_MAX_WORLD];
+    /* outputs read back, each with its guards (ep_get) */
+    unsigned char *recv[EP_MAX_WORLD], *scales[EP_MAX_WORLD], *counts[EP_MAX_WORLD],
+        *out[EP_MAX_WORLD];
+    size_t scale_bytes[EP_MAX_WORLD];
+    int32_t local[EP_MAX_WORLD];
+    moefuse_status st[EP_MAX_WORLD], st_combine[EP_MAX_WORLD];
+    char msg[EP_MAX_WORLD][512];
+} disp_case;
+
+/* World ranks, M + 5 r tokens on rank r, bf16 rows, E = 8, k = 4, K = 256. */
+disp_case ep_disp_case(int32_t world, int64_t M, int64_t tmax);
+/* Draws the inputs and runs every rank (owner: NULL or the placement). */
+void ep_disp_run(disp_case *c, const int32_t *owner);
+/* Every output against the contract (the low-latency combine's sum by rank with c->ll). */
+void ep_disp_check(disp_case *c);
+void ep_disp_free(disp_case *c);
+/* The padded scale layouts' rows Tmax .. Ta - 1 are zero on every rank. */
+void ep_disp_check_padding(const disp_case *c);
+/* One rank of a case whose inputs are drawn: dispatch, y made up, combine (ep_run's run). */
+void ep_disp_rank(ep_world *w, int32_t r);
+/* Every byte of [p, p + n) is the canary. */
+int ep_untouched(const void *p, size_t n);
+
 void ep_add_layer_tests(Suite *s);
 void ep_add_dispatch_tests(Suite *s);
+void ep_add_ll_tests(Suite *s);
 
 #endif

@@ -11,26 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-typedef struct disp_case {
-    int32_t world, E, k;
-    int64_t K, tmax, M[EP_MAX_WORLD];
-    int quantize, lay; /* FP8 rows: recv_scales in LAYS[lay] */
-    int f8x;           /* FP8 rows from an f8 x with its scales in LAYS[lay] (quantize 0) */
-    void *xq[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
-    size_t xs_bytes[EP_MAX_WORLD];
-    moefuse_dtype dt;
-    moefuse_ep_dispatch_options opt;
-    void *x[EP_MAX_WORLD];
-    int32_t *ids[EP_MAX_WORLD];
-    float *wts[EP_MAX_WORLD];
-    /* outputs read back, each with its guards (ep_get) */
-    unsigned char *recv[EP_MAX_WORLD], *scales[EP_MAX_WORLD], *counts[EP_MAX_WORLD],
-        *out[EP_MAX_WORLD];
-    size_t scale_bytes[EP_MAX_WORLD];
-    int32_t local[EP_MAX_WORLD];
-    moefuse_status st[EP_MAX_WORLD], st_combine[EP_MAX_WORLD];
-    char msg[EP_MAX_WORLD][512];
-} disp_case;
 
 static moefuse_tensor dense(void *p, moefuse_dtype dt, int32_t rank, int64_t a, int64_t b,
                             int64_t c)
@@ -67,7 +47,7 @@ static moefuse_tensor on(void *buf, moefuse_dtype dt, int32_t rank, int64_t a, i
 
 /* One rank: its inputs into its backend's memory, dispatch, the experts' outputs y as a
    function of (rank, e, t, c), combine; every output read back with its guards. */
-static void disp_rank(ep_world *w, int32_t r)
+void ep_disp_rank(ep_world *w, int32_t r)
 {
     disp_case *c = w->arg;
     moefuse_context *ctx = w->ctx[r];
@@ -143,13 +123,29 @@ static void disp_rank(ep_world *w, int32_t r)
             moefuse_buffer_free(ctx, all[i]);
 }
 
-/* Every byte of [p, p + n) is the canary. */
-static int untouched(const void *p, size_t n)
+int ep_untouched(const void *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (((const unsigned char *)p)[i] != 0xA5)
             return 0;
     return 1;
+}
+
+/* What the experts gave slot (m, j) of rank p: y of its row t, the rows of its expert from
+   ranks before p, then from this rank's slots before it. */
+static float slot_y(const disp_case *c, const ep_world *wv, int32_t p, int64_t m, int64_t j,
+                    int64_t ch)
+{
+    const int32_t g = c->ids[p][m * c->k + j], r = ep_owner(wv, g), e = ep_local(wv, g);
+    int64_t t = 0;
+    for (int32_t q = 0; q < p; q++)
+        for (int64_t s = 0; s < c->M[q] * c->k; s++)
+            t += c->ids[q][s] >= 0 && c->ids[q][s] < c->E && ep_owner(wv, c->ids[q][s]) == r &&
+                 ep_local(wv, c->ids[q][s]) == e;
+    for (int64_t s = 0; s < m * c->k + j; s++)
+        t += c->ids[p][s] >= 0 && c->ids[p][s] < c->E && ep_owner(wv, c->ids[p][s]) == r &&
+             ep_local(wv, c->ids[p][s]) == e;
+    return y_of(r, e, t, ch);
 }
 
 static void check_dispatch(disp_case *c, ep_world *wv)
@@ -210,8 +206,8 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     t++;
                 }
             ck_assert_int_eq(((const int32_t *)(c->counts[r] + EP_GUARD))[e], t);
-            ck_assert_msg(untouched((const char *)c->recv[r] + EP_GUARD + rs * (size_t)(e * T + t),
-                                    rs * (size_t)(T - t)),
+            const char *past = (const char *)c->recv[r] + EP_GUARD + rs * (size_t)(e * T + t);
+            ck_assert_msg(ep_untouched(past, rs * (size_t)(T - t)),
                           "rank %d expert %d: rows past the count were written", (int)r, (int)e);
         }
         ck_assert(ep_guards_ok(c->recv[r], rs * (size_t)(El * T)) &&
@@ -219,28 +215,27 @@ static void check_dispatch(disp_case *c, ep_world *wv)
         if (fp8)
             ck_assert(ep_guards_ok(c->scales[r], c->scale_bytes[r]));
     }
-    /* combine: out[m] = sum over valid j of w * y of the slot, taken here the same way */
+    /* combine: out[m] = sum over valid j of w * y of the slot, taken here the same way; the
+       low-latency mode sums each rank's slots (in slot order), then those sums in rank order */
     for (int32_t p = 0; p < c->world; p++) {
         for (int64_t m = 0; m < c->M[p]; m++) {
             for (int64_t ch = 0; ch < K; ch++) {
                 float acc = 0.0f;
-                for (int64_t j = 0; j < c->k; j++) {
-                    const int32_t g = c->ids[p][m * c->k + j];
-                    if (g < 0 || g >= c->E)
-                        continue;
-                    /* the slot's row t: the rows of its expert from ranks before p, then
-                       from this rank's slots before it */
-                    const int32_t r = ep_owner(wv, g), e = ep_local(wv, g);
-                    int64_t t = 0;
-                    for (int32_t q = 0; q < p; q++)
-                        for (int64_t s = 0; s < c->M[q] * c->k; s++)
-                            t += c->ids[q][s] >= 0 && c->ids[q][s] < c->E &&
-                                 ep_owner(wv, c->ids[q][s]) == r && ep_local(wv, c->ids[q][s]) == e;
-                    for (int64_t s = 0; s < m * c->k + j; s++)
-                        t += c->ids[p][s] >= 0 && c->ids[p][s] < c->E &&
-                             ep_owner(wv, c->ids[p][s]) == r && ep_local(wv, c->ids[p][s]) == e;
-                    const float prod = c->wts[p][m * c->k + j] * y_of(r, e, t, ch);
-                    acc = acc + prod;
+                for (int32_t q = 0; q < (c->ll ? c->world : 1); q++) {
+                    float part = 0.0f;
+                    bool any = false;
+                    for (int64_t j = 0; j < c->k; j++) {
+                        const int32_t g = c->ids[p][m * c->k + j];
+                        if (g < 0 || g >= c->E || (c->ll && ep_owner(wv, g) != q))
+                            continue;
+                        const float prod = c->wts[p][m * c->k + j] * slot_y(c, wv, p, m, j, ch);
+                        part = part + prod;
+                        any = true;
+                    }
+                    if (!c->ll)
+                        acc = part;
+                    else if (any)
+                        acc = acc + part;
                 }
                 const float got = ((const float *)(c->out[p] + EP_GUARD))[m * K + ch];
                 ck_assert_msg(got == acc, "rank %d token %lld: combine", (int)p,
@@ -258,8 +253,16 @@ static void check_dispatch(disp_case *c, ep_world *wv)
 /* The placement check_dispatch reads (ep_owner, ep_local) */
 static ep_world placement;
 
-static void run_dispatch(disp_case *c, const int32_t *owner)
+void ep_disp_check(disp_case *c) { check_dispatch(c, &placement); }
+
+void ep_disp_run(disp_case *c, const int32_t *owner)
 {
+    if (c->ll) {
+        c->opt.mode = MOEFUSE_EP_LOW_LATENCY;
+        for (int32_t r = 0; r < c->world; r++)
+            c->opt.max_tokens = c->M[r] > c->opt.max_tokens ? (int32_t)c->M[r] : c->opt.max_tokens;
+        c->opt.max_tokens += c->opt.max_tokens == 0; /* at least 1 */
+    }
     for (int32_t r = 0; r < c->world; r++) {
         const int64_t M = c->M[r];
         c->x[r] = malloc(moefuse_dtype_size(c->dt) * (size_t)(M * c->K) + 1);
@@ -284,14 +287,14 @@ static void run_dispatch(disp_case *c, const int32_t *owner)
             moefuse_context_destroy(ref);
         }
     }
-    ep_run(c->world, c->E, owner, disp_rank, c);
+    ep_run(c->world, c->E, owner, ep_disp_rank, c);
     memset(&placement, 0, sizeof placement);
     placement.owner = owner;
     placement.world = c->world;
     placement.experts = c->E;
 }
 
-static void free_dispatch(disp_case *c)
+void ep_disp_free(disp_case *c)
 {
     for (int32_t r = 0; r < c->world; r++) {
         free(c->x[r]);
@@ -306,7 +309,7 @@ static void free_dispatch(disp_case *c)
     }
 }
 
-static disp_case make_case(int32_t world, int64_t M, int64_t tmax)
+disp_case ep_disp_case(int32_t world, int64_t M, int64_t tmax)
 {
     disp_case c;
     memset(&c, 0, sizeof c);
@@ -321,60 +324,63 @@ static disp_case make_case(int32_t world, int64_t M, int64_t tmax)
     return c;
 }
 
+void ep_disp_check_padding(const disp_case *c)
+{
+    const lay *l = &LAYS[c->lay];
+    for (int32_t r = 0; r < c->world && l->layout != MOEFUSE_SCALE_ROW_MAJOR; r++) {
+        moefuse_tensor s = rscales_of(NULL, l, c->local[r], c->tmax, c->K);
+        const unsigned char *sb = c->scales[r] + EP_GUARD;
+        const size_t es = moefuse_dtype_size(s.dtype);
+        for (int64_t e = 0; e < s.shape[0]; e++)
+            for (int64_t w = 0; w < s.shape[1]; w++)
+                for (int64_t t = c->tmax; t < s.shape[2]; t++)
+                    for (size_t b = 0; b < es; b++)
+                        ck_assert_int_eq(sb[((e * s.shape[1] + w) * s.shape[2] + t) * es + b], 0);
+    }
+}
+
 START_TEST(t_dispatch_rows)
 {
     static const int32_t worlds[3] = {1, 2, 4};
     for (int i = 0; i < 3; i++) {
-        disp_case c = make_case(worlds[i], 23, 200);
-        run_dispatch(&c, NULL);
-        check_dispatch(&c, &placement);
-        free_dispatch(&c);
+        disp_case c = ep_disp_case(worlds[i], 23, 200);
+        ep_disp_run(&c, NULL);
+        ep_disp_check(&c);
+        ep_disp_free(&c);
     }
-    disp_case f = make_case(2, 17, 200); /* f16 and f32 rows: the same bytes */
+    disp_case f = ep_disp_case(2, 17, 200); /* f16 and f32 rows: the same bytes */
     f.dt = MOEFUSE_F16;
-    run_dispatch(&f, NULL);
-    check_dispatch(&f, &placement);
-    free_dispatch(&f);
-    f = make_case(2, 17, 200);
+    ep_disp_run(&f, NULL);
+    ep_disp_check(&f);
+    ep_disp_free(&f);
+    f = ep_disp_case(2, 17, 200);
     f.dt = MOEFUSE_F32;
-    run_dispatch(&f, NULL);
-    check_dispatch(&f, &placement);
-    free_dispatch(&f);
+    ep_disp_run(&f, NULL);
+    ep_disp_check(&f);
+    ep_disp_free(&f);
     static const int32_t owner[8] = {3, 0, 0, 3, 2, 0, 2, 3}; /* rank 1 holds none */
-    disp_case d = make_case(4, 0, 100);
+    disp_case d = ep_disp_case(4, 0, 100);
     d.M[1] = 1;
     d.M[3] = 19;
-    run_dispatch(&d, owner);
-    check_dispatch(&d, &placement);
-    free_dispatch(&d);
+    ep_disp_run(&d, owner);
+    ep_disp_check(&d);
+    ep_disp_free(&d);
 }
 END_TEST
 
 START_TEST(t_dispatch_fp8_layouts)
 {
     for (int l = 0; l < 5; l++) {
-        disp_case c = make_case(2, 13, 41); /* Tmax 41: the padded layouts pad 3 rows */
+        disp_case c = ep_disp_case(2, 13, 41); /* Tmax 41: the padded layouts pad 3 rows */
         c.quantize = 1;
         c.lay = l;
         c.opt.quantize = 1;
         c.opt.act.scale_layout = (moefuse_scale_layout)LAYS[l].layout;
         c.opt.act.ue8m0 = LAYS[l].ue8m0;
-        run_dispatch(&c, NULL);
-        check_dispatch(&c, &placement);
-        /* the layout's padding rows Tmax .. Ta - 1 are zero */
-        for (int32_t r = 0; r < c.world && LAYS[l].layout != MOEFUSE_SCALE_ROW_MAJOR; r++) {
-            moefuse_tensor s = rscales_of(NULL, &LAYS[l], c.local[r], c.tmax, c.K);
-            const unsigned char *sb = c.scales[r] + EP_GUARD;
-            const size_t es = moefuse_dtype_size(s.dtype);
-            for (int64_t e = 0; e < s.shape[0]; e++)
-                for (int64_t w = 0; w < s.shape[1]; w++)
-                    for (int64_t t = c.tmax; t < s.shape[2]; t++)
-                        for (size_t b = 0; b < es; b++)
-                            ck_assert_int_eq(sb
-                                                 [((e * s.shape[1] + w) * s.shape[2] + t) * es + b],
-                                             0);
-        }
-        free_dispatch(&c);
+        ep_disp_run(&c, NULL);
+        ep_disp_check(&c);
+        ep_disp_check_padding(&c);
+        ep_disp_free(&c);
     }
 }
 END_TEST
@@ -382,14 +388,14 @@ END_TEST
 START_TEST(t_dispatch_f8_x)
 {
     for (int l = 0; l < 5; l++) { /* an f8 x, its scales in each layout, recv_scales likewise */
-        disp_case c = make_case(4, 11, 64);
+        disp_case c = ep_disp_case(4, 11, 64);
         c.f8x = 1;
         c.lay = l;
         c.opt.act.scale_layout = (moefuse_scale_layout)LAYS[l].layout;
         c.opt.act.ue8m0 = LAYS[l].ue8m0;
-        run_dispatch(&c, NULL);
-        check_dispatch(&c, &placement);
-        free_dispatch(&c);
+        ep_disp_run(&c, NULL);
+        ep_disp_check(&c);
+        ep_disp_free(&c);
     }
 }
 END_TEST
@@ -398,7 +404,7 @@ END_TEST
    against a Tmax of tmax. */
 static void one_busy_expert(disp_case *c, int64_t tmax)
 {
-    *c = make_case(2, 9, tmax);
+    *c = ep_disp_case(2, 9, tmax);
     for (int32_t r = 0; r < 2; r++) {
         const int64_t M = c->M[r];
         c->x[r] = malloc(2 * (size_t)(M * c->K));
@@ -410,7 +416,7 @@ static void one_busy_expert(disp_case *c, int64_t tmax)
             c->wts[r][s] = 0.5f;
         }
     }
-    ep_run(2, c->E, NULL, disp_rank, c);
+    ep_run(2, c->E, NULL, ep_disp_rank, c);
 }
 
 START_TEST(t_dispatch_overflow)
@@ -423,24 +429,24 @@ START_TEST(t_dispatch_overflow)
         ck_assert_msg(strstr(c.msg[r], "local expert 1 of rank 0 receives 92 rows"), "%s",
                       c.msg[r]);
         const size_t n = 2 * (size_t)(c.local[r] * c.tmax * c.K);
-        ck_assert(untouched(c.recv[r], n + 2 * EP_GUARD));
-        ck_assert(untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r] + 2 * EP_GUARD));
+        ck_assert(ep_untouched(c.recv[r], n + 2 * EP_GUARD));
+        ck_assert(ep_untouched(c.counts[r], sizeof(int32_t) * (size_t)c.local[r] + 2 * EP_GUARD));
     }
-    free_dispatch(&c);
+    ep_disp_free(&c);
     /* exactly Tmax rows: taken */
     one_busy_expert(&c, 92);
     for (int32_t r = 0; r < 2; r++)
         ck_assert_msg(c.st[r] == MOEFUSE_OK && c.st_combine[r] == MOEFUSE_OK, "rank %d: %s",
                       (int)r, c.msg[r]);
     ck_assert_int_eq(((const int32_t *)(c.counts[0] + EP_GUARD))[1], 92);
-    free_dispatch(&c);
+    ep_disp_free(&c);
 }
 END_TEST
 
 /* ------------------------------------------------------------------ refusals */
 
 typedef struct refusal {
-    int what; /* 0 low-latency, 1 expert_map on rank 1 only, 2 shared experts */
+    int what; /* 0 low-latency without max_tokens, 1 expert_map on rank 1 only, 2 shared experts */
     moefuse_status st[EP_MAX_WORLD];
     char msg[EP_MAX_WORLD][512];
 } refusal;
@@ -485,9 +491,9 @@ START_TEST(t_refusals)
     refusal f;
     memset(&f, 0, sizeof f);
     ep_run(2, 8, NULL, refusal_rank, &f);
-    for (int r = 0; r < 2; r++) {
-        ck_assert_int_eq(f.st[r], MOEFUSE_ERR_UNSUPPORTED);
-        ck_assert_msg(strstr(f.msg[r], "low-latency"), "%s", f.msg[r]);
+    for (int r = 0; r < 2; r++) { /* the low-latency mode without its max_tokens */
+        ck_assert_int_eq(f.st[r], MOEFUSE_ERR_INVALID_ARGUMENT);
+        ck_assert_msg(strstr(f.msg[r], "max_tokens"), "%s", f.msg[r]);
     }
     f.what = 1; /* one rank's bad argument stops both, the other's message names it */
     ep_run(2, 8, NULL, refusal_rank, &f);

@@ -11,6 +11,7 @@
 #define MOEFUSE_CORE_BACKEND_H
 
 #include "moefuse.h"
+#include "ep/ep_ll_wire.h"
 #include "ep/transport.h"
 
 #include <stdbool.h>
@@ -171,6 +172,43 @@ typedef struct mf_ep_reduce_args {
     moefuse_tensor out;      /* [M, K] f32/f16/bf16 */
 } mf_ep_reduce_args;
 
+/*
+ * Expert parallelism's low-latency mode (src/ep/ep_ll.c): blocks of fixed size between ranks,
+ * laid out as ep/ep_ll_wire.h says, in backend memory; every index the steps share lives in
+ * backend memory too, written and read on the device, so that no step waits for the host.
+ * The four steps take the members they name.
+ */
+typedef struct mf_ep_ll_args {
+    mf_ep_ll_wire wire;
+    int32_t world;                 /* W */
+    int64_t tokens, model_dim;     /* M (this rank's), K */
+    int64_t groups;                /* FP8 rows: K / 128 scales a row; else 0 */
+    /* pack: this rank's rows into the W send blocks, and where each token went */
+    moefuse_tensor x;              /* [1, M, K]: x's rows, or FP8 codes */
+    moefuse_tensor x_scales;       /* FP8: rank 3 [1, M, G] in x_layout */
+    moefuse_scale_layout x_layout;
+    moefuse_tensor ids, weights;   /* [M, k] i32 global experts, f32 */
+    const int32_t *owner, *local;  /* [experts], backend memory: an expert's rank, its index
+                                      there */
+    int32_t experts;               /* E, global */
+    void *send;                    /* [W] blocks */
+    int32_t *pos;                  /* [C, W]: token m's row in block p, -1: not sent there
+                                      (pack writes it, sum reads it) */
+    /* place: the W received blocks into the masked layout */
+    const void *recv;              /* [W] blocks, block p from rank p */
+    moefuse_tensor recv_x;         /* [E_local, Tmax, K] */
+    moefuse_tensor recv_scales;    /* FP8: rank 3 in recv_layout */
+    moefuse_scale_layout recv_layout;
+    moefuse_tensor recv_counts;    /* [E_local] i32: rows each expert should hold */
+    int32_t *row_of;               /* [W, C, k]: slot j of row i of block p, its row t of its
+                                      expert, or -1 (not here), -2 (lost past Tmax) */
+    /* partial: y's rows of each received row's slots, summed; sum: those rows summed by rank */
+    moefuse_tensor y;              /* [E_local, Tmax, K] */
+    float *partial;                /* [W, C, K]: row i for rank p's block */
+    const float *back;             /* [W, C, K]: what rank p sent back for this rank's rows */
+    moefuse_tensor out;            /* [M, K] */
+} mf_ep_ll_args;
+
 /* -------------------------------------------------------------- workspace */
 
 /* A region of backend memory: data (a pointer, or a cl_mem) plus a byte offset. */
@@ -319,6 +357,17 @@ struct moefuse_backend_i {
     moefuse_status (*ep_reduce)(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);
     moefuse_status (*ep_copy)(moefuse_context *ctx, void *state, void *dst, const void *src,
                               size_t bytes);
+    /*
+     * [optional] the low-latency mode's four steps (mf_ep_ll_args): pack (a: the pack fields,
+     * send, pos), place (recv into recv_x, recv_scales, recv_counts, row_of), partial (recv's
+     * rows, row_of and y into partial) and sum (back and pos into out). Queued on the
+     * backend's stream like the ops; none reads device data on the host. All four or none
+     * (with the rows' members). Default: the mode unsupported on the backend.
+     */
+    moefuse_status (*ep_ll_pack)(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+    moefuse_status (*ep_ll_place)(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+    moefuse_status (*ep_ll_partial)(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+    moefuse_status (*ep_ll_sum)(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
     /*
      * [optional] groups over NCCL, one rank per process and device: a new unique id (128
      * bytes), and this rank's transport among `world` from one (or over the caller's comm, an

@@ -165,4 +165,8 @@ const moefuse_backend_i mf_backend_cpu = {
     .ep_scatter = mf_cpu_ep_scatter,
     .ep_reduce = mf_cpu_ep_reduce,
     .ep_copy = mf_cpu_ep_copy,
+    .ep_ll_pack = mf_cpu_ep_ll_pack,
+    .ep_ll_place = mf_cpu_ep_ll_place,
+    .ep_ll_partial = mf_cpu_ep_ll_partial,
+    .ep_ll_sum = mf_cpu_ep_ll_sum,
 };

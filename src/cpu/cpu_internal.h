@@ -56,6 +56,13 @@ moefuse_status mf_cpu_routing_metadata(moefuse_context *ctx, void *state, const 
 moefuse_status mf_cpu_ep_gather(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
 moefuse_status mf_cpu_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
 moefuse_status mf_cpu_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);
+/* the column-major and packed layouts' padding before a->counts[e] rows are written */
+void mf_cpu_ep_zero_padding(const mf_ep_rows_args *a);
+/* the low-latency mode's steps (ep_ll.c) */
+moefuse_status mf_cpu_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cpu_ep_ll_place(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cpu_ep_ll_partial(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cpu_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
 moefuse_status mf_cpu_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
                               size_t bytes);
 moefuse_status mf_cpu_meta_workspace(moefuse_context *ctx, void *state, const mf_meta_args *a,

@@ -32,7 +32,7 @@ moefuse_status mf_cpu_ep_gather(moefuse_context *ctx, void *state, const mf_ep_r
 }
 
 /* The layout's padding: rows T .. Ta - 1, and the packed words of the rows to be written. */
-static void zero_padding(const mf_ep_rows_args *a)
+void mf_cpu_ep_zero_padding(const mf_ep_rows_args *a)
 {
     const moefuse_tensor *s = &a->scales;
     if (a->layout == MOEFUSE_SCALE_ROW_MAJOR || !a->counts)
@@ -53,7 +53,7 @@ moefuse_status mf_cpu_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_
     (void)ctx, (void)state;
     const int64_t T = a->rows.shape[1], K = a->rows.shape[2];
     if (a->groups > 0)
-        zero_padding(a);
+        mf_cpu_ep_zero_padding(a);
     for (int64_t i = 0; i < a->n; i++) {
         const int64_t e = a->index[i] / T, t = a->index[i] % T;
         const char *src = (const char *)a->buffer + (size_t)i * a->row_bytes;

@@ -423,6 +423,10 @@ MF_CUDA_OP(moe_final_fp8, mf_moe_args)
 MF_CUDA_OP(ep_gather, mf_ep_rows_args)
 MF_CUDA_OP(ep_scatter, mf_ep_rows_args)
 MF_CUDA_OP(ep_reduce, mf_ep_reduce_args)
+MF_CUDA_OP(ep_ll_pack, mf_ep_ll_args)
+MF_CUDA_OP(ep_ll_place, mf_ep_ll_args)
+MF_CUDA_OP(ep_ll_partial, mf_ep_ll_args)
+MF_CUDA_OP(ep_ll_sum, mf_ep_ll_args)
 #undef MF_CUDA_OP
 
 static moefuse_status cuda_ep_copy(moefuse_context *ctx, void *state, void *dst, const void *src,
@@ -491,6 +495,10 @@ const moefuse_backend_i mf_backend_cuda = {
     .ep_scatter = cuda_ep_scatter,
     .ep_reduce = cuda_ep_reduce,
     .ep_copy = cuda_ep_copy,
+    .ep_ll_pack = cuda_ep_ll_pack,
+    .ep_ll_place = cuda_ep_ll_place,
+    .ep_ll_partial = cuda_ep_ll_partial,
+    .ep_ll_sum = cuda_ep_ll_sum,
     .ep_unique_id = cuda_ep_unique_id,
     .ep_transport = cuda_ep_transport,
 };

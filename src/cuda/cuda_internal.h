@@ -165,7 +165,11 @@ moefuse_status mf_cuda_dequant(moefuse_context *ctx, void *state, const mf_dequa
 moefuse_status mf_cuda_topk_softmax(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_topk_route(moefuse_context *ctx, void *state, const mf_topk_args *a);
 moefuse_status mf_cuda_routing_metadata(moefuse_context *ctx, void *state, const mf_meta_args *a);
-/* expert parallelism's rows (ep_rows.cu) */
+/* expert parallelism: the low-latency steps (ep_ll.cu), the rows (ep_rows.cu) */
+moefuse_status mf_cuda_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cuda_ep_ll_place(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cuda_ep_ll_partial(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
+moefuse_status mf_cuda_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_ll_args *a);
 moefuse_status mf_cuda_ep_gather(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
 moefuse_status mf_cuda_ep_scatter(moefuse_context *ctx, void *state, const mf_ep_rows_args *a);
 moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_reduce_args *a);

@@ -6,20 +6,16 @@
  * products and additions one rounding each in slot order. A block per row (or per token).
  */
 #include "cuda/cuda_internal.h"
-#include "cuda/numerics.cuh"
+#include "cuda/ep_rows.cuh"
 
 #include <string.h>
-
-#define EP_THREADS 256
 
 typedef struct EpRows {
     char *rows;             /* [E, T, K] */
     int64_t r0, r1;         /* element strides of e and t */
     int64_t T, K;
     int es, rdt;            /* element size, MF_DT_* */
-    char *sc;               /* scales, rank 3 */
-    int64_t s0, s1, s2;     /* element strides */
-    int sdt, layout;        /* MF_DT_F32 / U8 / I32 (packed); MF_LAYOUT_* */
+    EpScales s;             /* f8 rows' scales */
     int64_t groups;
     const int64_t *index;   /* [n], device */
     int64_t n;
@@ -27,44 +23,6 @@ typedef struct EpRows {
     int64_t row_bytes;
     int to_f32;
 } EpRows;
-
-/* Where the scale (e, t, g) lies: a float, or a byte (u8, or one of a packed word's). */
-static __device__ __forceinline__ char *ep_scale_at(const EpRows &p, int64_t e, int64_t t,
-                                                    int64_t g)
-{
-    if (p.layout == MF_LAYOUT_PACKED)
-        return p.sc + (e * p.s0 + (g >> 2) * p.s1 + t * p.s2) * 4 + (g & 3);
-    const int64_t i = p.layout == MF_LAYOUT_COL ? e * p.s0 + g * p.s1 + t * p.s2
-                                                : e * p.s0 + t * p.s1 + g * p.s2;
-    return p.sc + i * (p.sdt == MF_DT_F32 ? 4 : 1);
-}
-
-/* The exponent byte that mf_ue8m0_read turns back into v, a power of two or NaN. */
-static __device__ __forceinline__ uint8_t ep_exponent_of(float v)
-{
-    const uint32_t b = (uint32_t)__float_as_int(v);
-    return v != v ? 255 : b == 0x00400000u ? 0 : (uint8_t)(b >> 23);
-}
-
-/* n bytes from src to dst by the block's threads: 16 at a time where both and n allow. */
-static __device__ __forceinline__ void ep_copy_bytes(char *dst, const char *src, int64_t n)
-{
-    if ((((uintptr_t)dst | (uintptr_t)src | (uintptr_t)n) & 15u) == 0) {
-        for (int64_t v = threadIdx.x; v < n / 16; v += EP_THREADS)
-            ((uint4 *)dst)[v] = ((const uint4 *)src)[v];
-        return;
-    }
-    for (int64_t b = threadIdx.x; b < n; b += EP_THREADS)
-        dst[b] = src[b];
-}
-
-static __device__ __forceinline__ float ep_load(const char *p, int dt, int64_t c)
-{
-    if (dt == MF_DT_F32)
-        return ((const float *)p)[c];
-    const uint16_t h = ((const uint16_t *)p)[c];
-    return dt == MF_DT_BF16 ? mf_bf16_to_f32(h) : mf_f16_to_f32(h);
-}
 
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
 {
@@ -79,8 +37,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
         }
         ep_copy_bytes(dst, src, p.K * p.es);
         for (int64_t g = threadIdx.x; g < p.groups; g += EP_THREADS) {
-            const char *q = ep_scale_at(p, e, t, g);
-            const float v = p.sdt == MF_DT_F32 ? *(const float *)q : mf_ue8m0_read((uint8_t)*q);
+            const float v = ep_scale_read(p.s, e, t, g);
             memcpy(dst + p.K + g * 4, &v, 4);
         }
     }
@@ -91,15 +48,15 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_pad(const EpRows p, const int64_t *counts,
                                                         int64_t E, int64_t inner, int64_t ta)
 {
-    const int64_t es = p.sdt == MF_DT_F32 ? 4 : p.sdt == MF_DT_I32 ? 4 : 1;
+    const int64_t es = p.s.sdt == MF_DT_F32 ? 4 : p.s.sdt == MF_DT_I32 ? 4 : 1;
     for (int64_t ew = blockIdx.x; ew < E * inner; ew += gridDim.x) {
         const int64_t e = ew / inner, w = ew % inner;
-        char *col = p.sc + (e * p.s0 + w * p.s1) * es;
-        const int64_t first = p.layout == MF_LAYOUT_PACKED ? 0 : p.T;
+        char *col = p.s.sc + (e * p.s.s0 + w * p.s.s1) * es;
+        const int64_t first = p.s.layout == MF_LAYOUT_PACKED ? 0 : p.T;
         for (int64_t t = threadIdx.x; t < ta; t += EP_THREADS)
             if (t >= p.T || (t >= first && t < counts[e]))
                 for (int64_t b = 0; b < es; b++)
-                    col[t * p.s2 * es + b] = 0;
+                    col[t * p.s.s2 * es + b] = 0;
     }
 }
 
@@ -113,8 +70,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_scatter(const EpRows p)
         for (int64_t g = threadIdx.x; g < p.groups; g += EP_THREADS) {
             float v;
             memcpy(&v, src + p.K + g * 4, 4);
-            char *q = ep_scale_at(p, e, t, g);
-            if (p.sdt == MF_DT_F32)
+            char *q = ep_scale_at(p.s, e, t, g);
+            if (p.s.sdt == MF_DT_F32)
                 *(float *)q = v;
             else
                 *(uint8_t *)q = ep_exponent_of(v);
@@ -143,34 +100,11 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_reduce(const EpReduce p)
                     continue;
                 acc = __fadd_rn(acc, __fmul_rn(p.weight[m * p.k + j], p.back[row * p.K + c]));
             }
-            if (p.odt == MF_DT_F32)
-                ((float *)p.out)[m * p.o0 + c] = acc;
-            else
-                ((uint16_t *)p.out)[m * p.o0 + c] =
-                    (uint16_t)(p.odt == MF_DT_BF16 ? mf_f32_to_bf16(acc) : mf_f32_to_f16(acc));
+            ep_store(p.out + m * p.o0 * (p.odt == MF_DT_F32 ? 4 : 2), p.odt, c, acc);
         }
 }
 
 /* ------------------------------------------------------------------- host */
-
-static int dt_code(moefuse_dtype d)
-{
-    switch (d) {
-    case MOEFUSE_F32: return MF_DT_F32;
-    case MOEFUSE_F16: return MF_DT_F16;
-    case MOEFUSE_BF16: return MF_DT_BF16;
-    case MOEFUSE_I32: return MF_DT_I32;
-    case MOEFUSE_U8: return MF_DT_U8;
-    default: return MF_DT_F8;
-    }
-}
-
-static int layout_code(moefuse_scale_layout l)
-{
-    return l == MOEFUSE_SCALE_COLUMN_MAJOR ? MF_LAYOUT_COL
-           : l == MOEFUSE_SCALE_PACKED_UE8M0 ? MF_LAYOUT_PACKED
-                                             : MF_LAYOUT_ROW;
-}
 
 /* The kernel parameters of a, with its index (and counts) copied to device scratch. */
 static moefuse_status ep_rows_params(moefuse_context *ctx, cuda_state *s, const char *op,
@@ -194,14 +128,9 @@ static moefuse_status ep_rows_params(moefuse_context *ctx, cuda_state *s, const 
     p->T = a->rows.shape[1];
     p->K = a->rows.shape[2];
     p->es = (int)moefuse_dtype_size(a->rows.dtype);
-    p->rdt = dt_code(a->rows.dtype);
+    p->rdt = ep_dt_code(a->rows.dtype);
     if (a->groups > 0) {
-        p->sc = mf_cuda_base(&a->scales);
-        p->s0 = a->scales.stride[0];
-        p->s1 = a->scales.stride[1];
-        p->s2 = a->scales.stride[2];
-        p->sdt = dt_code(a->scales.dtype);
-        p->layout = layout_code(a->layout);
+        p->s = ep_scales_of(&a->scales, a->layout);
         p->groups = a->groups;
     }
     p->index = (const int64_t *)scratch;
@@ -276,7 +205,7 @@ moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_
     p.K = a->model_dim;
     p.out = mf_cuda_base(&a->out);
     p.o0 = a->out.stride[0];
-    p.odt = dt_code(a->out.dtype);
+    p.odt = ep_dt_code(a->out.dtype);
     mf_k_ep_reduce<<<ep_grid(s, a->tokens), EP_THREADS, 0, s->stream>>>(p);
     return mf_cuda_launched(ctx, "ep_reduce", "mf_k_ep_reduce");
 }

@@ -9,7 +9,7 @@
 #include "core/options.h"
 #include "core/ops_internal.h"
 #include "ep/ep_internal.h"
-#include "ep/ep_payload.h"
+#include "ep/ep_ll.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +20,8 @@ typedef struct dispatch_call {
     mf_ep_payload pay;        /* what a row carries (ep_payload.h) */
     moefuse_tensor rs;        /* recv_scales, rank 3 (f8 rows) */
     int64_t local_experts, tmax;
+    bool low_latency;
+    int64_t cap;              /* low-latency: max_tokens */
 } dispatch_call;
 
 static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
@@ -35,12 +37,16 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
         opt = *in;
     MF_TRY(mf_ep_backend_check(ctx, op, g));
     MF_TRY(MF_CHECK_RESERVED(ctx, op, "dispatch options", opt.reserved));
-    if (opt.mode == MOEFUSE_EP_LOW_LATENCY)
-        return mf_error(ctx, MOEFUSE_ERR_UNSUPPORTED,
-                        "%s: the low-latency mode is not built yet; use MOEFUSE_EP_NORMAL", op);
-    if (opt.mode != MOEFUSE_EP_NORMAL)
+    if (opt.mode != MOEFUSE_EP_NORMAL && opt.mode != MOEFUSE_EP_LOW_LATENCY)
         return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT, "%s: mode %d is not a moefuse_ep_mode",
                         op, (int)opt.mode);
+    if (opt.mode == MOEFUSE_EP_NORMAL && opt.max_tokens != 0)
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: max_tokens is %d; it is the low-latency mode's (0 in the normal "
+                        "mode)",
+                        op, (int)opt.max_tokens);
+    d->low_latency = opt.mode == MOEFUSE_EP_LOW_LATENCY;
+    d->cap = opt.max_tokens;
     MF_TRY(mf_ep_payload_check(ctx, op, x, x_scales, routing, opt.quantize != 0, false,
                                &opt.act, &d->pay));
     const int64_t E = g->local_experts, K = d->pay.model_dim;
@@ -60,6 +66,8 @@ static moefuse_status check_dispatch(moefuse_context *ctx, const char *op, moefu
                         moefuse_dtype_name(rdt));
     MF_TRY(mf_check_tensor(ctx, op, "recv_counts", recv_counts, 1, MF_DT(MOEFUSE_I32)));
     MF_TRY(mf_expect_shape(ctx, op, "recv_counts", recv_counts, &E, "[E_local]"));
+    if (d->low_latency)
+        MF_TRY(mf_ep_ll_check(ctx, op, g, &d->pay, routing->topk_ids.shape[1], d->cap, d->tmax));
     const mf_operand ops[] = {
         {"x", x, false},
         {"x_scales", x_scales, false},
@@ -98,6 +106,21 @@ static moefuse_status dispatch(moefuse_context *ctx, const char *op, moefuse_ep_
     moefuse_ep_handle *h = calloc(1, sizeof *h);
     if (st == MOEFUSE_OK && !h)
         st = mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the handle", op);
+    if (opt && opt->mode == MOEFUSE_EP_LOW_LATENCY) { /* no vote: see ep_ll.c */
+        if (st == MOEFUSE_OK)
+            st = mf_ep_ll_dispatch(ctx, op, g, &d.pay, x, routing, recv_x, &d.rs, recv_counts,
+                                   d.cap, h);
+        if (st != MOEFUSE_OK) {
+            moefuse_ep_handle_destroy(h);
+            return st;
+        }
+        h->group = g;
+        h->model_dim = d.pay.model_dim;
+        h->local_experts = d.local_experts;
+        h->tmax = d.tmax;
+        *handle = h;
+        return MOEFUSE_OK;
+    }
     mf_ep_route none;
     memset(&none, 0, sizeof none);
     mf_ep_route *route = h ? &h->route : &none;
@@ -203,6 +226,10 @@ static moefuse_status combine(moefuse_context *ctx, const char *op, moefuse_ep_g
     if (!g || !h)
         return mf_error(ctx, MOEFUSE_ERR_NULL_POINTER, "%s: %s is NULL", op,
                         !g ? "group" : "handle");
+    if (h->low_latency) {
+        MF_TRY(check_combine(ctx, op, g, h, y, out));
+        return mf_ep_ll_combine(ctx, op, g, h, y, out);
+    }
     const int64_t K = h->model_dim;
     const mf_ep_route *r = &h->route;
     const size_t row = sizeof(float) * (size_t)K;

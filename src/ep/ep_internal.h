@@ -6,6 +6,7 @@
 #define MOEFUSE_EP_INTERNAL_H
 
 #include "moefuse_ep.h"
+#include "ep/ep_ll_wire.h"
 #include "ep/transport.h"
 
 #include <stdbool.h>
@@ -29,6 +30,13 @@ enum mf_ep_slot {
     MF_EP_SXS,    /* and scales */
     MF_EP_SH,     /* their h */
     MF_EP_SHS,    /* h's scales */
+    MF_EP_LL_MAP, /* low-latency mode (ep_ll.c): [2 E] i32, each expert's rank, its index */
+    MF_EP_LL_OUT, /* the blocks sent */
+    MF_EP_LL_IN,  /* the blocks received, kept for combine */
+    MF_EP_LL_POS, /* [C, W] i32: each token's row in each block sent */
+    MF_EP_LL_ROW, /* [W, C, k] i32: each received slot's row of its expert */
+    MF_EP_LL_PARTIAL, /* [W, C, K] f32: combine's rows out */
+    MF_EP_LL_BACK,    /* and in */
     MF_EP_SLOTS
 };
 
@@ -41,6 +49,7 @@ struct moefuse_ep_group {
     int32_t local_experts; /* E_local of this rank */
     int32_t *owner;        /* [E]: the rank of each global expert */
     int32_t *local;        /* [E]: its index among its rank's experts */
+    bool map_on_backend;   /* owner and local are in MF_EP_LL_MAP */
     mf_ep_transport transport;
 };
 
@@ -71,6 +80,10 @@ struct moefuse_ep_handle {
     mf_ep_route route;
     int64_t model_dim, local_experts, tmax; /* K, E_local, Tmax of its recv_x */
     int64_t *recv_row;                      /* [n_recv]: row e Tmax + t of recv_x */
+    /* low-latency: route holds only tokens and topk; the records are in the group's memory
+       (MF_EP_LL_IN, MF_EP_LL_POS, MF_EP_LL_ROW), laid out by wire */
+    bool low_latency;
+    mf_ep_ll_wire wire;
 };
 
 /* ---------------------------------------------- the in-process transport (tests) */

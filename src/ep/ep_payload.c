@@ -77,11 +77,34 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
     return check_routing(ctx, op, routing, M, shared_ok);
 }
 
+moefuse_status mf_ep_payload_quantize(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                      const mf_ep_payload *pay, const moefuse_tensor *x,
+                                      moefuse_tensor *codes, moefuse_tensor *scales,
+                                      moefuse_scale_layout *layout)
+{
+    const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups;
+    void *c = NULL, *sc = NULL;
+    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_CODES, (size_t)(M * K), &c);
+    if (st == MOEFUSE_OK)
+        st = mf_ep_scratch(ctx, op, g, MF_EP_SCALES, sizeof(float) * (size_t)(M * G), &sc);
+    const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
+    const moefuse_tensor q = moefuse_tensor_dense(c, MOEFUSE_F8_E4M3, 2, qshape);
+    const moefuse_tensor qs = moefuse_tensor_dense(sc, MOEFUSE_F32, 2, sshape);
+    moefuse_quant_options o = pay->act;
+    o.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
+    if (st == MOEFUSE_OK && M > 0) /* every row once, as moefuse_quant does */
+        st = mf_quant_call(ctx, op, x, &q, &qs, &o, NULL);
+    *codes = mf_tensor_lift3(&q);
+    *scales = mf_with_leading_unit(&qs);
+    *layout = MOEFUSE_SCALE_ROW_MAJOR;
+    return st;
+}
+
 moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                   const mf_ep_payload *pay, const moefuse_tensor *x,
                                   const mf_ep_route *r, void **rows)
 {
-    const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups, k = r->topk;
+    const int64_t G = pay->groups, k = r->topk;
     *rows = NULL;
     int64_t *index = malloc(sizeof *index * (size_t)(r->n_sent > 0 ? r->n_sent : 1));
     if (!index)
@@ -94,28 +117,14 @@ moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_
     a.index = index;
     a.n = r->n_sent;
     a.row_bytes = pay->row_bytes;
-    void *codes = NULL, *scales = NULL;
     moefuse_status st = MOEFUSE_OK;
     if (pay->fp8) {
         a.groups = G;
         a.layout = pay->act.scale_layout;
         a.scales = pay->xs;
     }
-    if (pay->quantize) { /* every row once, as moefuse_quant does (the one-device layer's step 1) */
-        st = mf_ep_scratch(ctx, op, g, MF_EP_CODES, (size_t)(M * K), &codes);
-        if (st == MOEFUSE_OK)
-            st = mf_ep_scratch(ctx, op, g, MF_EP_SCALES, sizeof(float) * (size_t)(M * G), &scales);
-        const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
-        const moefuse_tensor q = moefuse_tensor_dense(codes, MOEFUSE_F8_E4M3, 2, qshape);
-        const moefuse_tensor qs = moefuse_tensor_dense(scales, MOEFUSE_F32, 2, sshape);
-        moefuse_quant_options o = pay->act;
-        o.scale_layout = MOEFUSE_SCALE_ROW_MAJOR;
-        if (st == MOEFUSE_OK && M > 0)
-            st = mf_quant_call(ctx, op, x, &q, &qs, &o, NULL);
-        a.rows = mf_tensor_lift3(&q);
-        a.scales = mf_with_leading_unit(&qs);
-        a.layout = MOEFUSE_SCALE_ROW_MAJOR;
-    }
+    if (pay->quantize)
+        st = mf_ep_payload_quantize(ctx, op, g, pay, x, &a.rows, &a.scales, &a.layout);
     if (st == MOEFUSE_OK)
         st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, pay->row_bytes * (size_t)r->n_sent, rows);
     a.buffer = *rows;
