@@ -1,11 +1,14 @@
 /*
  * Expert parallelism over NCCL: one process per GPU (fork), rank 0's unique id passed through
- * a pipe, dispatch of bf16 rows and of FP8 rows quantized on the way, and combine, each rank
- * checking its own outputs against what it computes from every rank's inputs (all drawn from
- * one seed). Needs 2 GPUs and NCCL (libnccl.so.2, or MOEFUSE_NCCL_LIBRARY): otherwise it
+ * a pipe, dispatch of bf16 rows and of FP8 rows quantized on the way, and combine, in both
+ * modes, each rank checking its own outputs against what it computes from every rank's inputs
+ * (all drawn from one seed). The low-latency mode's calls are then captured in a CUDA graph
+ * and replayed, and checked again. Needs 2 GPUs and NCCL (libnccl.so.2, or MOEFUSE_NCCL_LIBRARY): otherwise it
  * prints why and exits 77 (Meson's SKIP). Not a Check program: the ranks are processes.
  */
 #include "moefuse_ep.h"
+
+#include <cuda_runtime.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +22,7 @@
 #define K 256
 #define KTOP 4
 #define TMAX 256
+#define MAX_TOKENS 48 /* the largest M_of */
 
 static int M_of(int r)
 {
@@ -73,6 +77,44 @@ static void *put(moefuse_context *ctx, const void *host, size_t bytes)
     return b;
 }
 
+/* Rank r's combine against the contract's sum (the low-latency mode: each rank's slots, then
+   the ranks in order); prints the first difference. */
+static int combine_differs(int r, int ll, const float *got)
+{
+    for (int m = 0; m < M_of(r); m++)
+        for (int c = 0; c < K; c++) {
+            float acc = 0.0f;
+            for (int q = 0; q < (ll ? W : 1); q++) {
+                float part = 0.0f;
+                int any = 0;
+                for (int j = 0; j < KTOP; j++) {
+                    const int gid = ids_all[r][m * KTOP + j];
+                    if (gid < 0 || gid >= E || (ll && gid / (E / W) != q))
+                        continue;
+                    const int owner = gid / (E / W), e = gid % (E / W);
+                    int t = 0; /* the slot's row at its expert */
+                    for (int p = 0; p < W; p++)
+                        for (int s = 0; s < M_of(p) * KTOP; s++) {
+                            if (p == r && s == m * KTOP + j)
+                                goto found;
+                            t += ids_all[p][s] == gid;
+                        }
+                found:;
+                    const float prod = w_all[r][m * KTOP + j] * y_of(owner, e, t, c);
+                    part = part + prod;
+                    any = 1;
+                }
+                acc = !ll ? part : any ? acc + part : acc;
+            }
+            if (got[(size_t)m * K + c] != acc) {
+                fprintf(stderr, "rank %d: combine: token %d channel %d: %g, expected %g\n", r, m,
+                        c, (double)got[(size_t)m * K + c], (double)acc);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 #define FAIL(...)                                                                                \
     do {                                                                                         \
         fprintf(stderr, "rank %d: ", r);                                                         \
@@ -84,7 +126,7 @@ static void *put(moefuse_context *ctx, const void *host, size_t bytes)
 /* One rank's run; 0 when every check holds, 77 when its GPU or NCCL is missing. Rank 0 makes
    the unique id and writes it to the other ranks' pipe; the others read it. The parent never
    touches CUDA, which a forked child could not use after it. */
-static int rank_main(int r, int pipe_fd[2], int quantize)
+static int rank_main(int r, int pipe_fd[2], int quantize, int ll)
 {
     moefuse_ep_unique_id id;
     if (r == 0) {
@@ -140,6 +182,10 @@ static int rank_main(int r, int pipe_fd[2], int quantize)
     moefuse_ep_dispatch_options o;
     memset(&o, 0, sizeof o);
     o.quantize = quantize;
+    if (ll) {
+        o.mode = MOEFUSE_EP_LOW_LATENCY;
+        o.max_tokens = MAX_TOKENS;
+    }
     moefuse_ep_handle *h = NULL;
     if (moefuse_ep_dispatch(ctx, g, &x, NULL, &rt, &rx, &rs, &rc, &o, &h) != MOEFUSE_OK)
         FAIL("dispatch: %s", moefuse_last_error(ctx));
@@ -177,33 +223,52 @@ static int rank_main(int r, int pipe_fd[2], int quantize)
         FAIL("combine: %s", moefuse_last_error(ctx));
     float *got = malloc(4u * M * K);
     moefuse_buffer_read(ctx, dout, 0, got, 4u * M * K);
-    for (int m = 0; m < M; m++)
-        for (int c = 0; c < K; c++) {
-            float acc = 0.0f;
-            for (int j = 0; j < KTOP; j++) {
-                const int gid = ids_all[r][m * KTOP + j];
-                if (gid < 0 || gid >= E)
-                    continue;
-                const int owner = gid / (E / W), e = gid % (E / W);
-                int t = 0; /* the slot's row at its expert */
-                for (int p = 0; p < W; p++)
-                    for (int s = 0; s < M_of(p) * KTOP; s++) {
-                        if (p == r && s == m * KTOP + j)
-                            goto found;
-                        t += ids_all[p][s] == gid;
-                    }
-            found:;
-                const float prod = w_all[r][m * KTOP + j] * y_of(owner, e, t, c);
-                acc = acc + prod;
-            }
-            if (got[(size_t)m * K + c] != acc)
-                FAIL("combine: token %d channel %d: %g, expected %g", m, c,
-                     (double)got[(size_t)m * K + c], (double)acc);
+    if (combine_differs(r, ll, got))
+        return 1;
+    if (ll) { /* the same two calls captured in a graph, replayed over spoilt outputs */
+        void *stream = NULL;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        moefuse_ep_handle *h2 = NULL;
+        if (moefuse_get_stream(ctx, &stream) != MOEFUSE_OK ||
+            cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal) !=
+                cudaSuccess)
+            FAIL("capture: %s", moefuse_last_error(ctx));
+        const moefuse_status sd = moefuse_ep_dispatch(ctx, g, &x, NULL, &rt, &rx, &rs, &rc, &o,
+                                                      &h2);
+        const moefuse_status sc = sd == MOEFUSE_OK ? moefuse_ep_combine(ctx, g, h2, &ty, &out)
+                                                   : sd;
+        const cudaError_t ce = cudaStreamEndCapture((cudaStream_t)stream, &graph);
+        if (sc != MOEFUSE_OK || ce != cudaSuccess)
+            FAIL("captured calls: %s / %s", moefuse_last_error(ctx), cudaGetErrorString(ce));
+        if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+            FAIL("graph instantiate");
+        for (int replay = 0; replay < 2; replay++) {
+            cudaMemset(drecv, 0x5a, rb);
+            cudaMemset(dcnt, 0x5a, 4u * El);
+            cudaMemset(dout, 0x5a, 4u * M * K);
+            cudaDeviceSynchronize();
+            if (cudaGraphLaunch(exec, (cudaStream_t)stream) != cudaSuccess ||
+                cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+                FAIL("graph launch");
+            int32_t again[E];
+            moefuse_buffer_read(ctx, dcnt, 0, again, 4u * El);
+            moefuse_buffer_read(ctx, dout, 0, got, 4u * M * K);
+            if (memcmp(again, cnt, 4u * El) != 0)
+                FAIL("graph replay %d: counts differ", replay);
+            if (combine_differs(r, ll, got))
+                return 1;
         }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        moefuse_ep_handle_destroy(h2);
+    }
     moefuse_ep_handle_destroy(h);
     moefuse_ep_group_destroy(g);
     moefuse_context_destroy(ctx);
-    printf("rank %d: %s dispatch and combine over NCCL: ok\n", r, quantize ? "FP8" : "bf16");
+    printf("rank %d: %s dispatch and combine over NCCL, %s mode%s: ok\n", r,
+           quantize ? "FP8" : "bf16", ll ? "low-latency" : "normal",
+           ll ? " (and two graph replays)" : "");
     return 0;
 }
 
@@ -211,7 +276,8 @@ int main(void)
 {
     draw();
     int failed = 0, skipped = 0;
-    for (int quantize = 0; quantize < 2; quantize++) {
+    for (int run = 0; run < 4; run++) {
+        const int quantize = run & 1, ll = run >> 1;
         int fd[2];
         if (pipe(fd) != 0)
             return 1;
@@ -219,7 +285,7 @@ int main(void)
         for (int r = 0; r < W; r++) {
             pid[r] = fork();
             if (pid[r] == 0) {
-                const int code = rank_main(r, fd, quantize);
+                const int code = rank_main(r, fd, quantize, ll);
                 fflush(NULL); /* _exit flushes no stdio buffer */
                 _exit(code);
             }
