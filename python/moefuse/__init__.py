@@ -11,13 +11,16 @@ exception: they are copied through backend memory; moefuse.Buffer avoids that).
 
 Calls on torch tensors take a compiled fast path (_fast.py, _fastcall.c) where it is built;
 `import moefuse.torch_ops` defines torch.ops.moefuse.* for torch.compile (it imports torch,
-which `import moefuse` never does). README.md's Python section has a fuller example;
+which `import moefuse` never does). moefuse.EpGroup runs a layer whose experts are spread over
+the ranks of a group (ep.py; from a torch.distributed process group with
+EpGroup.from_process_group). README.md's Python section has a fuller example;
 docs/PYTHON.md has the reference.
 """
 
 from ._capi import library_path
 from .buffers import Buffer
 from .context import Context, built_backends, default_context
+from .ep import EpGroup, EpHandle
 from .errors import (AlignmentError, BackendFailureError, BackendUnavailableError,
                      ContextBusyError, DtypeError, Error, InternalError, InvalidArgumentError,
                      NullPointerError, OutOfBoundsError, OutOfMemoryError, OverlapError,
@@ -38,6 +41,7 @@ __all__ = [
     "act_quant", "act_quant_masked", "act_mul", "quant", "dequant",
     "moe_gate", "moe_final", "moe_forward", "topk_softmax", "topk_route", "routing_metadata",
     "moe_gate_fp8", "moe_final_fp8", "moe_forward_fp8", "moe_masked_fp8",
+    "EpGroup", "EpHandle",
     "Error", "NullPointerError", "InvalidArgumentError", "ShapeError", "DtypeError",
     "StrideError", "AlignmentError", "WrongDeviceError", "UnsupportedError",
     "BackendUnavailableError", "OutOfMemoryError", "BackendFailureError", "InternalError",

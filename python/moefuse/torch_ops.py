@@ -239,3 +239,6 @@ for _name, _schema in SCHEMAS.items():
     for _key in ("CPU", "CUDA"):
         _library.impl(_name, KERNELS[_name], _key)
     torch.library.register_fake(f"{NAMESPACE}::{_name}", FAKES[_name], lib=_library)
+
+# The expert-parallel operators (torch.ops.moefuse.ep_*), defined in the same namespace.
+from . import torch_ops_ep  # noqa: E402,F401
