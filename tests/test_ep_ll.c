@@ -23,6 +23,10 @@ START_TEST(t_ll_rows)
         ll_case(&c, NULL);
         ep_disp_free(&c);
     }
+    disp_case o = ep_disp_case(2, 9, 100); /* K = 204: the kernels' plain loops */
+    o.K = 204;
+    ll_case(&o, NULL);
+    ep_disp_free(&o);
     static const moefuse_dtype dts[2] = {MOEFUSE_F16, MOEFUSE_F32};
     for (int i = 0; i < 2; i++) {
         disp_case f = ep_disp_case(2, 17, 44); /* exactly world x max_tokens */

@@ -180,7 +180,9 @@ typedef struct mf_ep_reduce_args {
  */
 typedef struct mf_ep_ll_args {
     mf_ep_ll_wire wire;
-    int32_t world;                 /* W */
+    int32_t world, rank;           /* W, and this rank: its own blocks never cross the link
+                                      (place and partial read block `rank` of send, sum block
+                                      `rank` of partial) */
     int64_t tokens, model_dim;     /* M (this rank's), K */
     int64_t groups;                /* FP8 rows: K / 128 scales a row; else 0 */
     /* pack: this rank's rows into the W send blocks, and where each token went */
@@ -195,7 +197,7 @@ typedef struct mf_ep_ll_args {
     int32_t *pos;                  /* [C, W]: token m's row in block p, -1: not sent there
                                       (pack writes it, sum reads it) */
     /* place: the W received blocks into the masked layout */
-    const void *recv;              /* [W] blocks, block p from rank p */
+    const void *recv;              /* [W] blocks, block p from rank p (but this rank's) */
     moefuse_tensor recv_x;         /* [E_local, Tmax, K] */
     moefuse_tensor recv_scales;    /* FP8: rank 3 in recv_layout */
     moefuse_scale_layout recv_layout;
@@ -205,7 +207,8 @@ typedef struct mf_ep_ll_args {
     /* partial: y's rows of each received row's slots, summed; sum: those rows summed by rank */
     moefuse_tensor y;              /* [E_local, Tmax, K] */
     float *partial;                /* [W, C, K]: row i for rank p's block */
-    const float *back;             /* [W, C, K]: what rank p sent back for this rank's rows */
+    const float *back;             /* [W, C, K]: what rank p sent back for this rank's rows (but
+                                      this rank's) */
     moefuse_tensor out;            /* [M, K] */
 } mf_ep_ll_args;
 

@@ -26,6 +26,19 @@ static ll_block block_at(const mf_ep_ll_wire *w, const void *blocks, int32_t p)
     return v;
 }
 
+/* Block p as this rank received it: its own stays in the send blocks. */
+static ll_block recv_block(const mf_ep_ll_args *a, int32_t p)
+{
+    return block_at(&a->wire, p == a->rank ? a->send : a->recv, p);
+}
+
+/* Row q of what rank p sent back: this rank's own rows are its partial sums. */
+static const float *back_row(const mf_ep_ll_args *a, int32_t p, int64_t q)
+{
+    const float *rows = p == a->rank ? a->partial : a->back;
+    return rows + ((int64_t)p * a->wire.cap + q) * a->model_dim;
+}
+
 /* A received block's row count, clamped to [0, C]. */
 static int64_t rows_in(const mf_ep_ll_wire *w, const ll_block *b)
 {
@@ -85,7 +98,7 @@ static void walk_slots(const mf_ep_ll_args *a, int64_t experts, int64_t *fill, s
 {
     const mf_ep_ll_wire *w = &a->wire;
     for (int32_t p = 0; p < a->world; p++) {
-        const ll_block b = block_at(w, a->recv, p);
+        const ll_block b = recv_block(a, p);
         const int64_t n = rows_in(w, &b);
         for (int64_t i = 0; i < n; i++)
             for (int64_t j = 0; j < w->topk; j++) {
@@ -116,7 +129,7 @@ static void place_slot(const mf_ep_ll_args *a, int64_t e, int32_t p, int64_t i, 
         return;
     }
     *row_of = (int32_t)t;
-    const char *src = block_at(w, a->recv, p).rows + w->row_bytes * (size_t)i;
+    const char *src = recv_block(a, p).rows + w->row_bytes * (size_t)i;
     memcpy(mf_at3(&a->recv_x, e, t, 0), src, (size_t)K * moefuse_dtype_size(a->recv_x.dtype));
     for (int64_t g = 0; g < a->groups; g++) {
         float v;
@@ -168,7 +181,7 @@ moefuse_status mf_cpu_ep_ll_partial(moefuse_context *ctx, void *state, const mf_
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "ep_ll_partial: cannot allocate");
     float *yrow = acc + K;
     for (int32_t p = 0; p < a->world; p++) {
-        const ll_block b = block_at(w, a->recv, p);
+        const ll_block b = recv_block(a, p);
         const int64_t n = rows_in(w, &b);
         for (int64_t i = 0; i < n; i++) {
             for (int64_t c = 0; c < K; c++)
@@ -210,7 +223,7 @@ moefuse_status mf_cpu_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_l
             const int32_t q = a->pos[m * a->world + p];
             if (q < 0 || q >= C)
                 continue;
-            const float *row = a->back + ((int64_t)p * C + q) * K;
+            const float *row = back_row(a, p, q);
             for (int64_t c = 0; c < K; c++)
                 acc[c] = acc[c] + row[c];
         }

@@ -4,10 +4,14 @@
  * rows copied, scales decoded and encoded exactly, each sum's products and additions one
  * rounding each in a fixed order. Nothing here waits for the host, so the steps can be
  * captured in a graph; counts and indices from other ranks are clamped before use.
- *   pack:    route (one block scans the tokens for every rank) then rows (a block a row sent)
- *   place:   a block a local expert walks every received slot in order and copies its rows
- *   partial: a block a received row sums its slots' outputs
- *   sum:     a block a token sums what the ranks sent back, in rank order
+ *   pack:    route (a block a rank scans the tokens) then rows (a block a row sent)
+ *   place:   a block a local expert numbers its slots in order (one scan a rank's block), and
+ *            its warps copy the rows
+ *   partial: a block a received row sums its slots' outputs, 8 columns a thread
+ *   sum:     a block a token sums what the ranks sent back, in rank order, 4 columns a thread
+ * Their first profile (H200, DeepSeek-V3, 128 tokens a rank) found partial and sum at 111 and
+ * 34 us: one column a thread, reloading each slot's expert, row and weight per column, latency
+ * bound. Each block now reads its slots once into shared memory and streams 16-byte vectors.
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/ep_rows.cuh"
@@ -58,6 +62,57 @@ static __device__ __forceinline__ int ll_block_scan(int flag, int *total, int *w
     return base + before;
 }
 
+/* Exclusive prefix of v over the block's threads; *total gets the block's sum. Every thread
+   calls it. */
+static __device__ __forceinline__ int64_t ll_block_scan_n(int64_t v, int64_t *total,
+                                                          int64_t *warp_sums)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int64_t u = __shfl_up_sync(0xffffffffu, incl, d);
+        incl += lane >= d ? u : 0;
+    }
+    __syncthreads(); /* warp_sums is free */
+    if (lane == 31)
+        warp_sums[warp] = incl;
+    __syncthreads();
+    int64_t base = 0, sum = 0;
+    for (int w = 0; w < LL_WARPS; w++) {
+        base += w < warp ? warp_sums[w] : 0;
+        sum += warp_sums[w];
+    }
+    *total = sum;
+    return base + incl - v;
+}
+
+/* n bytes from src to dst by one warp: 16 at a time where both and n allow. */
+static __device__ __forceinline__ void ll_warp_copy(char *dst, const char *src, int64_t n)
+{
+    const int lane = threadIdx.x & 31;
+    if ((((uintptr_t)dst | (uintptr_t)src | (uintptr_t)n) & 15u) == 0) {
+        /* four loads in flight a lane before their stores: one at a time, a 7 KB row took
+           14 round trips to memory */
+        const int64_t nv = n / 16;
+        int64_t v = lane;
+        for (; v + 96 < nv; v += 128) {
+            uint4 r[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                r[u] = ((const uint4 *)src)[v + 32 * u];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                ((uint4 *)dst)[v + 32 * u] = r[u];
+        }
+        for (; v < nv; v += 32)
+            ((uint4 *)dst)[v] = ((const uint4 *)src)[v];
+        return;
+    }
+    for (int64_t b = lane; b < n; b += 32)
+        dst[b] = src[b];
+}
+
 typedef struct LlPack {
     mf_ep_ll_wire w;
     int W;
@@ -74,41 +129,40 @@ typedef struct LlPack {
     int32_t *pos;              /* [C, W] */
 } LlPack;
 
-/* One block: for each rank p in turn, the tokens that have a slot there, in token order, get
-   rows 0, 1, ... of block p; their meta is written and pos records each token's row. */
+/* Block p: the tokens that have a slot on rank p, in token order, get rows 0, 1, ... of block
+   p; their meta is written and pos records each token's row. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_route(const LlPack a)
 {
     __shared__ int warp_sums[LL_WARPS];
     const int64_t k = a.w.topk;
-    for (int p = 0; p < a.W; p++) {
-        const LlBlock b = ll_block(a.w, a.send, p);
-        int64_t base = 0;
-        for (int64_t m0 = 0; m0 < a.M; m0 += EP_THREADS) {
-            const int64_t m = m0 + threadIdx.x;
-            int flag = 0;
-            if (m < a.M)
-                for (int64_t j = 0; j < k; j++) {
-                    const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
-                    flag |= g >= 0 && g < a.E && a.owner[g] == p;
-                }
-            int total;
-            const int64_t i = base + ll_block_scan(flag, &total, warp_sums);
-            if (m < a.M)
-                a.pos[m * a.W + p] = flag ? (int32_t)i : -1;
-            if (flag) {
-                b.token[i] = (int32_t)m;
-                for (int64_t j = 0; j < k; j++) {
-                    const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
-                    const bool here = g >= 0 && g < a.E && a.owner[g] == p;
-                    b.expert[i * k + j] = here ? a.local[g] : -1;
-                    b.weight[i * k + j] = *(const float *)(a.weights + (m * a.w0 + j * a.w1) * 4);
-                }
+    const int p = blockIdx.x;
+    const LlBlock b = ll_block(a.w, a.send, p);
+    int64_t base = 0;
+    for (int64_t m0 = 0; m0 < a.M; m0 += EP_THREADS) {
+        const int64_t m = m0 + threadIdx.x;
+        int flag = 0;
+        if (m < a.M)
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
+                flag |= g >= 0 && g < a.E && a.owner[g] == p;
             }
-            base += total;
+        int total;
+        const int64_t i = base + ll_block_scan(flag, &total, warp_sums);
+        if (m < a.M)
+            a.pos[m * a.W + p] = flag ? (int32_t)i : -1;
+        if (flag) {
+            b.token[i] = (int32_t)m;
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
+                const bool here = g >= 0 && g < a.E && a.owner[g] == p;
+                b.expert[i * k + j] = here ? a.local[g] : -1;
+                b.weight[i * k + j] = *(const float *)(a.weights + (m * a.w0 + j * a.w1) * 4);
+            }
         }
-        if (threadIdx.x == 0)
-            *b.count = (int32_t)base;
+        base += total;
     }
+    if (threadIdx.x == 0)
+        *b.count = (int32_t)base;
 }
 
 /* Block (m, p): x's row m into its row of block p, if it has one. */
@@ -129,7 +183,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_rows(const LlPack a)
 
 typedef struct LlPlace {
     mf_ep_ll_wire w;
-    int W;
+    int W, rank;
+    const char *own;           /* this rank's block to itself (in the send blocks) */
     int64_t K, T, groups;
     const char *recv;
     char *rx;                  /* recv_x [E, T, K] */
@@ -142,15 +197,16 @@ typedef struct LlPlace {
     int32_t *row_of;           /* [W, C, k] */
 } LlPlace;
 
-/* Row t of expert e: the received row's codes and its scales, whole packed words at once
-   (a row owns its words: 4 groups of one row), so no byte of them is left stale. */
+/* Row t of expert e, by one warp: the received row's codes and its scales, whole packed words
+   at once (a row owns its words: 4 groups of one row), so no byte of them is left stale. */
 static __device__ void ll_put_row(const LlPlace &a, int64_t e, int64_t t, const char *src)
 {
-    ep_copy_bytes(a.rx + (e * a.r0 + t * a.r1) * a.res, src, a.K * a.res);
+    const int lane = threadIdx.x & 31;
+    ll_warp_copy(a.rx + (e * a.r0 + t * a.r1) * a.res, src, a.K * a.res);
     if (a.groups == 0)
         return;
     if (a.rs.layout == MF_LAYOUT_PACKED) {
-        for (int64_t w = threadIdx.x; w < (a.groups + 3) / 4; w += EP_THREADS) {
+        for (int64_t w = lane; w < (a.groups + 3) / 4; w += 32) {
             uint32_t word = 0;
             for (int64_t q = 0; q < 4 && 4 * w + q < a.groups; q++) {
                 float v;
@@ -161,7 +217,7 @@ static __device__ void ll_put_row(const LlPlace &a, int64_t e, int64_t t, const 
         }
         return;
     }
-    for (int64_t g = threadIdx.x; g < a.groups; g += EP_THREADS) {
+    for (int64_t g = lane; g < a.groups; g += 32) {
         float v;
         memcpy(&v, src + a.K + g * 4, 4);
         char *q = ep_scale_at(a.rs, e, t, g);
@@ -172,39 +228,57 @@ static __device__ void ll_put_row(const LlPlace &a, int64_t e, int64_t t, const 
     }
 }
 
-/* Block e: expert e's slots in block order (p, then i, then j) become its rows 0, 1, ...;
-   then the layout's padding rows T .. Ta - 1 are zeroed and the count written. */
+#define LL_LIST 512 /* rows a block copies in one round */
+
+/* Block e: expert e's slots in block order (p, then i, then j) become its rows 0, 1, ...
+   Each rank's block is one scan: a thread counts the slots of e in its run of entries, the
+   block numbers them, and the rows kept are listed for the warps to copy (LL_LIST a round).
+   Then the layout's padding rows T .. Ta - 1 are zeroed and the count written. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
 {
-    __shared__ int warp_sums[LL_WARPS];
-    __shared__ int64_t found[EP_THREADS]; /* a tile's slots of e: their row, p C + i */
-    __shared__ int64_t found_t[EP_THREADS]; /* and its t */
+    __shared__ int64_t warp_sums[LL_WARPS];
+    __shared__ int32_t list_i[LL_LIST];
+    __shared__ int32_t list_t[LL_LIST];
     const int64_t e = blockIdx.x, k = a.w.topk;
+    const int warp = threadIdx.x >> 5;
     int64_t t0 = 0;
     for (int p = 0; p < a.W; p++) {
-        const LlBlock b = ll_block(a.w, a.recv, p);
+        const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
         const int64_t slots = ll_rows_in(a.w, b) * k;
-        for (int64_t q0 = 0; q0 < slots; q0 += EP_THREADS) {
-            const int64_t q = q0 + threadIdx.x;
-            const int flag = q < slots && b.expert[q] == e;
-            int total;
-            const int64_t r = ll_block_scan(flag, &total, warp_sums), t = t0 + r;
-            if (flag) {
-                a.row_of[(int64_t)p * a.w.cap * k + q] = t < a.T ? (int32_t)t : -2;
-                found[r] = (int64_t)p * a.w.cap + q / k;
-                found_t[r] = t;
+        const int64_t run = (slots + EP_THREADS - 1) / EP_THREADS;
+        const int64_t q0 = threadIdx.x * run, q1 = q0 + run < slots ? q0 + run : slots;
+        int64_t mine = 0;
+        for (int64_t q = q0; q < q1; q++)
+            mine += b.expert[q] == e;
+        int64_t total;
+        const int64_t first = ll_block_scan_n(mine, &total, warp_sums);
+        /* row_of for every slot of e; the rows kept (t < T) listed round by round */
+        const int64_t kept = t0 + total < a.T ? total : (a.T > t0 ? a.T - t0 : 0);
+        for (int64_t r0 = 0; r0 < kept; r0 += LL_LIST) {
+            int64_t r = first;
+            for (int64_t q = q0; q < q1; q++) {
+                if (b.expert[q] != e)
+                    continue;
+                const int64_t t = t0 + r;
+                if (r0 == 0)
+                    a.row_of[(int64_t)p * a.w.cap * k + q] = t < a.T ? (int32_t)t : -2;
+                if (r >= r0 && r < r0 + LL_LIST && t < a.T) {
+                    list_i[r - r0] = (int32_t)(q / k);
+                    list_t[r - r0] = (int32_t)t;
+                }
+                r++;
             }
             __syncthreads();
-            for (int f = 0; f < total; f++) {
-                const int64_t t = found_t[f];
-                if (t >= a.T)
-                    break;
-                const int pp = (int)(found[f] / a.w.cap);
-                const int64_t i = found[f] % a.w.cap;
-                ll_put_row(a, e, t, ll_block(a.w, a.recv, pp).rows + a.w.row_bytes * (size_t)i);
-            }
-            t0 += total;
+            const int64_t n = kept - r0 < LL_LIST ? kept - r0 : LL_LIST;
+            for (int64_t f = warp; f < n; f += LL_WARPS)
+                ll_put_row(a, e, list_t[f], b.rows + a.w.row_bytes * (size_t)list_i[f]);
+            __syncthreads();
         }
+        if (kept == 0) /* no row kept: the lost slots' row_of still */
+            for (int64_t q = q0; q < q1; q++)
+                if (b.expert[q] == e)
+                    a.row_of[(int64_t)p * a.w.cap * k + q] = -2;
+        t0 += total;
     }
     if (a.groups > 0 && a.rs.layout != MF_LAYOUT_ROW && a.ta > a.T) {
         const int64_t es = a.rs.sdt == MF_DT_U8 ? 1 : 4;
@@ -221,7 +295,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
 
 typedef struct LlCombine {
     mf_ep_ll_wire w;
-    int W;
+    int W, rank;
+    const char *own;           /* this rank's block to itself (in the send blocks) */
     int64_t M, K;
     const char *recv;
     const int32_t *row_of, *pos;
@@ -233,19 +308,95 @@ typedef struct LlCombine {
     char *out;
     int64_t o0;
     int odt;
+    int vec;                   /* rows 16-byte aligned and K % 8 == 0: vectors of 8 (4) */
 } LlCombine;
 
-/* Block (i, p): row i of rank p's block, the sum of its slots' outputs here. */
+#define LL_MAX_SLOTS 64 /* slots (ranks) a block keeps in shared memory; more: the plain loop */
+
+/* 8 values of a y row from column c (16-byte aligned), as f32. */
+static __device__ __forceinline__ void ll_load8(const char *row, int dt, int64_t c, float v[8])
+{
+    if (dt == MF_DT_F32) {
+        const float4 a = *(const float4 *)(row + c * 4), b = *(const float4 *)(row + c * 4 + 16);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+        return;
+    }
+    const uint4 h = *(const uint4 *)(row + c * 2);
+    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t lo = w[q] & 0xFFFFu, hi = w[q] >> 16;
+        v[2 * q] = dt == MF_DT_BF16 ? mf_bf16_to_f32(lo) : mf_f16_to_f32(lo);
+        v[2 * q + 1] = dt == MF_DT_BF16 ? mf_bf16_to_f32(hi) : mf_f16_to_f32(hi);
+    }
+}
+
+/* Block (i, p): row i of rank p's block, the sum of its slots' outputs here, in slot order,
+   each product and sum rounded once. The slots' rows and weights are read once. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine a)
 {
+    __shared__ const char *slot_row[LL_MAX_SLOTS]; /* NULL: lost past Tmax */
+    __shared__ float slot_w[LL_MAX_SLOTS];
+    __shared__ int slots;
     const int64_t i = blockIdx.x, k = a.w.topk;
     const int p = blockIdx.y;
-    const LlBlock b = ll_block(a.w, a.recv, p);
+    const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
     if (i >= ll_rows_in(a.w, b))
         return;
     const int ysz = a.ydt == MF_DT_F32 ? 4 : 2;
     float *dst = a.partial + ((int64_t)p * a.w.cap + i) * a.K;
-    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+    if (k <= LL_MAX_SLOTS) {
+        if (threadIdx.x == 0) {
+            int n = 0;
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t e = b.expert[i * k + j];
+                if (e < 0 || e >= a.E)
+                    continue;
+                const int32_t t = a.row_of[((int64_t)p * a.w.cap + i) * k + j];
+                slot_row[n] = t >= 0 && t < a.T ? a.y + (e * a.y0 + t * a.y1) * ysz : NULL;
+                slot_w[n++] = b.weight[i * k + j];
+            }
+            slots = n;
+        }
+        __syncthreads();
+        if (a.vec) {
+            for (int64_t c = 8 * threadIdx.x; c < a.K; c += 8 * EP_THREADS) {
+                float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                for (int s0 = 0; s0 < slots; s0 += 4) { /* four slots' loads in flight */
+                    float v[4][8];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if (s0 + u < slots && slot_row[s0 + u])
+                            ll_load8(slot_row[s0 + u], a.ydt, c, v[u]);
+                        else
+                            for (int q = 0; q < 8; q++)
+                                v[u][q] = __int_as_float(0x7fc00000);
+                    }
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (s0 + u < slots)
+#pragma unroll
+                            for (int q = 0; q < 8; q++)
+                                acc[q] = __fadd_rn(acc[q], __fmul_rn(slot_w[s0 + u], v[u][q]));
+                }
+                *(float4 *)(dst + c) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                *(float4 *)(dst + c + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            }
+            return;
+        }
+        for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+            float acc = 0.0f;
+            for (int s = 0; s < slots; s++) {
+                const float v = slot_row[s] ? ep_load(slot_row[s], a.ydt, c)
+                                            : __int_as_float(0x7fc00000);
+                acc = __fadd_rn(acc, __fmul_rn(slot_w[s], v));
+            }
+            dst[c] = acc;
+        }
+        return;
+    }
+    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) { /* many slots: read as we go */
         float acc = 0.0f;
         for (int64_t j = 0; j < k; j++) {
             const int32_t e = b.expert[i * k + j];
@@ -261,19 +412,78 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
     }
 }
 
+/* 4 f32 values into a row of f32, f16 or bf16 at column c (aligned for them). */
+static __device__ __forceinline__ void ll_store4(char *row, int dt, int64_t c, const float v[4])
+{
+    if (dt == MF_DT_F32) {
+        *(float4 *)(row + c * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    uint32_t h[4];
+    for (int q = 0; q < 4; q++)
+        h[q] = dt == MF_DT_BF16 ? mf_f32_to_bf16(v[q]) : mf_f32_to_f16(v[q]);
+    *(uint2 *)(row + c * 2) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
 /* Block m: token m's rows from the ranks, in rank order. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
 {
+    __shared__ const float *src[LL_MAX_SLOTS];
+    __shared__ int ranks;
     const int64_t m = blockIdx.x;
     const int osz = a.odt == MF_DT_F32 ? 4 : 2;
-    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+    char *row = a.out + m * a.o0 * osz;
+    if (a.W <= LL_MAX_SLOTS) {
+        if (threadIdx.x == 0) {
+            int n = 0;
+            for (int p = 0; p < a.W; p++) {
+                const int32_t q = a.pos[m * a.W + p];
+                if (q >= 0 && q < a.w.cap)
+                    src[n++] = (p == a.rank ? a.partial : a.back) +
+                               ((int64_t)p * a.w.cap + q) * a.K;
+            }
+            ranks = n;
+        }
+        __syncthreads();
+        if (a.vec) {
+            for (int64_t c = 4 * threadIdx.x; c < a.K; c += 4 * EP_THREADS) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int s0 = 0; s0 < ranks; s0 += 4) { /* four ranks' loads in flight */
+                    float4 v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        v[u] = s0 + u < ranks ? *(const float4 *)(src[s0 + u] + c)
+                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (s0 + u < ranks) {
+                            acc[0] = __fadd_rn(acc[0], v[u].x);
+                            acc[1] = __fadd_rn(acc[1], v[u].y);
+                            acc[2] = __fadd_rn(acc[2], v[u].z);
+                            acc[3] = __fadd_rn(acc[3], v[u].w);
+                        }
+                }
+                ll_store4(row, a.odt, c, acc);
+            }
+            return;
+        }
+        for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+            float acc = 0.0f;
+            for (int s = 0; s < ranks; s++)
+                acc = __fadd_rn(acc, src[s][c]);
+            ep_store(row, a.odt, c, acc);
+        }
+        return;
+    }
+    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) { /* many ranks: read as we go */
         float acc = 0.0f;
         for (int p = 0; p < a.W; p++) {
             const int32_t q = a.pos[m * a.W + p];
             if (q >= 0 && q < a.w.cap)
-                acc = __fadd_rn(acc, a.back[((int64_t)p * a.w.cap + q) * a.K + c]);
+                acc = __fadd_rn(acc, (p == a.rank ? a.partial : a.back)
+                                         [((int64_t)p * a.w.cap + q) * a.K + c]);
         }
-        ep_store(a.out + m * a.o0 * osz, a.odt, c, acc);
+        ep_store(row, a.odt, c, acc);
     }
 }
 
@@ -305,7 +515,7 @@ moefuse_status mf_cuda_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep
     p.E = a->experts;
     p.send = (char *)a->send;
     p.pos = a->pos;
-    mf_k_ep_ll_route<<<1, EP_THREADS, 0, s->stream>>>(p);
+    mf_k_ep_ll_route<<<(unsigned)p.W, EP_THREADS, 0, s->stream>>>(p);
     MF_TRY(mf_cuda_launched(ctx, "ep_ll_pack", "mf_k_ep_ll_route"));
     if (p.M == 0)
         return MOEFUSE_OK;
@@ -324,6 +534,8 @@ moefuse_status mf_cuda_ep_ll_place(moefuse_context *ctx, void *state, const mf_e
     p.T = a->recv_x.shape[1];
     p.groups = a->groups;
     p.recv = (const char *)a->recv;
+    p.rank = a->rank;
+    p.own = (const char *)a->send;
     p.rx = mf_cuda_base(&a->recv_x);
     p.r0 = a->recv_x.stride[0];
     p.r1 = a->recv_x.stride[1];
@@ -352,6 +564,8 @@ static LlCombine combine_params(const mf_ep_ll_args *a)
     p.M = a->tokens;
     p.K = a->model_dim;
     p.recv = (const char *)a->recv;
+    p.rank = a->rank;
+    p.own = (const char *)a->send;
     p.row_of = a->row_of;
     p.pos = a->pos;
     p.partial = a->partial;
@@ -369,6 +583,9 @@ moefuse_status mf_cuda_ep_ll_partial(moefuse_context *ctx, void *state, const mf
     p.E = a->y.shape[0];
     p.T = a->y.shape[1];
     p.ydt = ep_dt_code(a->y.dtype);
+    const int ysz = p.ydt == MF_DT_F32 ? 4 : 2;
+    p.vec = p.K % 8 == 0 && ((uintptr_t)p.y & 15u) == 0 && (p.y0 * ysz) % 16 == 0 &&
+            (p.y1 * ysz) % 16 == 0 && ((uintptr_t)p.partial & 15u) == 0;
     if (p.w.cap == 0 || p.K == 0)
         return MOEFUSE_OK;
     mf_k_ep_ll_partial<<<dim3((unsigned)p.w.cap, (unsigned)p.W), EP_THREADS, 0, s->stream>>>(p);
@@ -382,6 +599,9 @@ moefuse_status mf_cuda_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_
     p.out = mf_cuda_base(&a->out);
     p.o0 = a->out.stride[0];
     p.odt = ep_dt_code(a->out.dtype);
+    const int osz = p.odt == MF_DT_F32 ? 4 : 2;
+    p.vec = p.K % 4 == 0 && ((uintptr_t)p.out & (4u * osz - 1)) == 0 &&
+            (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0;
     if (p.M == 0 || p.K == 0)
         return MOEFUSE_OK;
     mf_k_ep_ll_sum<<<(unsigned)p.M, EP_THREADS, 0, s->stream>>>(p);

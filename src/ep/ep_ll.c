@@ -64,8 +64,9 @@ static moefuse_status placement_on_backend(moefuse_context *ctx, const char *op,
     return MOEFUSE_OK;
 }
 
-/* One exchange of the same number of bytes with every rank: block p of send to rank p, block
-   p of recv from rank p. */
+/* One exchange of the same number of bytes with every other rank: block p of send to rank p,
+   block p of recv from rank p. This rank's own block stays where it was written (the steps
+   read it there), so no link or copy carries it. */
 static moefuse_status exchange_blocks(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                       const void *send, void *recv, size_t block)
 {
@@ -74,7 +75,7 @@ static moefuse_status exchange_blocks(moefuse_context *ctx, const char *op, moef
     if (!sz)
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
     for (int32_t p = 0; p < W; p++) {
-        sz[p] = block;
+        sz[p] = p == g->rank ? 0 : block;
         sz[W + p] = block * (size_t)p;
     }
     const moefuse_status st = mf_ep_all_to_all(ctx, op, g, true, send, sz, sz + W, recv, sz,
@@ -96,6 +97,7 @@ moefuse_status mf_ep_ll_dispatch(moefuse_context *ctx, const char *op, moefuse_e
     memset(&a, 0, sizeof a);
     mf_ep_ll_wire_of(cap, k, pay->row_bytes, &a.wire); /* checked by mf_ep_ll_check */
     a.world = W;
+    a.rank = g->rank;
     a.tokens = pay->tokens;
     a.model_dim = pay->model_dim;
     a.groups = pay->fp8 ? pay->groups : 0;
@@ -152,6 +154,7 @@ moefuse_status mf_ep_ll_combine(moefuse_context *ctx, const char *op, moefuse_ep
     memset(&a, 0, sizeof a);
     a.wire = h->wire;
     a.world = W;
+    a.rank = g->rank;
     a.tokens = h->route.tokens;
     a.model_dim = K;
     a.y = *y;
@@ -160,6 +163,7 @@ moefuse_status mf_ep_ll_combine(moefuse_context *ctx, const char *op, moefuse_ep
     MF_TRY(mf_ep_scratch(ctx, op, g, MF_EP_LL_PARTIAL, block * (size_t)W, &partial));
     MF_TRY(mf_ep_scratch(ctx, op, g, MF_EP_LL_BACK, block * (size_t)W, &back));
     /* the dispatch's records, where it left them */
+    a.send = g->scratch[MF_EP_LL_OUT];
     a.recv = g->scratch[MF_EP_LL_IN];
     a.pos = g->scratch[MF_EP_LL_POS];
     a.row_of = g->scratch[MF_EP_LL_ROW];
