@@ -4,9 +4,9 @@
  * rows copied, scales decoded and encoded exactly, each sum's products and additions one
  * rounding each in a fixed order. Nothing here waits for the host, so the steps can be
  * captured in a graph; counts and indices from other ranks are clamped before use.
- *   pack:    route (a block a rank scans the tokens) then rows (a block a row sent)
- *   place:   a block a local expert numbers its slots in order (one scan a rank's block), and
- *            its warps copy the rows
+ *   pack:    a warp a token: its row in each rank's block numbered and copied there
+ *   place:   a block a local expert numbers its slots in order (one scan a rank's block), then
+ *            its warps copy the rows, every rank's at once
  *   partial: a block a received row sums its slots' outputs, 8 columns a thread
  *   sum:     a block a token sums what the ranks sent back, in rank order, 4 columns a thread
  * Their first profile (H200, DeepSeek-V3, 128 tokens a rank) found partial and sum at 111 and
@@ -42,29 +42,9 @@ static __device__ __forceinline__ int64_t ll_rows_in(const mf_ep_ll_wire &w, con
     return n < 0 ? 0 : n > w.cap ? w.cap : n;
 }
 
-/* Exclusive prefix of flag over the block's threads; *total gets the block's sum. Every
-   thread calls it. */
-static __device__ __forceinline__ int ll_block_scan(int flag, int *total, int *warp_sums)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    const int before = __popc(ballot & ((1u << lane) - 1u));
-    __syncthreads(); /* warp_sums is free */
-    if (lane == 0)
-        warp_sums[warp] = __popc(ballot);
-    __syncthreads();
-    int base = 0, sum = 0;
-    for (int w = 0; w < LL_WARPS; w++) {
-        base += w < warp ? warp_sums[w] : 0;
-        sum += warp_sums[w];
-    }
-    *total = sum;
-    return base + before;
-}
-
 /* Exclusive prefix of v over the block's threads; *total gets the block's sum. Every thread
    calls it. */
-static __device__ __forceinline__ int64_t ll_block_scan_n(int64_t v, int64_t *total,
+static __device__ __forceinline__ int64_t ll_block_scan(int64_t v, int64_t *total,
                                                           int64_t *warp_sums)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,55 +109,78 @@ typedef struct LlPack {
     int32_t *pos;              /* [C, W] */
 } LlPack;
 
-/* Block p: the tokens that have a slot on rank p, in token order, get rows 0, 1, ... of block
-   p; their meta is written and pos records each token's row. */
-__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_route(const LlPack a)
+#define LL_SMEM_EXPERTS 2048 /* placements pack keeps in shared memory; more: read as it goes */
+
+/* Whether token m has a valid slot on rank p (lanes of a warp split its k slots). */
+static __device__ __forceinline__ bool ll_warp_has_slot(const LlPack &a, const int32_t *owner,
+                                                        int64_t m, int p)
 {
-    __shared__ int warp_sums[LL_WARPS];
-    const int64_t k = a.w.topk;
-    const int p = blockIdx.x;
-    const LlBlock b = ll_block(a.w, a.send, p);
-    int64_t base = 0;
-    for (int64_t m0 = 0; m0 < a.M; m0 += EP_THREADS) {
-        const int64_t m = m0 + threadIdx.x;
-        int flag = 0;
-        if (m < a.M)
-            for (int64_t j = 0; j < k; j++) {
-                const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
-                flag |= g >= 0 && g < a.E && a.owner[g] == p;
-            }
-        int total;
-        const int64_t i = base + ll_block_scan(flag, &total, warp_sums);
-        if (m < a.M)
-            a.pos[m * a.W + p] = flag ? (int32_t)i : -1;
-        if (flag) {
-            b.token[i] = (int32_t)m;
-            for (int64_t j = 0; j < k; j++) {
-                const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
-                const bool here = g >= 0 && g < a.E && a.owner[g] == p;
-                b.expert[i * k + j] = here ? a.local[g] : -1;
-                b.weight[i * k + j] = *(const float *)(a.weights + (m * a.w0 + j * a.w1) * 4);
-            }
-        }
-        base += total;
+    const int lane = threadIdx.x & 31;
+    bool here = false;
+    for (int64_t j = lane; j < a.w.topk; j += 32) {
+        const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
+        here |= g >= 0 && g < a.E && owner[g] == p;
     }
-    if (threadIdx.x == 0)
-        *b.count = (int32_t)base;
+    return __any_sync(0xffffffffu, here);
 }
 
-/* Block (m, p): x's row m into its row of block p, if it has one. */
-__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_rows(const LlPack a)
+/*
+ * Block (c, p), a warp a token of chunk c: the tokens with a slot on rank p, in token order,
+ * get rows 0, 1, ... of block p. The block counts such tokens before its chunk, numbers its
+ * own, and each warp writes its token's meta and copies its row (codes and scales); pos
+ * records each token's row. The last chunk's block writes the count.
+ */
+__global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_pack(const LlPack a)
 {
-    const int64_t m = blockIdx.x;
-    const int p = blockIdx.y;
-    const int32_t i = a.pos[m * a.W + p];
-    if (i < 0)
-        return;
-    char *row = ll_block(a.w, a.send, p).rows + a.w.row_bytes * (size_t)i;
-    ep_copy_bytes(row, a.x + m * a.x1 * a.xes, a.K * a.xes);
-    for (int64_t g = threadIdx.x; g < a.groups; g += EP_THREADS) {
-        const float v = ep_scale_read(a.xs, 0, m, g);
-        memcpy(row + a.K + g * 4, &v, 4);
+    __shared__ int32_t s_owner[LL_SMEM_EXPERTS], s_local[LL_SMEM_EXPERTS];
+    __shared__ int64_t warp_sums[LL_WARPS];
+    __shared__ int chunk_flag[LL_WARPS];
+    const int p = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t m0 = (int64_t)blockIdx.x * LL_WARPS, m = m0 + warp, k = a.w.topk;
+    const bool cached = a.E <= LL_SMEM_EXPERTS;
+    if (cached)
+        for (int g = threadIdx.x; g < a.E; g += EP_THREADS) {
+            s_owner[g] = a.owner[g];
+            s_local[g] = a.local[g];
+        }
+    __syncthreads();
+    const int32_t *owner = cached ? s_owner : a.owner, *local = cached ? s_local : a.local;
+    int64_t mine = 0; /* tokens before the chunk with a slot here: a warp a token at a time */
+    for (int64_t q = warp; q < m0; q += LL_WARPS)
+        mine += ll_warp_has_slot(a, owner, q, p) && lane == 0;
+    int64_t before;
+    ll_block_scan(mine, &before, warp_sums);
+    const bool flag = m < a.M && ll_warp_has_slot(a, owner, m, p);
+    if (lane == 0)
+        chunk_flag[warp] = flag;
+    __syncthreads();
+    int64_t i = before;
+    for (int w = 0; w < warp; w++)
+        i += chunk_flag[w];
+    const LlBlock b = ll_block(a.w, a.send, p);
+    if (m < a.M && lane == 0)
+        a.pos[m * a.W + p] = flag ? (int32_t)i : -1;
+    if (flag) {
+        if (lane == 0)
+            b.token[i] = (int32_t)m;
+        for (int64_t j = lane; j < k; j += 32) {
+            const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
+            const bool here = g >= 0 && g < a.E && owner[g] == p;
+            b.expert[i * k + j] = here ? local[g] : -1;
+            b.weight[i * k + j] = *(const float *)(a.weights + (m * a.w0 + j * a.w1) * 4);
+        }
+        char *row = b.rows + a.w.row_bytes * (size_t)i;
+        ll_warp_copy(row, a.x + m * a.x1 * a.xes, a.K * a.xes);
+        for (int64_t g = lane; g < a.groups; g += 32) {
+            const float v = ep_scale_read(a.xs, 0, m, g);
+            memcpy(row + a.K + g * 4, &v, 4);
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
+        int64_t n = before;
+        for (int w = 0; w < LL_WARPS; w++)
+            n += chunk_flag[w];
+        *b.count = (int32_t)n;
     }
 }
 
@@ -228,19 +231,19 @@ static __device__ void ll_put_row(const LlPlace &a, int64_t e, int64_t t, const 
     }
 }
 
-#define LL_LIST 512 /* rows a block copies in one round */
-
-/* Block e: expert e's slots in block order (p, then i, then j) become its rows 0, 1, ...
-   Each rank's block is one scan: a thread counts the slots of e in its run of entries, the
-   block numbers them, and the rows kept are listed for the warps to copy (LL_LIST a round).
-   Then the layout's padding rows T .. Ta - 1 are zeroed and the count written. */
+/*
+ * Block e: expert e's slots in block order (p, then i, then j) become its rows 0, 1, ...
+ * First the numbers, one scan a rank's block (a thread counts the slots of e in its run of
+ * entries, the block numbers them, row_of records each slot's row or -2 past Tmax); then the
+ * copies, all ranks' at once: each warp takes runs of 32 entries and copies the rows of the
+ * slots of e it finds. Then the layout's padding rows T .. Ta - 1 are zeroed and the count
+ * written.
+ */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
 {
     __shared__ int64_t warp_sums[LL_WARPS];
-    __shared__ int32_t list_i[LL_LIST];
-    __shared__ int32_t list_t[LL_LIST];
     const int64_t e = blockIdx.x, k = a.w.topk;
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t t0 = 0;
     for (int p = 0; p < a.W; p++) {
         const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
@@ -251,34 +254,27 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
         for (int64_t q = q0; q < q1; q++)
             mine += b.expert[q] == e;
         int64_t total;
-        const int64_t first = ll_block_scan_n(mine, &total, warp_sums);
-        /* row_of for every slot of e; the rows kept (t < T) listed round by round */
-        const int64_t kept = t0 + total < a.T ? total : (a.T > t0 ? a.T - t0 : 0);
-        for (int64_t r0 = 0; r0 < kept; r0 += LL_LIST) {
-            int64_t r = first;
-            for (int64_t q = q0; q < q1; q++) {
-                if (b.expert[q] != e)
-                    continue;
-                const int64_t t = t0 + r;
-                if (r0 == 0)
-                    a.row_of[(int64_t)p * a.w.cap * k + q] = t < a.T ? (int32_t)t : -2;
-                if (r >= r0 && r < r0 + LL_LIST && t < a.T) {
-                    list_i[r - r0] = (int32_t)(q / k);
-                    list_t[r - r0] = (int32_t)t;
-                }
-                r++;
+        int64_t t = t0 + ll_block_scan(mine, &total, warp_sums);
+        for (int64_t q = q0; q < q1; q++)
+            if (b.expert[q] == e) {
+                a.row_of[(int64_t)p * a.w.cap * k + q] = t < a.T ? (int32_t)t : -2;
+                t++;
             }
-            __syncthreads();
-            const int64_t n = kept - r0 < LL_LIST ? kept - r0 : LL_LIST;
-            for (int64_t f = warp; f < n; f += LL_WARPS)
-                ll_put_row(a, e, list_t[f], b.rows + a.w.row_bytes * (size_t)list_i[f]);
-            __syncthreads();
-        }
-        if (kept == 0) /* no row kept: the lost slots' row_of still */
-            for (int64_t q = q0; q < q1; q++)
-                if (b.expert[q] == e)
-                    a.row_of[(int64_t)p * a.w.cap * k + q] = -2;
         t0 += total;
+    }
+    __syncthreads(); /* row_of, written by other threads, is read below */
+    for (int p = 0; p < a.W; p++) {
+        const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
+        const int64_t slots = ll_rows_in(a.w, b) * k;
+        const int32_t *row_of = a.row_of + (int64_t)p * a.w.cap * k;
+        for (int64_t q0 = 32 * (int64_t)warp; q0 < slots; q0 += 32 * LL_WARPS) {
+            const int64_t q = q0 + lane;
+            const bool kept = q < slots && b.expert[q] == e && row_of[q] >= 0;
+            for (unsigned bits = __ballot_sync(0xffffffffu, kept); bits; bits &= bits - 1) {
+                const int64_t qq = q0 + __ffs(bits) - 1;
+                ll_put_row(a, e, row_of[qq], b.rows + a.w.row_bytes * (size_t)(qq / k));
+            }
+        }
     }
     if (a.groups > 0 && a.rs.layout != MF_LAYOUT_ROW && a.ta > a.T) {
         const int64_t es = a.rs.sdt == MF_DT_U8 ? 1 : 4;
@@ -515,12 +511,9 @@ moefuse_status mf_cuda_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep
     p.E = a->experts;
     p.send = (char *)a->send;
     p.pos = a->pos;
-    mf_k_ep_ll_route<<<(unsigned)p.W, EP_THREADS, 0, s->stream>>>(p);
-    MF_TRY(mf_cuda_launched(ctx, "ep_ll_pack", "mf_k_ep_ll_route"));
-    if (p.M == 0)
-        return MOEFUSE_OK;
-    mf_k_ep_ll_rows<<<dim3((unsigned)p.M, (unsigned)p.W), EP_THREADS, 0, s->stream>>>(p);
-    return mf_cuda_launched(ctx, "ep_ll_pack", "mf_k_ep_ll_rows");
+    const int64_t chunks = p.M > 0 ? (p.M + LL_WARPS - 1) / LL_WARPS : 1;
+    mf_k_ep_ll_pack<<<dim3((unsigned)chunks, (unsigned)p.W), EP_THREADS, 0, s->stream>>>(p);
+    return mf_cuda_launched(ctx, "ep_ll_pack", "mf_k_ep_ll_pack");
 }
 
 moefuse_status mf_cuda_ep_ll_place(moefuse_context *ctx, void *state, const mf_ep_ll_args *a)
