@@ -270,6 +270,8 @@ void ep_disp_run(disp_case *c, const int32_t *owner)
         c->wts[r] = malloc(sizeof(float) * (size_t)(M * c->k) + 1);
         ep_fill(c->x[r], c->dt, M * c->K);
         ep_routing(c->ids[r], c->wts[r], M, c->k, 0, c->E, c->E);
+        for (int64_t s = 0; c->busy && s < M * c->k; s++)
+            c->ids[r][s] = 1;
         if (c->f8x) { /* x quantized here, its scales in the case's layout */
             moefuse_context *ref;
             ck_assert_int_eq(moefuse_context_create(&ref, "cpu"), MOEFUSE_OK);

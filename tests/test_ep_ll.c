@@ -112,6 +112,17 @@ START_TEST(t_ll_lost_rows)
 }
 END_TEST
 
+/* Every slot of both ranks names expert 1: 1220 rows, more than a GPU block lists at once. */
+START_TEST(t_ll_many_rows)
+{
+    disp_case c = ep_disp_case(2, 150, 1300);
+    c.K = 128;
+    c.busy = 1;
+    ll_case(&c, NULL);
+    ep_disp_free(&c);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ refusals */
 
 typedef struct ll_refusal {
@@ -201,5 +212,6 @@ void ep_add_ll_tests(Suite *s)
     tcase_add_test(tc, t_ll_rows);
     tcase_add_test(tc, t_ll_fp8);
     tcase_add_test(tc, t_ll_lost_rows);
+    tcase_add_test(tc, t_ll_many_rows);
     tcase_add_test(tc, t_ll_refusals);
 }

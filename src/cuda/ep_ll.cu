@@ -111,24 +111,30 @@ typedef struct LlPack {
 
 #define LL_SMEM_EXPERTS 2048 /* placements pack keeps in shared memory; more: read as it goes */
 
-/* Whether token m has a valid slot on rank p (lanes of a warp split its k slots). */
-static __device__ __forceinline__ bool ll_warp_has_slot(const LlPack &a, const int32_t *owner,
-                                                        int64_t m, int p)
+/* Whether token m has a valid slot on rank p: its k ids' loads issued together. */
+static __device__ __forceinline__ bool ll_has_slot(const LlPack &a, const int32_t *owner,
+                                                   int64_t m, int p)
 {
-    const int lane = threadIdx.x & 31;
     bool here = false;
-    for (int64_t j = lane; j < a.w.topk; j += 32) {
-        const int32_t g = *(const int32_t *)(a.ids + (m * a.i0 + j * a.i1) * 4);
-        here |= g >= 0 && g < a.E && owner[g] == p;
+    for (int64_t j0 = 0; j0 < a.w.topk; j0 += 8) {
+        int32_t g[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            g[u] = j0 + u < a.w.topk ? *(const int32_t *)(a.ids + (m * a.i0 + (j0 + u) * a.i1) * 4)
+                                     : -1;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            here |= g[u] >= 0 && g[u] < a.E && owner[g[u]] == p;
     }
-    return __any_sync(0xffffffffu, here);
+    return here;
 }
 
 /*
  * Block (c, p), a warp a token of chunk c: the tokens with a slot on rank p, in token order,
- * get rows 0, 1, ... of block p. The block counts such tokens before its chunk, numbers its
- * own, and each warp writes its token's meta and copies its row (codes and scales); pos
- * records each token's row. The last chunk's block writes the count.
+ * get rows 0, 1, ... of block p. The block's threads count such tokens before its chunk (a
+ * thread a token), the chunk's are numbered after them, and each warp writes its token's meta
+ * and copies its row (codes and scales); pos records each token's row. The last chunk's block
+ * writes the count.
  */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_pack(const LlPack a)
 {
@@ -145,15 +151,15 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_pack(const LlPack a)
         }
     __syncthreads();
     const int32_t *owner = cached ? s_owner : a.owner, *local = cached ? s_local : a.local;
-    int64_t mine = 0; /* tokens before the chunk with a slot here: a warp a token at a time */
-    for (int64_t q = warp; q < m0; q += LL_WARPS)
-        mine += ll_warp_has_slot(a, owner, q, p) && lane == 0;
+    int64_t mine = 0; /* tokens before the chunk with a slot here */
+    for (int64_t q = threadIdx.x; q < m0; q += EP_THREADS)
+        mine += ll_has_slot(a, owner, q, p);
+    if (threadIdx.x < LL_WARPS)
+        chunk_flag[threadIdx.x] = m0 + threadIdx.x < a.M && ll_has_slot(a, owner,
+                                                                         m0 + threadIdx.x, p);
     int64_t before;
-    ll_block_scan(mine, &before, warp_sums);
-    const bool flag = m < a.M && ll_warp_has_slot(a, owner, m, p);
-    if (lane == 0)
-        chunk_flag[warp] = flag;
-    __syncthreads();
+    ll_block_scan(mine, &before, warp_sums); /* its barriers publish chunk_flag too */
+    const bool flag = chunk_flag[warp];
     int64_t i = before;
     for (int w = 0; w < warp; w++)
         i += chunk_flag[w];
@@ -231,17 +237,20 @@ static __device__ void ll_put_row(const LlPlace &a, int64_t e, int64_t t, const 
     }
 }
 
+#define LL_LIST 1024 /* kept rows a place block lists for its copies; more: found again */
+
 /*
  * Block e: expert e's slots in block order (p, then i, then j) become its rows 0, 1, ...
- * First the numbers, one scan a rank's block (a thread counts the slots of e in its run of
- * entries, the block numbers them, row_of records each slot's row or -2 past Tmax); then the
- * copies, all ranks' at once: each warp takes runs of 32 entries and copies the rows of the
- * slots of e it finds. Then the layout's padding rows T .. Ta - 1 are zeroed and the count
- * written.
+ * First the numbers, one scan a rank's block: a thread counts the slots of e in its run of
+ * entries, the block numbers them, row_of records each slot's row (or -2 past Tmax), and the
+ * first LL_LIST rows kept are listed. Then the warps copy the listed rows, every rank's at
+ * once (any further rows are found again in row_of). Then the layout's padding rows T .. Ta - 1
+ * are zeroed and the count written.
  */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
 {
     __shared__ int64_t warp_sums[LL_WARPS];
+    __shared__ const char *list[LL_LIST]; /* row t's source */
     const int64_t e = blockIdx.x, k = a.w.topk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t t0 = 0;
@@ -258,19 +267,24 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
         for (int64_t q = q0; q < q1; q++)
             if (b.expert[q] == e) {
                 a.row_of[(int64_t)p * a.w.cap * k + q] = t < a.T ? (int32_t)t : -2;
+                if (t < a.T && t < LL_LIST)
+                    list[t] = b.rows + a.w.row_bytes * (size_t)(q / k);
                 t++;
             }
         t0 += total;
     }
-    __syncthreads(); /* row_of, written by other threads, is read below */
-    for (int p = 0; p < a.W; p++) {
+    __syncthreads();
+    const int64_t kept = t0 < a.T ? t0 : a.T;
+    for (int64_t t = warp; t < kept && t < LL_LIST; t += LL_WARPS)
+        ll_put_row(a, e, t, list[t]);
+    for (int p = 0; kept > LL_LIST && p < a.W; p++) { /* rows past the list: found again */
         const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
         const int64_t slots = ll_rows_in(a.w, b) * k;
         const int32_t *row_of = a.row_of + (int64_t)p * a.w.cap * k;
         for (int64_t q0 = 32 * (int64_t)warp; q0 < slots; q0 += 32 * LL_WARPS) {
             const int64_t q = q0 + lane;
-            const bool kept = q < slots && b.expert[q] == e && row_of[q] >= 0;
-            for (unsigned bits = __ballot_sync(0xffffffffu, kept); bits; bits &= bits - 1) {
+            const bool more = q < slots && b.expert[q] == e && row_of[q] >= LL_LIST;
+            for (unsigned bits = __ballot_sync(0xffffffffu, more); bits; bits &= bits - 1) {
                 const int64_t qq = q0 + __ffs(bits) - 1;
                 ll_put_row(a, e, row_of[qq], b.rows + a.w.row_bytes * (size_t)(qq / k));
             }
