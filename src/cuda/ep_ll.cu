@@ -7,8 +7,8 @@
  *   pack:    a warp a token: its row in each rank's block numbered and copied there
  *   place:   a block a local expert numbers its slots in order (one scan a rank's block), then
  *            its warps copy the rows, every rank's at once
- *   partial: a block a received row sums its slots' outputs, 8 columns a thread
- *   sum:     a block a token sums what the ranks sent back, in rank order, 4 columns a thread
+ *   partial: LL_KSPLIT blocks a received row sum its slots' outputs, 8 columns a thread
+ *   sum:     LL_KSPLIT blocks a token sum what the ranks sent back, in rank order
  * Their first profile (H200, DeepSeek-V3, 128 tokens a rank) found partial and sum at 111 and
  * 34 us: one column a thread, reloading each slot's expert, row and weight per column, latency
  * bound. Each block now reads its slots once into shared memory and streams 16-byte vectors.
@@ -342,36 +342,55 @@ static __device__ __forceinline__ void ll_load8(const char *row, int dt, int64_t
     }
 }
 
-/* Block (i, p): row i of rank p's block, the sum of its slots' outputs here, in slot order,
-   each product and sum rounded once. The slots' rows and weights are read once. */
+#define LL_KSPLIT 4 /* blocks sharing a row's columns in partial and sum: more loads in flight */
+
+/* Columns [*c0, *c1) of block z of LL_KSPLIT: multiples of 8 apart. */
+static __device__ __forceinline__ void ll_columns(int64_t K, int64_t *c0, int64_t *c1)
+{
+    const int64_t part = ((K + LL_KSPLIT - 1) / LL_KSPLIT + 7) / 8 * 8;
+    *c0 = part * blockIdx.z < K ? part * blockIdx.z : K;
+    *c1 = *c0 + part < K ? *c0 + part : K;
+}
+
+/* Block (i, p, z): columns z of row i of rank p's block, the sum of its slots' outputs here,
+   in slot order, each product and sum rounded once. Warp 0 lists the slots (rows, weights)
+   in shared memory, its lanes loading them together. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine a)
 {
     __shared__ const char *slot_row[LL_MAX_SLOTS]; /* NULL: lost past Tmax */
     __shared__ float slot_w[LL_MAX_SLOTS];
     __shared__ int slots;
     const int64_t i = blockIdx.x, k = a.w.topk;
-    const int p = blockIdx.y;
+    const int p = blockIdx.y, lane = threadIdx.x & 31;
     const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
     if (i >= ll_rows_in(a.w, b))
         return;
     const int ysz = a.ydt == MF_DT_F32 ? 4 : 2;
     float *dst = a.partial + ((int64_t)p * a.w.cap + i) * a.K;
+    int64_t cb, ce;
+    ll_columns(a.K, &cb, &ce);
     if (k <= LL_MAX_SLOTS) {
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < 32) {
             int n = 0;
-            for (int64_t j = 0; j < k; j++) {
-                const int32_t e = b.expert[i * k + j];
-                if (e < 0 || e >= a.E)
-                    continue;
-                const int32_t t = a.row_of[((int64_t)p * a.w.cap + i) * k + j];
-                slot_row[n] = t >= 0 && t < a.T ? a.y + (e * a.y0 + t * a.y1) * ysz : NULL;
-                slot_w[n++] = b.weight[i * k + j];
+            for (int64_t j0 = 0; j0 < k; j0 += 32) {
+                const int64_t j = j0 + lane;
+                const int32_t e = j < k ? b.expert[i * k + j] : -1;
+                const bool valid = e >= 0 && e < a.E;
+                const int32_t t = valid ? a.row_of[((int64_t)p * a.w.cap + i) * k + j] : -1;
+                const unsigned ballot = __ballot_sync(0xffffffffu, valid);
+                if (valid) {
+                    const int at = n + __popc(ballot & ((1u << lane) - 1u));
+                    slot_row[at] = t >= 0 && t < a.T ? a.y + (e * a.y0 + t * a.y1) * ysz : NULL;
+                    slot_w[at] = b.weight[i * k + j];
+                }
+                n += __popc(ballot);
             }
-            slots = n;
+            if (lane == 0)
+                slots = n;
         }
         __syncthreads();
         if (a.vec) {
-            for (int64_t c = 8 * threadIdx.x; c < a.K; c += 8 * EP_THREADS) {
+            for (int64_t c = cb + 8 * threadIdx.x; c < ce; c += 8 * EP_THREADS) {
                 float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                 for (int s0 = 0; s0 < slots; s0 += 4) { /* four slots' loads in flight */
                     float v[4][8];
@@ -395,7 +414,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
             }
             return;
         }
-        for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+        for (int64_t c = cb + threadIdx.x; c < ce; c += EP_THREADS) {
             float acc = 0.0f;
             for (int s = 0; s < slots; s++) {
                 const float v = slot_row[s] ? ep_load(slot_row[s], a.ydt, c)
@@ -406,7 +425,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
         }
         return;
     }
-    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) { /* many slots: read as we go */
+    for (int64_t c = cb + threadIdx.x; c < ce; c += EP_THREADS) { /* many slots: as we go */
         float acc = 0.0f;
         for (int64_t j = 0; j < k; j++) {
             const int32_t e = b.expert[i * k + j];
@@ -435,28 +454,36 @@ static __device__ __forceinline__ void ll_store4(char *row, int dt, int64_t c, c
     *(uint2 *)(row + c * 2) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
-/* Block m: token m's rows from the ranks, in rank order. */
+/* Block (m, z): columns z of token m's rows from the ranks, in rank order (warp 0 lists
+   them, its lanes loading their places together). */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
 {
     __shared__ const float *src[LL_MAX_SLOTS];
     __shared__ int ranks;
     const int64_t m = blockIdx.x;
-    const int osz = a.odt == MF_DT_F32 ? 4 : 2;
+    const int osz = a.odt == MF_DT_F32 ? 4 : 2, lane = threadIdx.x & 31;
     char *row = a.out + m * a.o0 * osz;
+    int64_t cb, ce;
+    ll_columns(a.K, &cb, &ce);
     if (a.W <= LL_MAX_SLOTS) {
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < 32) {
             int n = 0;
-            for (int p = 0; p < a.W; p++) {
-                const int32_t q = a.pos[m * a.W + p];
-                if (q >= 0 && q < a.w.cap)
-                    src[n++] = (p == a.rank ? a.partial : a.back) +
-                               ((int64_t)p * a.w.cap + q) * a.K;
+            for (int p0 = 0; p0 < a.W; p0 += 32) {
+                const int p = p0 + lane;
+                const int32_t q = p < a.W ? a.pos[m * a.W + p] : -1;
+                const bool valid = q >= 0 && q < a.w.cap;
+                const unsigned ballot = __ballot_sync(0xffffffffu, valid);
+                if (valid)
+                    src[n + __popc(ballot & ((1u << lane) - 1u))] =
+                        (p == a.rank ? a.partial : a.back) + ((int64_t)p * a.w.cap + q) * a.K;
+                n += __popc(ballot);
             }
-            ranks = n;
+            if (lane == 0)
+                ranks = n;
         }
         __syncthreads();
         if (a.vec) {
-            for (int64_t c = 4 * threadIdx.x; c < a.K; c += 4 * EP_THREADS) {
+            for (int64_t c = cb + 4 * threadIdx.x; c < ce; c += 4 * EP_THREADS) {
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 for (int s0 = 0; s0 < ranks; s0 += 4) { /* four ranks' loads in flight */
                     float4 v[4];
@@ -477,7 +504,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
             }
             return;
         }
-        for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) {
+        for (int64_t c = cb + threadIdx.x; c < ce; c += EP_THREADS) {
             float acc = 0.0f;
             for (int s = 0; s < ranks; s++)
                 acc = __fadd_rn(acc, src[s][c]);
@@ -485,7 +512,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
         }
         return;
     }
-    for (int64_t c = threadIdx.x; c < a.K; c += EP_THREADS) { /* many ranks: read as we go */
+    for (int64_t c = cb + threadIdx.x; c < ce; c += EP_THREADS) { /* many ranks: as we go */
         float acc = 0.0f;
         for (int p = 0; p < a.W; p++) {
             const int32_t q = a.pos[m * a.W + p];
@@ -595,7 +622,8 @@ moefuse_status mf_cuda_ep_ll_partial(moefuse_context *ctx, void *state, const mf
             (p.y1 * ysz) % 16 == 0 && ((uintptr_t)p.partial & 15u) == 0;
     if (p.w.cap == 0 || p.K == 0)
         return MOEFUSE_OK;
-    mf_k_ep_ll_partial<<<dim3((unsigned)p.w.cap, (unsigned)p.W), EP_THREADS, 0, s->stream>>>(p);
+    const dim3 grid((unsigned)p.w.cap, (unsigned)p.W, LL_KSPLIT);
+    mf_k_ep_ll_partial<<<grid, EP_THREADS, 0, s->stream>>>(p);
     return mf_cuda_launched(ctx, "ep_ll_partial", "mf_k_ep_ll_partial");
 }
 
@@ -611,6 +639,6 @@ moefuse_status mf_cuda_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_
             (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0;
     if (p.M == 0 || p.K == 0)
         return MOEFUSE_OK;
-    mf_k_ep_ll_sum<<<(unsigned)p.M, EP_THREADS, 0, s->stream>>>(p);
+    mf_k_ep_ll_sum<<<dim3((unsigned)p.M, 1, LL_KSPLIT), EP_THREADS, 0, s->stream>>>(p);
     return mf_cuda_launched(ctx, "ep_ll_sum", "mf_k_ep_ll_sum");
 }
