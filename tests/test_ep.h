@@ -69,6 +69,7 @@ typedef struct disp_case {
     int f8x;           /* FP8 rows from an f8 x with its scales in LAYS[lay] (quantize 0) */
     int ll;            /* the low-latency mode, max_tokens the largest M (ep_disp_run sets it) */
     int busy;          /* every slot names expert 1 (ep_disp_run) */
+    int y_bf16;        /* the experts' outputs y in bf16 (else f32) */
     void *xq[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
     size_t xs_bytes[EP_MAX_WORLD];
     moefuse_dtype dt;

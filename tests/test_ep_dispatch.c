@@ -30,10 +30,17 @@ static moefuse_tensor rscales_of(void *p, const lay *l, int64_t E, int64_t T, in
     return dense(p, MOEFUSE_I32, 3, E, (G + 3) / 4, Ta);
 }
 
-/* The value the experts "compute" for row t of local expert e on rank r, channel c. */
+/* The value the experts "compute" for row t of local expert e on rank r, channel c: a bf16
+   value (its low 16 bits zero), so that a bf16 y holds it exactly. */
 static float y_of(int32_t r, int64_t e, int64_t t, int64_t c)
 {
-    return (float)((r * 131 + e * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
+    const float v = (float)((r * 131 + e * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits &= 0xFFFF0000u;
+    float b;
+    memcpy(&b, &bits, sizeof b);
+    return b;
 }
 
 /* A tensor over backend memory from ep_put (its data past the guard). */
@@ -103,10 +110,19 @@ void ep_disp_rank(ep_world *w, int32_t r)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t ch = 0; ch < K; ch++)
                     y[(e * T + t) * K + ch] = t < counts[e] ? y_of(r, e, t, ch) : NAN;
-        const size_t yb = sizeof(float) * (size_t)(El * T * K);
+        size_t yb = sizeof(float) * (size_t)(El * T * K);
+        if (c->y_bf16) { /* the same values as bf16 (exact: y_of's are rounded to them) */
+            uint16_t *h = (uint16_t *)y;
+            for (int64_t i = 0; i < El * T * K; i++) {
+                uint32_t bits;
+                memcpy(&bits, &y[i], sizeof bits);
+                h[i] = (uint16_t)(bits >> 16);
+            }
+            yb /= 2;
+        }
         const size_t ob = sizeof(float) * (size_t)(M * K);
         void *dy = ep_put(ctx, y, yb), *dout = ep_put(ctx, NULL, ob);
-        moefuse_tensor ty = on(dy, MOEFUSE_F32, 3, El, T, K);
+        moefuse_tensor ty = on(dy, c->y_bf16 ? MOEFUSE_BF16 : MOEFUSE_F32, 3, El, T, K);
         moefuse_tensor out = on(dout, MOEFUSE_F32, 2, M, K, 0);
         c->st_combine[r] = moefuse_ep_combine(ctx, w->group[r], h, &ty, &out);
         c->out[r] = ep_get(ctx, dout, ob);
@@ -350,6 +366,11 @@ START_TEST(t_dispatch_rows)
         ep_disp_check(&c);
         ep_disp_free(&c);
     }
+    disp_case y = ep_disp_case(2, 17, 200); /* the experts' outputs in bf16 */
+    y.y_bf16 = 1;
+    ep_disp_run(&y, NULL);
+    ep_disp_check(&y);
+    ep_disp_free(&y);
     disp_case f = ep_disp_case(2, 17, 200); /* f16 and f32 rows: the same bytes */
     f.dt = MOEFUSE_F16;
     ep_disp_run(&f, NULL);

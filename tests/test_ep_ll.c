@@ -23,6 +23,10 @@ START_TEST(t_ll_rows)
         ll_case(&c, NULL);
         ep_disp_free(&c);
     }
+    disp_case y = ep_disp_case(4, 9, 100); /* the experts' outputs in bf16 */
+    y.y_bf16 = 1;
+    ll_case(&y, NULL);
+    ep_disp_free(&y);
     disp_case o = ep_disp_case(2, 9, 100); /* K = 204: the kernels' plain loops */
     o.K = 204;
     ll_case(&o, NULL);

@@ -323,25 +323,6 @@ typedef struct LlCombine {
 
 #define LL_MAX_SLOTS 64 /* slots (ranks) a block keeps in shared memory; more: the plain loop */
 
-/* 8 values of a y row from column c (16-byte aligned), as f32. */
-static __device__ __forceinline__ void ll_load8(const char *row, int dt, int64_t c, float v[8])
-{
-    if (dt == MF_DT_F32) {
-        const float4 a = *(const float4 *)(row + c * 4), b = *(const float4 *)(row + c * 4 + 16);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
-        return;
-    }
-    const uint4 h = *(const uint4 *)(row + c * 2);
-    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const uint32_t lo = w[q] & 0xFFFFu, hi = w[q] >> 16;
-        v[2 * q] = dt == MF_DT_BF16 ? mf_bf16_to_f32(lo) : mf_f16_to_f32(lo);
-        v[2 * q + 1] = dt == MF_DT_BF16 ? mf_bf16_to_f32(hi) : mf_f16_to_f32(hi);
-    }
-}
-
 #define LL_KSPLIT 4 /* blocks sharing a row's columns in partial and sum: more loads in flight */
 
 /* Columns [*c0, *c1) of block z of LL_KSPLIT: multiples of 8 apart. */
@@ -397,7 +378,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         if (s0 + u < slots && slot_row[s0 + u])
-                            ll_load8(slot_row[s0 + u], a.ydt, c, v[u]);
+                            ep_load8(slot_row[s0 + u], a.ydt, c, v[u]);
                         else
                             for (int q = 0; q < 8; q++)
                                 v[u][q] = __int_as_float(0x7fc00000);
@@ -439,19 +420,6 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
         }
         dst[c] = acc;
     }
-}
-
-/* 4 f32 values into a row of f32, f16 or bf16 at column c (aligned for them). */
-static __device__ __forceinline__ void ll_store4(char *row, int dt, int64_t c, const float v[4])
-{
-    if (dt == MF_DT_F32) {
-        *(float4 *)(row + c * 4) = make_float4(v[0], v[1], v[2], v[3]);
-        return;
-    }
-    uint32_t h[4];
-    for (int q = 0; q < 4; q++)
-        h[q] = dt == MF_DT_BF16 ? mf_f32_to_bf16(v[q]) : mf_f32_to_f16(v[q]);
-    *(uint2 *)(row + c * 2) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
 /* Block (m, z): columns z of token m's rows from the ranks, in rank order (warp 0 lists
@@ -500,7 +468,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
                             acc[3] = __fadd_rn(acc[3], v[u].w);
                         }
                 }
-                ll_store4(row, a.odt, c, acc);
+                ep_store4(row, a.odt, c, acc);
             }
             return;
         }

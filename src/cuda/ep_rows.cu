@@ -22,6 +22,7 @@ typedef struct EpRows {
     char *buf;
     int64_t row_bytes;
     int to_f32;
+    int vec8;               /* to_f32 of f16/bf16 rows: 16-byte aligned, K % 8 == 0 */
 } EpRows;
 
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
@@ -30,6 +31,19 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
         const int64_t e = p.index[i] / p.T, t = p.index[i] % p.T;
         const char *src = p.rows + (e * p.r0 + t * p.r1) * p.es;
         char *dst = p.buf + i * p.row_bytes;
+        if (p.to_f32 && p.rdt == MF_DT_F32) { /* the rows as they are */
+            ep_copy_bytes(dst, src, p.K * 4);
+            continue;
+        }
+        if (p.to_f32 && p.vec8) {
+            for (int64_t c = 8 * threadIdx.x; c < p.K; c += 8 * EP_THREADS) {
+                float v[8];
+                ep_load8(src, p.rdt, c, v);
+                *(float4 *)(dst + c * 4) = make_float4(v[0], v[1], v[2], v[3]);
+                *(float4 *)(dst + c * 4 + 16) = make_float4(v[4], v[5], v[6], v[7]);
+            }
+            continue;
+        }
         if (p.to_f32) {
             for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS)
                 ((float *)dst)[c] = ep_load(src, p.rdt, c);
@@ -87,21 +101,82 @@ typedef struct EpReduce {
     char *out;
     int64_t o0;             /* element stride of a token */
     int odt;
+    int vec;                /* K % 4 == 0, out's rows aligned for 4 values: vectors */
 } EpReduce;
 
+#define EP_REDUCE_SLOTS 64 /* slots a block lists in shared memory; more: read as it goes */
+
+/* Block m (and on, a grid's stride apart): token m's sum. Warp 0 lists the valid slots' rows
+   and weights, its lanes loading them together; then 4 columns a thread, four slots' loads in
+   flight, each product and sum rounded once in slot order. */
 __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_reduce(const EpReduce p)
 {
-    for (int64_t m = blockIdx.x; m < p.M; m += gridDim.x)
-        for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < p.k; j++) {
-                const int64_t row = p.slot_row[m * p.k + j];
-                if (row < 0)
-                    continue;
-                acc = __fadd_rn(acc, __fmul_rn(p.weight[m * p.k + j], p.back[row * p.K + c]));
+    __shared__ const float *row[EP_REDUCE_SLOTS];
+    __shared__ float wt[EP_REDUCE_SLOTS];
+    __shared__ int slots;
+    const int lane = threadIdx.x & 31, osz = p.odt == MF_DT_F32 ? 4 : 2;
+    for (int64_t m = blockIdx.x; m < p.M; m += gridDim.x) {
+        char *out = p.out + m * p.o0 * osz;
+        if (p.k > EP_REDUCE_SLOTS) {
+            for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < p.k; j++) {
+                    const int64_t r = p.slot_row[m * p.k + j];
+                    if (r >= 0)
+                        acc = __fadd_rn(acc, __fmul_rn(p.weight[m * p.k + j], p.back[r * p.K + c]));
+                }
+                ep_store(out, p.odt, c, acc);
             }
-            ep_store(p.out + m * p.o0 * (p.odt == MF_DT_F32 ? 4 : 2), p.odt, c, acc);
+            continue;
         }
+        __syncthreads(); /* the previous token's list is read */
+        if (threadIdx.x < 32) {
+            int n = 0;
+            for (int64_t j0 = 0; j0 < p.k; j0 += 32) {
+                const int64_t j = j0 + lane;
+                const int64_t r = j < p.k ? p.slot_row[m * p.k + j] : -1;
+                const unsigned ballot = __ballot_sync(0xffffffffu, r >= 0);
+                if (r >= 0) {
+                    const int at = n + __popc(ballot & ((1u << lane) - 1u));
+                    row[at] = p.back + r * p.K;
+                    wt[at] = p.weight[m * p.k + j];
+                }
+                n += __popc(ballot);
+            }
+            if (lane == 0)
+                slots = n;
+        }
+        __syncthreads();
+        if (!p.vec) {
+            for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS) {
+                float acc = 0.0f;
+                for (int s = 0; s < slots; s++)
+                    acc = __fadd_rn(acc, __fmul_rn(wt[s], row[s][c]));
+                ep_store(out, p.odt, c, acc);
+            }
+            continue;
+        }
+        for (int64_t c = 4 * threadIdx.x; c < p.K; c += 4 * EP_THREADS) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int s0 = 0; s0 < slots; s0 += 4) {
+                float4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    v[u] = s0 + u < slots ? *(const float4 *)(row[s0 + u] + c)
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (s0 + u < slots) {
+                        const float w = wt[s0 + u];
+                        acc[0] = __fadd_rn(acc[0], __fmul_rn(w, v[u].x));
+                        acc[1] = __fadd_rn(acc[1], __fmul_rn(w, v[u].y));
+                        acc[2] = __fadd_rn(acc[2], __fmul_rn(w, v[u].z));
+                        acc[3] = __fadd_rn(acc[3], __fmul_rn(w, v[u].w));
+                    }
+            }
+            ep_store4(out, p.odt, c, acc);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------- host */
@@ -138,6 +213,9 @@ static moefuse_status ep_rows_params(moefuse_context *ctx, cuda_state *s, const 
     p->buf = (char *)a->buffer;
     p->row_bytes = (int64_t)a->row_bytes;
     p->to_f32 = a->to_f32;
+    p->vec8 = p->K % 8 == 0 && ((uintptr_t)p->rows & 15u) == 0 && (p->r0 * p->es) % 16 == 0 &&
+              (p->r1 * p->es) % 16 == 0 && ((uintptr_t)p->buf & 15u) == 0 &&
+              p->row_bytes % 16 == 0;
     *counts = cb ? (int64_t *)((char *)scratch + ib) : NULL;
     return MOEFUSE_OK;
 }
@@ -206,6 +284,9 @@ moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_
     p.out = mf_cuda_base(&a->out);
     p.o0 = a->out.stride[0];
     p.odt = ep_dt_code(a->out.dtype);
+    const int osz = p.odt == MF_DT_F32 ? 4 : 2;
+    p.vec = p.K % 4 == 0 && ((uintptr_t)p.out & (4u * osz - 1)) == 0 &&
+            (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0;
     mf_k_ep_reduce<<<ep_grid(s, a->tokens), EP_THREADS, 0, s->stream>>>(p);
     return mf_cuda_launched(ctx, "ep_reduce", "mf_k_ep_reduce");
 }

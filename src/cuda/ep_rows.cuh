@@ -72,6 +72,38 @@ static __device__ __forceinline__ void ep_store(char *p, int dt, int64_t c, floa
             (uint16_t)(dt == MF_DT_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
 }
 
+/* 8 values of a row of f32, f16 or bf16 from column c (16-byte aligned), as f32. */
+static __device__ __forceinline__ void ep_load8(const char *row, int dt, int64_t c, float v[8])
+{
+    if (dt == MF_DT_F32) {
+        const float4 a = *(const float4 *)(row + c * 4), b = *(const float4 *)(row + c * 4 + 16);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+        return;
+    }
+    const uint4 h = *(const uint4 *)(row + c * 2);
+    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t lo = w[q] & 0xFFFFu, hi = w[q] >> 16;
+        v[2 * q] = dt == MF_DT_BF16 ? mf_bf16_to_f32(lo) : mf_f16_to_f32(lo);
+        v[2 * q + 1] = dt == MF_DT_BF16 ? mf_bf16_to_f32(hi) : mf_f16_to_f32(hi);
+    }
+}
+
+/* 4 f32 values into a row of f32, f16 or bf16 at column c (aligned for them). */
+static __device__ __forceinline__ void ep_store4(char *row, int dt, int64_t c, const float v[4])
+{
+    if (dt == MF_DT_F32) {
+        *(float4 *)(row + c * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    uint32_t h[4];
+    for (int q = 0; q < 4; q++)
+        h[q] = dt == MF_DT_BF16 ? mf_f32_to_bf16(v[q]) : mf_f32_to_f16(v[q]);
+    *(uint2 *)(row + c * 2) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
 static inline int ep_dt_code(moefuse_dtype d)
 {
     switch (d) {
