@@ -11,8 +11,8 @@
  * because of another rank's data (a full expert, say) fails on every rank, each with a message
  * naming the rank and the expert.
  *
- * Status: the CPU and CUDA backends run dispatch, combine and the whole layer (normal mode)
- * over a group's transport, in both modes; groups over NCCL are made on CUDA contexts. A
+ * Status: the CPU and CUDA backends run dispatch and combine in both modes, and the whole
+ * layer (normal mode), over a group's transport; groups over NCCL are made on CUDA contexts. A
  * backend without expert parallelism (OpenCL) returns MOEFUSE_ERR_UNSUPPORTED with a message.
  */
 #ifndef MOEFUSE_EP_H
@@ -89,8 +89,9 @@ typedef struct moefuse_ep_dispatch_options {
      * the layout, ue8m0, eps (quantize only). */
     moefuse_quant_options act;
     /* Low-latency mode: the most tokens any rank of the group dispatches in one call (M <=
-     * max_tokens on every rank; the same value on every rank). It fixes every size the call
-     * moves, so nothing is read back to the host. Normal mode: 0. */
+     * max_tokens on every rank). With K, k, x's dtype and quantize it fixes every size the
+     * call moves, so nothing is read back to the host: all five must be the same on every
+     * rank. Normal mode: 0. */
     int32_t max_tokens;
     uint32_t reserved[3]; /* must be 0 */
 } moefuse_ep_dispatch_options;
@@ -117,9 +118,11 @@ typedef struct moefuse_ep_dispatch_options {
  * an expert once. Rows past Tmax (a token naming an expert in several slots) are not written;
  * recv_counts then holds the number the expert should have had (more than Tmax), and combine
  * gives NaN for the tokens whose rows were lost: nothing is dropped silently. The handle's
- * records stay in the group's memory: one low-latency dispatch a group awaits its combine at a
- * time (the next one takes the same memory). Before capturing, make one call with the same
- * shapes and max_tokens outside the capture (it sizes that memory).
+ * records stay in the group's memory: a combine takes the handle of the group's latest
+ * low-latency dispatch (an older one is refused). Before capturing, make one dispatch and one
+ * combine of the same shapes outside the capture (they size that memory); a later low-latency
+ * call that needs more of it (a larger max_tokens, K or k) reallocates it, and graphs captured
+ * before must be captured again.
  */
 MOEFUSE_API moefuse_status moefuse_ep_dispatch(
     moefuse_context *ctx, moefuse_ep_group *group, const moefuse_tensor *x,

@@ -1,6 +1,7 @@
 /*
  * The expert-parallel tests' pieces: a world of ranks as threads of this program (the
- * library's in-process transport), each with its own CPU context and group, and host data.
+ * library's in-process transport), each with its own context (of MOEFUSE_TEST_BACKEND: cpu,
+ * or cuda with the ranks sharing one GPU) and group, and host data.
  */
 #ifndef MOEFUSE_TEST_EP_H
 #define MOEFUSE_TEST_EP_H

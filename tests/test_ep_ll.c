@@ -27,8 +27,8 @@ START_TEST(t_ll_rows)
     y.y_bf16 = 1;
     ll_case(&y, NULL);
     ep_disp_free(&y);
-    disp_case o = ep_disp_case(2, 9, 100); /* K = 204: the kernels' plain loops */
-    o.K = 204;
+    disp_case o = ep_disp_case(2, 9, 100); /* K = 202: the GPU kernels' plain loops */
+    o.K = 202;
     ll_case(&o, NULL);
     ep_disp_free(&o);
     static const moefuse_dtype dts[2] = {MOEFUSE_F16, MOEFUSE_F32};
@@ -174,10 +174,69 @@ static void ll_refusal_rank(ep_world *w, int32_t r)
     unsigned char *back = ep_get(ctx, drecv, 2 * (size_t)(El * T * K));
     ck_assert(ep_untouched(back, 2 * (size_t)(El * T * K) + 2 * EP_GUARD));
     free(back);
+    back = ep_get(ctx, dcounts, sizeof(int32_t) * (size_t)El);
+    ck_assert(ep_untouched(back, sizeof(int32_t) * (size_t)El + 2 * EP_GUARD));
+    free(back);
     void *all[] = {dx, dids, dwts, drecv, dcounts};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         moefuse_buffer_free(ctx, all[i]);
 }
+
+/* Two low-latency dispatches, then a combine with the first one's handle: its records were
+   overwritten, so it is refused and out is left alone; the second's handle is taken. */
+static void stale_rank(ep_world *w, int32_t r)
+{
+    moefuse_context *ctx = w->ctx[r];
+    const int32_t El = moefuse_ep_local_experts(w->group[r]);
+    const int64_t M = 4, K = 128, T = 8, ids_shape[2] = {M, 2}, x_shape[2] = {M, K},
+                  r_shape[3] = {El, T, K}, c_shape[1] = {El};
+    const int32_t ids[8] = {0, 5, 1, 6, 2, 7, 3, 4};
+    const float wts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    void *dx = ep_put(ctx, NULL, 2 * (size_t)(M * K)), *dids = ep_put(ctx, ids, sizeof ids);
+    void *dwts = ep_put(ctx, wts, sizeof wts), *drecv = ep_put(ctx, NULL, 2 * (size_t)(El * T * K));
+    void *dcounts = ep_put(ctx, NULL, sizeof(int32_t) * (size_t)El);
+    void *dy = ep_put(ctx, NULL, 4 * (size_t)(El * T * K)), *dout = ep_put(ctx, NULL, 4 * M * K);
+    moefuse_tensor tx = moefuse_tensor_dense(dx, MOEFUSE_BF16, 2, x_shape);
+    moefuse_tensor rx = moefuse_tensor_dense(drecv, MOEFUSE_BF16, 3, r_shape);
+    moefuse_tensor rc = moefuse_tensor_dense(dcounts, MOEFUSE_I32, 1, c_shape);
+    moefuse_tensor ty = moefuse_tensor_dense(dy, MOEFUSE_F32, 3, r_shape);
+    moefuse_tensor out = moefuse_tensor_dense(dout, MOEFUSE_F32, 2, x_shape);
+    tx.offset = rx.offset = rc.offset = ty.offset = out.offset = EP_GUARD;
+    moefuse_routing rt;
+    memset(&rt, 0, sizeof rt);
+    rt.topk_ids = moefuse_tensor_dense(dids, MOEFUSE_I32, 2, ids_shape);
+    rt.topk_weights = moefuse_tensor_dense(dwts, MOEFUSE_F32, 2, ids_shape);
+    rt.topk_ids.offset = rt.topk_weights.offset = EP_GUARD;
+    moefuse_ep_dispatch_options o;
+    memset(&o, 0, sizeof o);
+    o.mode = MOEFUSE_EP_LOW_LATENCY;
+    o.max_tokens = 4;
+    moefuse_ep_handle *first = NULL, *second = NULL;
+    ck_assert_int_eq(moefuse_ep_dispatch(ctx, w->group[r], &tx, NULL, &rt, &rx, NULL, &rc, &o,
+                                         &first),
+                     MOEFUSE_OK);
+    ck_assert_int_eq(moefuse_ep_dispatch(ctx, w->group[r], &tx, NULL, &rt, &rx, NULL, &rc, &o,
+                                         &second),
+                     MOEFUSE_OK);
+    ck_assert_int_eq(moefuse_ep_combine(ctx, w->group[r], first, &ty, &out),
+                     MOEFUSE_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(moefuse_last_error(ctx), "latest"), "%s", moefuse_last_error(ctx));
+    unsigned char *back = ep_get(ctx, dout, 4 * M * K);
+    ck_assert(ep_untouched(back, 4 * M * K + 2 * EP_GUARD));
+    free(back);
+    ck_assert_int_eq(moefuse_ep_combine(ctx, w->group[r], second, &ty, &out), MOEFUSE_OK);
+    moefuse_ep_handle_destroy(first);
+    moefuse_ep_handle_destroy(second);
+    void *all[] = {dx, dids, dwts, drecv, dcounts, dy, dout};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        moefuse_buffer_free(ctx, all[i]);
+}
+
+START_TEST(t_ll_stale_handle)
+{
+    ep_run(2, 8, NULL, stale_rank, NULL);
+}
+END_TEST
 
 START_TEST(t_ll_refusals)
 {
@@ -217,5 +276,6 @@ void ep_add_ll_tests(Suite *s)
     tcase_add_test(tc, t_ll_fp8);
     tcase_add_test(tc, t_ll_lost_rows);
     tcase_add_test(tc, t_ll_many_rows);
+    tcase_add_test(tc, t_ll_stale_handle);
     tcase_add_test(tc, t_ll_refusals);
 }

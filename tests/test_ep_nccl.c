@@ -3,8 +3,10 @@
  * a pipe, dispatch of bf16 rows and of FP8 rows quantized on the way, and combine, in both
  * modes, each rank checking its own outputs against what it computes from every rank's inputs
  * (all drawn from one seed). The low-latency mode's calls are then captured in a CUDA graph
- * and replayed, and checked again. Needs 2 GPUs and NCCL (libnccl.so.2, or MOEFUSE_NCCL_LIBRARY): otherwise it
- * prints why and exits 77 (Meson's SKIP). Not a Check program: the ranks are processes.
+ * and replayed over spoilt outputs, once with the same routing and once with new topk_ids
+ * written into the same buffer, and checked again. Needs 2 GPUs and NCCL (libnccl.so.2, or
+ * MOEFUSE_NCCL_LIBRARY): otherwise it prints why and exits 77 (Meson's SKIP). Not a Check
+ * program: the ranks are processes.
  */
 #include "moefuse_ep.h"
 
@@ -43,6 +45,17 @@ static uint16_t x_all[W][64 * K];
 static int32_t ids_all[W][64 * KTOP];
 static float w_all[W][64 * KTOP];
 
+/* New topk_ids for every rank (each process draws the same from the seed). */
+static void redraw_ids(uint64_t seed)
+{
+    rng = seed;
+    for (int r = 0; r < W; r++)
+        for (int s = 0; s < M_of(r) * KTOP; s++) {
+            const uint64_t v = next() % 20;
+            ids_all[r][s] = v == 0 ? -1 : v == 1 ? E + 2 : (int32_t)(next() % E);
+        }
+}
+
 static void draw(void)
 {
     for (int r = 0; r < W; r++)
@@ -75,6 +88,56 @@ static void *put(moefuse_context *ctx, const void *host, size_t bytes)
     if (host && bytes)
         moefuse_buffer_write(ctx, b, 0, host, bytes);
     return b;
+}
+
+/* Rank r's received rows (bf16: the senders' rows themselves) and counts against the routing:
+   each local expert's rows by source rank, token, slot. Prints the first difference. */
+static int received_differs(int r, int quantize, int El, const int32_t *cnt,
+                            const unsigned char *recv)
+{
+    for (int e = 0; e < El; e++) {
+        int t = 0;
+        for (int p = 0; p < W; p++)
+            for (int s = 0; s < M_of(p) * KTOP; s++) {
+                const int gid = ids_all[p][s];
+                if (gid < 0 || gid >= E || gid / (E / W) != r || gid % (E / W) != e)
+                    continue;
+                if (!quantize &&
+                    memcmp(recv + 2u * ((size_t)e * TMAX + t) * K, x_all[p] + (s / KTOP) * K,
+                           2u * K) != 0) {
+                    fprintf(stderr, "rank %d: expert %d row %d is not row %d of rank %d\n", r, e,
+                            t, s / KTOP, p);
+                    return 1;
+                }
+                t++;
+            }
+        if (cnt[e] != t) {
+            fprintf(stderr, "rank %d: expert %d: count %d, expected %d\n", r, e, cnt[e], t);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The experts' outputs y = y_of(r, e, t, c) for the rows each expert has (count[e]), NaN past
+   them (combine must not read those). */
+static void fill_y(int r, int El, const int32_t *cnt, float *y)
+{
+    for (int e = 0; e < El; e++)
+        for (int t = 0; t < TMAX; t++)
+            for (int c = 0; c < K; c++)
+                y[((size_t)e * TMAX + t) * K + c] = t < cnt[e] ? y_of(r, e, t, c) : NAN;
+}
+
+/* Each local expert's rows under the current routing. */
+static void count_rows(int r, int El, int32_t *cnt)
+{
+    for (int e = 0; e < El; e++) {
+        cnt[e] = 0;
+        for (int p = 0; p < W; p++)
+            for (int s = 0; s < M_of(p) * KTOP; s++)
+                cnt[e] += ids_all[p][s] == r * (E / W) + e;
+    }
 }
 
 /* Rank r's combine against the contract's sum (the low-latency mode: each rank's slots, then
@@ -193,29 +256,10 @@ static int rank_main(int r, int pipe_fd[2], int quantize, int ll)
     unsigned char *recv = malloc(rb);
     moefuse_buffer_read(ctx, dcnt, 0, cnt, 4u * El);
     moefuse_buffer_read(ctx, drecv, 0, recv, rb);
-    /* every local expert's rows: by source rank, token, slot (bf16: the rows themselves) */
-    for (int e = 0; e < El; e++) {
-        int t = 0;
-        for (int p = 0; p < W; p++)
-            for (int s = 0; s < M_of(p) * KTOP; s++) {
-                const int gid = ids_all[p][s];
-                if (gid < 0 || gid >= E || gid / (E / W) != r || gid % (E / W) != e)
-                    continue;
-                if (!quantize &&
-                    memcmp(recv + 2u * ((size_t)e * TMAX + t) * K, x_all[p] + (s / KTOP) * K,
-                           2u * K) != 0)
-                    FAIL("expert %d row %d is not row %d of rank %d", e, t, s / KTOP, p);
-                t++;
-            }
-        if (cnt[e] != t)
-            FAIL("expert %d: count %d, expected %d", e, cnt[e], t);
-    }
-    /* combine of y = y_of(r, e, t, c) */
+    if (received_differs(r, quantize, El, cnt, recv))
+        return 1;
     float *y = malloc(4u * El * TMAX * K);
-    for (int e = 0; e < El; e++)
-        for (int t = 0; t < TMAX; t++)
-            for (int c = 0; c < K; c++)
-                y[((size_t)e * TMAX + t) * K + c] = t < cnt[e] ? y_of(r, e, t, c) : NAN;
+    fill_y(r, El, cnt, y);
     void *dy = put(ctx, y, 4u * El * TMAX * K), *dout = put(ctx, NULL, 4u * M * K);
     moefuse_tensor ty = dense(dy, MOEFUSE_F32, 3, El, TMAX, K);
     moefuse_tensor out = dense(dout, MOEFUSE_F32, 2, M, K, 0);
@@ -244,6 +288,13 @@ static int rank_main(int r, int pipe_fd[2], int quantize, int ll)
         if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
             FAIL("graph instantiate");
         for (int replay = 0; replay < 2; replay++) {
+            if (replay == 1) { /* new routing in the captured buffer, and y to match */
+                redraw_ids(0x9E3779B97F4A7C15ull);
+                moefuse_buffer_write(ctx, dids, 0, ids_all[r], 4u * M * KTOP);
+                count_rows(r, El, cnt);
+                fill_y(r, El, cnt, y);
+                moefuse_buffer_write(ctx, dy, 0, y, 4u * El * TMAX * K);
+            }
             cudaMemset(drecv, 0x5a, rb);
             cudaMemset(dcnt, 0x5a, 4u * El);
             cudaMemset(dout, 0x5a, 4u * M * K);
@@ -253,11 +304,10 @@ static int rank_main(int r, int pipe_fd[2], int quantize, int ll)
                 FAIL("graph launch");
             int32_t again[E];
             moefuse_buffer_read(ctx, dcnt, 0, again, 4u * El);
+            moefuse_buffer_read(ctx, drecv, 0, recv, rb);
             moefuse_buffer_read(ctx, dout, 0, got, 4u * M * K);
-            if (memcmp(again, cnt, 4u * El) != 0)
-                FAIL("graph replay %d: counts differ", replay);
-            if (combine_differs(r, ll, got))
-                return 1;
+            if (received_differs(r, quantize, El, again, recv) || combine_differs(r, ll, got))
+                FAIL("graph replay %d differs", replay);
         }
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
@@ -268,7 +318,7 @@ static int rank_main(int r, int pipe_fd[2], int quantize, int ll)
     moefuse_context_destroy(ctx);
     printf("rank %d: %s dispatch and combine over NCCL, %s mode%s: ok\n", r,
            quantize ? "FP8" : "bf16", ll ? "low-latency" : "normal",
-           ll ? " (and two graph replays)" : "");
+           ll ? " (and two graph replays, the second on new routing)" : "");
     return 0;
 }
 

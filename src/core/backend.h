@@ -203,7 +203,8 @@ typedef struct mf_ep_ll_args {
     moefuse_scale_layout recv_layout;
     moefuse_tensor recv_counts;    /* [E_local] i32: rows each expert should hold */
     int32_t *row_of;               /* [W, C, k]: slot j of row i of block p, its row t of its
-                                      expert, or -1 (not here), -2 (lost past Tmax) */
+                                      expert, or -2 (lost past Tmax); read only for slots
+                                      whose expert is here */
     /* partial: y's rows of each received row's slots, summed; sum: those rows summed by rank */
     moefuse_tensor y;              /* [E_local, Tmax, K] */
     float *partial;                /* [W, C, K]: row i for rank p's block */

@@ -9,9 +9,8 @@
  *            its warps copy the rows, every rank's at once
  *   partial: LL_KSPLIT blocks a received row sum its slots' outputs, 8 columns a thread
  *   sum:     LL_KSPLIT blocks a token sum what the ranks sent back, in rank order
- * Their first profile (H200, DeepSeek-V3, 128 tokens a rank) found partial and sum at 111 and
- * 34 us: one column a thread, reloading each slot's expert, row and weight per column, latency
- * bound. Each block now reads its slots once into shared memory and streams 16-byte vectors.
+ * Each step reads its rows' places once (into shared memory or a warp's registers) and moves
+ * 16-byte vectors with several loads in flight: docs/PERFORMANCE.md has the profiles.
  */
 #include "cuda/cuda_internal.h"
 #include "cuda/ep_rows.cuh"
@@ -157,7 +156,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_pack(const LlPack a)
     if (threadIdx.x < LL_WARPS)
         chunk_flag[threadIdx.x] = m0 + threadIdx.x < a.M && ll_has_slot(a, owner,
                                                                          m0 + threadIdx.x, p);
-    int64_t before;
+    int64_t before; /* the scan's total: the tokens before the chunk (the prefixes unused) */
     ll_block_scan(mine, &before, warp_sums); /* its barriers publish chunk_flag too */
     const bool flag = chunk_flag[warp];
     int64_t i = before;
@@ -604,7 +603,8 @@ moefuse_status mf_cuda_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_
     p.odt = ep_dt_code(a->out.dtype);
     const int osz = p.odt == MF_DT_F32 ? 4 : 2;
     p.vec = p.K % 4 == 0 && ((uintptr_t)p.out & (4u * osz - 1)) == 0 &&
-            (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0;
+            (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0 &&
+            ((uintptr_t)p.partial & 15u) == 0; /* this rank's own rows are read there */
     if (p.M == 0 || p.K == 0)
         return MOEFUSE_OK;
     mf_k_ep_ll_sum<<<dim3((unsigned)p.M, 1, LL_KSPLIT), EP_THREADS, 0, s->stream>>>(p);

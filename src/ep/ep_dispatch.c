@@ -1,9 +1,10 @@
 /*
  * moefuse_ep_dispatch and moefuse_ep_combine: rows out to the experts' ranks in the 3-D masked
  * layout, and their outputs back to the tokens' ranks as the top-k sum. docs/NUMERICS.md
- * "Expert parallelism" fixes the order of the rows and of the sum. Each call makes one small
- * exchange in host memory before its rows, which agrees on one status for every rank (a
- * refusal, an expert over its Tmax), so that no rank waits for one that returned.
+ * "Expert parallelism" fixes the order of the rows and of the sum. In the normal mode each call
+ * makes one small exchange in host memory before its rows, which agrees on one status for
+ * every rank (a refusal, an expert over its Tmax), so that no rank waits for one that
+ * returned. The low-latency mode (ep_ll.c) has no such exchange.
  */
 #include "core/core.h"
 #include "core/options.h"

@@ -31,6 +31,9 @@ enum mf_ep_slot {
     MF_EP_SH,     /* their h */
     MF_EP_SHS,    /* h's scales */
     MF_EP_LL_MAP, /* low-latency mode (ep_ll.c): [2 E] i32, each expert's rank, its index */
+    MF_EP_LL_CODES,  /* x quantized on the way (its own: a graph captured with it must not
+                        see a normal-mode call free it) */
+    MF_EP_LL_SCALES, /* and scales */
     MF_EP_LL_OUT, /* the blocks sent */
     MF_EP_LL_IN,  /* the blocks received, kept for combine */
     MF_EP_LL_POS, /* [C, W] i32: each token's row in each block sent */
@@ -50,6 +53,7 @@ struct moefuse_ep_group {
     int32_t *owner;        /* [E]: the rank of each global expert */
     int32_t *local;        /* [E]: its index among its rank's experts */
     bool map_on_backend;   /* owner and local are in MF_EP_LL_MAP */
+    uint64_t ll_dispatches; /* low-latency dispatches made: a combine takes the latest's */
     mf_ep_transport transport;
 };
 
@@ -84,6 +88,7 @@ struct moefuse_ep_handle {
        (MF_EP_LL_IN, MF_EP_LL_POS, MF_EP_LL_ROW), laid out by wire */
     bool low_latency;
     mf_ep_ll_wire wire;
+    uint64_t ll_dispatch; /* which of the group's low-latency dispatches made it */
 };
 
 /* ---------------------------------------------- the in-process transport (tests) */

@@ -125,7 +125,8 @@ moefuse_status mf_ep_ll_dispatch(moefuse_context *ctx, const char *op, moefuse_e
                          sizeof(int32_t) * (size_t)W * (size_t)cap * (size_t)(k > 0 ? k : 1),
                          &row_of));
     if (pay->quantize)
-        MF_TRY(mf_ep_payload_quantize(ctx, op, g, pay, x, &a.x, &a.x_scales, &a.x_layout));
+        MF_TRY(mf_ep_payload_quantize(ctx, op, g, pay, x, MF_EP_LL_CODES, &a.x, &a.x_scales,
+                                      &a.x_layout));
     a.owner = (const int32_t *)map;
     a.local = (const int32_t *)map + g->experts;
     a.send = send;
@@ -136,6 +137,7 @@ moefuse_status mf_ep_ll_dispatch(moefuse_context *ctx, const char *op, moefuse_e
     MF_TRY(exchange_blocks(ctx, op, g, send, recv, a.wire.bytes));
     MF_TRY(ctx->backend->ep_ll_place(ctx, ctx->state, &a));
     h->low_latency = true;
+    h->ll_dispatch = ++g->ll_dispatches;
     h->wire = a.wire;
     h->route.world = W;
     h->route.tokens = pay->tokens;
@@ -150,6 +152,12 @@ moefuse_status mf_ep_ll_combine(moefuse_context *ctx, const char *op, moefuse_ep
     const int32_t W = g->world;
     const int64_t C = h->wire.cap, K = h->model_dim;
     const size_t block = sizeof(float) * (size_t)C * (size_t)K;
+    if (h->ll_dispatch != g->ll_dispatches) /* its records were overwritten since */
+        return mf_error(ctx, MOEFUSE_ERR_INVALID_ARGUMENT,
+                        "%s: the handle is from low-latency dispatch %llu of the group, not its "
+                        "latest (%llu); a low-latency combine takes the latest dispatch's handle",
+                        op, (unsigned long long)h->ll_dispatch,
+                        (unsigned long long)g->ll_dispatches);
     mf_ep_ll_args a;
     memset(&a, 0, sizeof a);
     a.wire = h->wire;

@@ -6,7 +6,8 @@
  *
  * A block, each part at a multiple of 16 bytes:
  *   count   int32            rows the block carries (n <= cap)
- *   token   int32 [cap]      row i's token on the sending rank
+ *   token   int32 [cap]      row i's token on the sending rank (no step needs it; it makes a
+ *                            block readable on its own, as the tests and a debugger read it)
  *   expert  int32 [cap, k]   row i's slot j: the receiving rank's local expert, or -1 (the
  *                            slot is invalid or its expert lives on another rank)
  *   weight  f32   [cap, k]   row i's topk_weights (kept for combine)

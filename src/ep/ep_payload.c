@@ -79,14 +79,15 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
 
 moefuse_status mf_ep_payload_quantize(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                       const mf_ep_payload *pay, const moefuse_tensor *x,
-                                      moefuse_tensor *codes, moefuse_tensor *scales,
-                                      moefuse_scale_layout *layout)
+                                      enum mf_ep_slot codes_slot, moefuse_tensor *codes,
+                                      moefuse_tensor *scales, moefuse_scale_layout *layout)
 {
     const int64_t M = pay->tokens, K = pay->model_dim, G = pay->groups;
     void *c = NULL, *sc = NULL;
-    moefuse_status st = mf_ep_scratch(ctx, op, g, MF_EP_CODES, (size_t)(M * K), &c);
+    moefuse_status st = mf_ep_scratch(ctx, op, g, codes_slot, (size_t)(M * K), &c);
     if (st == MOEFUSE_OK)
-        st = mf_ep_scratch(ctx, op, g, MF_EP_SCALES, sizeof(float) * (size_t)(M * G), &sc);
+        st = mf_ep_scratch(ctx, op, g, (enum mf_ep_slot)(codes_slot + 1),
+                           sizeof(float) * (size_t)(M * G), &sc);
     const int64_t qshape[2] = {M, K}, sshape[2] = {M, G};
     const moefuse_tensor q = moefuse_tensor_dense(c, MOEFUSE_F8_E4M3, 2, qshape);
     const moefuse_tensor qs = moefuse_tensor_dense(sc, MOEFUSE_F32, 2, sshape);
@@ -124,7 +125,8 @@ moefuse_status mf_ep_payload_pack(moefuse_context *ctx, const char *op, moefuse_
         a.scales = pay->xs;
     }
     if (pay->quantize)
-        st = mf_ep_payload_quantize(ctx, op, g, pay, x, &a.rows, &a.scales, &a.layout);
+        st = mf_ep_payload_quantize(ctx, op, g, pay, x, MF_EP_CODES, &a.rows, &a.scales,
+                                    &a.layout);
     if (st == MOEFUSE_OK)
         st = mf_ep_scratch(ctx, op, g, MF_EP_SEND, pay->row_bytes * (size_t)r->n_sent, rows);
     a.buffer = *rows;

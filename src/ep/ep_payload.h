@@ -30,12 +30,12 @@ moefuse_status mf_ep_payload_check(moefuse_context *ctx, const char *op, const m
                                    const moefuse_quant_options *act, mf_ep_payload *pay);
 
 /* x (f32/f16/bf16) quantized as the payload's FP8 rows, every row once as moefuse_quant
-   does (the one-device layer's first step), in the group's MF_EP_CODES and MF_EP_SCALES:
-   *codes [1, M, K] and *scales [1, M, K / 128] f32 in the row-major *layout. */
+   does (the one-device layer's first step), in the group's scratch codes_slot and the one
+   after it: *codes [1, M, K] and *scales [1, M, K / 128] f32 in the row-major *layout. */
 moefuse_status mf_ep_payload_quantize(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                                       const mf_ep_payload *pay, const moefuse_tensor *x,
-                                      moefuse_tensor *codes, moefuse_tensor *scales,
-                                      moefuse_scale_layout *layout);
+                                      enum mf_ep_slot codes_slot, moefuse_tensor *codes,
+                                      moefuse_tensor *scales, moefuse_scale_layout *layout);
 
 /* The rows this rank sends, in the route's send order, in the group's MF_EP_SEND scratch
    (*rows): x's rows, or FP8 ones (quantized here first, in MF_EP_CODES and MF_EP_SCALES, when
