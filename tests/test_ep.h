@@ -71,6 +71,7 @@ typedef struct disp_case {
     int ll;            /* the low-latency mode, max_tokens the largest M (ep_disp_run sets it) */
     int busy;          /* every slot names expert 1 (ep_disp_run) */
     int y_bf16;        /* the experts' outputs y in bf16 (else f32) */
+    int out_bf16;      /* combine's out in bf16 (else f32) */
     void *xq[EP_MAX_WORLD], *xs[EP_MAX_WORLD];
     size_t xs_bytes[EP_MAX_WORLD];
     moefuse_dtype dt;

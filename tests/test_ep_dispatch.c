@@ -120,10 +120,10 @@ void ep_disp_rank(ep_world *w, int32_t r)
             }
             yb /= 2;
         }
-        const size_t ob = sizeof(float) * (size_t)(M * K);
+        const size_t ob = (c->out_bf16 ? 2 : sizeof(float)) * (size_t)(M * K);
         void *dy = ep_put(ctx, y, yb), *dout = ep_put(ctx, NULL, ob);
         moefuse_tensor ty = on(dy, c->y_bf16 ? MOEFUSE_BF16 : MOEFUSE_F32, 3, El, T, K);
-        moefuse_tensor out = on(dout, MOEFUSE_F32, 2, M, K, 0);
+        moefuse_tensor out = on(dout, c->out_bf16 ? MOEFUSE_BF16 : MOEFUSE_F32, 2, M, K, 0);
         c->st_combine[r] = moefuse_ep_combine(ctx, w->group[r], h, &ty, &out);
         c->out[r] = ep_get(ctx, dout, ob);
         moefuse_buffer_free(ctx, dy);
@@ -145,6 +145,31 @@ int ep_untouched(const void *p, size_t n)
         if (((const unsigned char *)p)[i] != 0xA5)
             return 0;
     return 1;
+}
+
+/* f rounded to bf16 (to nearest, ties to even), as f32. */
+static float bf16_rne(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    if ((b & 0x7F800000u) != 0x7F800000u) /* finite: round; Inf and NaN as they are */
+        b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* Element i of rank p's out, read back (f32, or bf16 widened). */
+static float out_at(const disp_case *c, int32_t p, int64_t i)
+{
+    const unsigned char *o = c->out[p] + EP_GUARD;
+    if (!c->out_bf16)
+        return ((const float *)o)[i];
+    uint16_t h;
+    memcpy(&h, o + 2 * i, sizeof h);
+    const uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
 }
 
 /* What the experts gave slot (m, j) of rank p: y of its row t, the rows of its expert from
@@ -253,12 +278,14 @@ static void check_dispatch(disp_case *c, ep_world *wv)
                     else if (any)
                         acc = acc + part;
                 }
-                const float got = ((const float *)(c->out[p] + EP_GUARD))[m * K + ch];
-                ck_assert_msg(got == acc, "rank %d token %lld: combine", (int)p,
-                              (long long)m);
+                const float got = out_at(c, p, m * K + ch);
+                const float want = c->out_bf16 ? bf16_rne(acc) : acc;
+                ck_assert_msg(got == want || (want != want && got != got),
+                              "rank %d token %lld: combine", (int)p, (long long)m);
             }
         }
-        ck_assert(ep_guards_ok(c->out[p], sizeof(float) * (size_t)(c->M[p] * K)));
+        ck_assert(ep_guards_ok(c->out[p], (c->out_bf16 ? 2 : sizeof(float)) *
+                                              (size_t)(c->M[p] * K)));
     }
     for (int32_t p = 0; p < c->world; p++) {
         free(codes[p]);

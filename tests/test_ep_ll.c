@@ -5,6 +5,8 @@
  */
 #include "test_ep.h"
 
+#include "core/core.h" /* the backend's steps, called on hand-made blocks */
+
 #include <math.h>
 #include <string.h>
 
@@ -124,6 +126,199 @@ START_TEST(t_ll_many_rows)
     c.busy = 1;
     ll_case(&c, NULL);
     ep_disp_free(&c);
+}
+END_TEST
+
+/* Shapes that take the GPU kernels' other paths: placements past what pack keeps in shared
+   memory (E = 4096), more slots than partial lists (k = 70), and a bf16 out for sum. */
+START_TEST(t_ll_other_paths)
+{
+    disp_case c = ep_disp_case(2, 7, 64);
+    c.E = 4096;
+    ll_case(&c, NULL);
+    ep_disp_free(&c);
+    c = ep_disp_case(2, 5, 64); /* 700 slots over 256 experts: none near Tmax */
+    c.E = 256;
+    c.k = 70;
+    c.K = 128;
+    ll_case(&c, NULL);
+    ep_disp_free(&c);
+    c = ep_disp_case(4, 6, 96);
+    c.out_bf16 = 1;
+    ll_case(&c, NULL);
+    ep_disp_free(&c);
+}
+END_TEST
+
+/* Every slot of both ranks (150 and 155 tokens, k = 4) names expert 1 of rank 0: 1220 rows for
+   a Tmax of 1100, more than a GPU block lists at once, and the last 120 lost. Rows 0 .. 599 are
+   rank 0's slots, then rank 1's. */
+START_TEST(t_ll_many_lost)
+{
+    disp_case c = ep_disp_case(2, 150, 1100);
+    c.ll = 1;
+    c.K = 128;
+    c.opt.mode = MOEFUSE_EP_LOW_LATENCY;
+    c.opt.max_tokens = 155;
+    for (int32_t r = 0; r < 2; r++) {
+        const int64_t M = c.M[r];
+        c.x[r] = malloc(2 * (size_t)(M * c.K));
+        c.ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c.k));
+        c.wts[r] = malloc(sizeof(float) * (size_t)(M * c.k));
+        ep_fill(c.x[r], c.dt, M * c.K);
+        for (int64_t s = 0; s < M * c.k; s++) {
+            c.ids[r][s] = 1;
+            c.wts[r][s] = 0.25f;
+        }
+    }
+    ep_run(2, c.E, NULL, ep_disp_rank, &c);
+    const size_t row = 2 * (size_t)c.K;
+    for (int32_t r = 0; r < 2; r++)
+        ck_assert_msg(c.st[r] == MOEFUSE_OK && c.st_combine[r] == MOEFUSE_OK, "rank %d: %s",
+                      (int)r, c.msg[r]);
+    ck_assert_int_eq(((const int32_t *)(c.counts[0] + EP_GUARD))[1], 1220);
+    for (int64_t t = 0; t < 1100; t++) {
+        const int32_t p = t < 600 ? 0 : 1;
+        const int64_t m = (t - 600 * p) / 4;
+        ck_assert_msg(memcmp(c.recv[0] + EP_GUARD + row * (size_t)(1 * 1100 + t),
+                             (const char *)c.x[p] + row * (size_t)m, row) == 0,
+                      "row %lld", (long long)t);
+    }
+    for (int32_t r = 0; r < 2; r++) /* rank 1's slots 500 .. 619 (tokens 125 ..) were lost */
+        for (int64_t m = 0; m < c.M[r]; m++) {
+            const float v = ((const float *)(c.out[r] + EP_GUARD))[m * c.K];
+            ck_assert_msg((r == 1 && m >= 125) == (bool)isnan(v), "rank %d token %lld", (int)r,
+                          (long long)m);
+        }
+    ep_disp_free(&c);
+}
+END_TEST
+
+/* ---------------------------------------------- the steps on another rank's bad data */
+
+/* Backend memory of `bytes` holding host's bytes; its data starts EP_GUARD in (ep_put). */
+static char *at_guard(void *buffer) { return (char *)buffer + EP_GUARD; }
+
+/* Rank 0 of 2, blocks of 4 rows, k = 2, K = 16 bf16 rows, 2 local experts, Tmax 8. Rank 1's
+   block says it holds 7 rows (4 are read), names experts 5 and -3 (skipped); the rank's own
+   block says -1 rows (none). Place, partial and sum are called on the test's backend and
+   checked against what the contract gives for the data that can be trusted. */
+START_TEST(t_ll_untrusted)
+{
+    moefuse_context *ctx;
+    ck_assert_int_eq(moefuse_context_create(&ctx, h_backend()), MOEFUSE_OK);
+    enum { C = 4, KS = 2, KD = 16, EL = 2, T = 8, W2 = 2, M = 3 };
+    mf_ep_ll_wire w;
+    ck_assert(mf_ep_ll_wire_of(C, KS, 2 * KD, &w));
+    unsigned char *own = calloc(1, 2 * w.bytes), *peer = calloc(1, 2 * w.bytes);
+    const int32_t minus = -1, seven = 7;
+    memcpy(own, &minus, 4);              /* block 0 of the send blocks: this rank's own */
+    memcpy(peer + w.bytes, &seven, 4);   /* block 1 of the received: rank 1's */
+    static const int32_t experts[C][KS] = {{0, 1}, {5, -3}, {1, 1}, {0, -1}};
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < KS; j++) {
+            const float wt = 0.5f * (float)(i + 1) + (float)j;
+            memcpy(peer + w.bytes + w.off_expert + 4 * (size_t)(i * KS + j), &experts[i][j], 4);
+            memcpy(peer + w.bytes + w.off_weight + 4 * (size_t)(i * KS + j), &wt, 4);
+            for (int c = 0; c < KD; c++) { /* row i: bf16 of i + c / 16 */
+                const float v = (float)i + (float)c / 16.0f;
+                uint32_t b;
+                memcpy(&b, &v, 4);
+                const uint16_t h = (uint16_t)(b >> 16);
+                memcpy(peer + w.bytes + w.off_rows + w.row_bytes * (size_t)i + 2 * c, &h, 2);
+            }
+        }
+    float y[EL * T * KD], back[W2 * C * KD], partial0[W2 * C * KD];
+    for (int i = 0; i < EL * T * KD; i++)
+        y[i] = (float)(i % 37) - 18.0f;
+    for (int i = 0; i < W2 * C * KD; i++) {
+        back[i] = (float)(i % 11) + 0.25f;
+        partial0[i] = (float)(i % 7) - 3.0f; /* the own rows sum reads from partial */
+    }
+    const int32_t pos[M * W2] = {0, 2, -1, 9, 5, -1}; /* token 2 sums nothing */
+    void *dsend = ep_put(ctx, own, 2 * w.bytes), *drecv = ep_put(ctx, peer, 2 * w.bytes);
+    void *drx = ep_put(ctx, NULL, 2 * EL * T * KD), *dcnt = ep_put(ctx, NULL, 4 * EL);
+    void *drow = ep_put(ctx, NULL, 4 * W2 * C * KS), *dy = ep_put(ctx, y, sizeof y);
+    void *dpart = ep_put(ctx, partial0, sizeof partial0), *dback = ep_put(ctx, back, sizeof back);
+    void *dpos = ep_put(ctx, pos, sizeof pos), *dout = ep_put(ctx, NULL, 4 * M * KD);
+    const int64_t rx_shape[3] = {EL, T, KD}, cnt_shape[1] = {EL}, out_shape[2] = {M, KD};
+    mf_ep_ll_args a;
+    memset(&a, 0, sizeof a);
+    a.wire = w;
+    a.world = W2;
+    a.rank = 0;
+    a.tokens = M;
+    a.model_dim = KD;
+    a.send = at_guard(dsend);
+    a.recv = at_guard(drecv);
+    a.recv_x = moefuse_tensor_dense(drx, MOEFUSE_BF16, 3, rx_shape);
+    a.recv_counts = moefuse_tensor_dense(dcnt, MOEFUSE_I32, 1, cnt_shape);
+    a.y = moefuse_tensor_dense(dy, MOEFUSE_F32, 3, rx_shape);
+    a.out = moefuse_tensor_dense(dout, MOEFUSE_F32, 2, out_shape);
+    a.recv_x.offset = a.recv_counts.offset = a.y.offset = a.out.offset = EP_GUARD;
+    a.row_of = (int32_t *)at_guard(drow);
+    a.partial = (float *)at_guard(dpart);
+    a.back = (const float *)at_guard(dback);
+    a.pos = (int32_t *)at_guard(dpos);
+    const moefuse_backend_i *b = ctx->backend;
+    ck_assert_int_eq(b->ep_ll_place(ctx, ctx->state, &a), MOEFUSE_OK);
+    /* expert 0: rows 0 and 3; expert 1: rows 0, 2 and 2 (slot by slot) */
+    static const int rows_of[EL][3] = {{0, 3, -1}, {0, 2, 2}};
+    static const int32_t counts[EL] = {2, 3};
+    unsigned char *rx = ep_get(ctx, drx, 2 * EL * T * KD), *cnt = ep_get(ctx, dcnt, 4 * EL);
+    ck_assert(memcmp(cnt + EP_GUARD, counts, sizeof counts) == 0);
+    for (int e = 0; e < EL; e++)
+        for (int t = 0; t < T; t++) {
+            const unsigned char *got = rx + EP_GUARD + 2 * (size_t)((e * T + t) * KD);
+            if (t < counts[e])
+                ck_assert_msg(memcmp(got, peer + w.bytes + w.off_rows +
+                                              w.row_bytes * (size_t)rows_of[e][t],
+                                     w.row_bytes) == 0,
+                              "expert %d row %d", e, t);
+            else
+                ck_assert_msg(ep_untouched(got, 2 * KD), "expert %d row %d written", e, t);
+        }
+    ck_assert_int_eq(b->ep_ll_partial(ctx, ctx->state, &a), MOEFUSE_OK);
+    unsigned char *part = ep_get(ctx, dpart, sizeof partial0);
+    const float *pg = (const float *)(part + EP_GUARD);
+    static const int t_of[C][KS] = {{0, 0}, {-1, -1}, {1, 2}, {1, -1}}; /* each slot's row */
+    for (int i = 0; i < C; i++)
+        for (int c = 0; c < KD; c++) {
+            float acc = 0.0f;
+            for (int j = 0; j < KS; j++) {
+                if (t_of[i][j] < 0)
+                    continue;
+                const float wt = 0.5f * (float)(i + 1) + (float)j;
+                const float prod = wt * y[(experts[i][j] * T + t_of[i][j]) * KD + c];
+                acc = acc + prod;
+            }
+            ck_assert_msg(pg[(1 * C + i) * KD + c] == acc, "partial row %d column %d", i, c);
+            /* the own block held no rows: its partial rows are as they were */
+            ck_assert(pg[(0 * C + i) * KD + c] == partial0[(0 * C + i) * KD + c]);
+        }
+    ck_assert_int_eq(b->ep_ll_sum(ctx, ctx->state, &a), MOEFUSE_OK);
+    unsigned char *out = ep_get(ctx, dout, 4 * M * KD);
+    const float *og = (const float *)(out + EP_GUARD);
+    for (int c = 0; c < KD; c++) {
+        const float t0 = 0.0f + pg[(0 * C + 0) * KD + c]; /* token 0: its own row 0, ... */
+        ck_assert(og[0 * KD + c] == t0 + back[(1 * C + 2) * KD + c]); /* ... rank 1's row 2 */
+        ck_assert(og[1 * KD + c] == 0.0f && og[2 * KD + c] == 0.0f);
+    }
+    ck_assert(ep_guards_ok(out, 4 * M * KD) && ep_guards_ok(rx, 2 * EL * T * KD));
+    ck_assert(ep_guards_ok(part, sizeof partial0)); /* no row past the 4 a block holds */
+    unsigned char *row = ep_get(ctx, drow, 4 * W2 * C * KS);
+    ck_assert(ep_guards_ok(row, 4 * W2 * C * KS));
+    free(row);
+    free(rx);
+    free(cnt);
+    free(part);
+    free(out);
+    free(own);
+    free(peer);
+    void *all[] = {dsend, drecv, drx, dcnt, drow, dy, dpart, dback, dpos, dout};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        moefuse_buffer_free(ctx, all[i]);
+    moefuse_context_destroy(ctx);
 }
 END_TEST
 
@@ -277,5 +472,8 @@ void ep_add_ll_tests(Suite *s)
     tcase_add_test(tc, t_ll_lost_rows);
     tcase_add_test(tc, t_ll_many_rows);
     tcase_add_test(tc, t_ll_stale_handle);
+    tcase_add_test(tc, t_ll_other_paths);
+    tcase_add_test(tc, t_ll_many_lost);
+    tcase_add_test(tc, t_ll_untrusted);
     tcase_add_test(tc, t_ll_refusals);
 }
