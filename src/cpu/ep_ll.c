@@ -11,25 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The parts of block p of blocks. */
-typedef struct ll_block {
-    int32_t *count, *token, *expert;
-    float *weight;
-    char *rows;
-} ll_block;
-
-static ll_block block_at(const mf_ep_ll_wire *w, const void *blocks, int32_t p)
-{
-    char *b = (char *)blocks + w->bytes * (size_t)p;
-    ll_block v = {(int32_t *)b, (int32_t *)(b + w->off_token), (int32_t *)(b + w->off_expert),
-                  (float *)(b + w->off_weight), b + w->off_rows};
-    return v;
-}
-
 /* Block p as this rank received it: its own stays in the send blocks. */
-static ll_block recv_block(const mf_ep_ll_args *a, int32_t p)
+static mf_ep_ll_block recv_block(const mf_ep_ll_args *a, int32_t p)
 {
-    return block_at(&a->wire, p == a->rank ? a->send : a->recv, p);
+    return mf_ep_ll_block_at(&a->wire, p == a->rank ? a->send : a->recv, p);
 }
 
 /* Row q of what rank p sent back: this rank's own rows are its partial sums. */
@@ -37,13 +22,6 @@ static const float *back_row(const mf_ep_ll_args *a, int32_t p, int64_t q)
 {
     const float *rows = p == a->rank ? a->partial : a->back;
     return rows + ((int64_t)p * a->wire.cap + q) * a->model_dim;
-}
-
-/* A received block's row count, clamped to [0, C]. */
-static int64_t rows_in(const mf_ep_ll_wire *w, const ll_block *b)
-{
-    const int64_t n = *b->count;
-    return n < 0 ? 0 : n > w->cap ? w->cap : n;
 }
 
 moefuse_status mf_cpu_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep_ll_args *a)
@@ -66,7 +44,7 @@ moefuse_status mf_cpu_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep_
             }
             if (!any)
                 continue;
-            const ll_block b = block_at(w, a->send, p);
+            const mf_ep_ll_block b = mf_ep_ll_block_at(w, a->send, p);
             const int32_t i = n[p]++;
             a->pos[m * W + p] = i;
             b.token[i] = (int32_t)m;
@@ -85,7 +63,7 @@ moefuse_status mf_cpu_ep_ll_pack(moefuse_context *ctx, void *state, const mf_ep_
         }
     }
     for (int32_t p = 0; p < W; p++)
-        *block_at(w, a->send, p).count = n[p];
+        *mf_ep_ll_block_at(w, a->send, p).count = n[p];
     free(n);
     return MOEFUSE_OK;
 }
@@ -98,8 +76,8 @@ static void walk_slots(const mf_ep_ll_args *a, int64_t experts, int64_t *fill, s
 {
     const mf_ep_ll_wire *w = &a->wire;
     for (int32_t p = 0; p < a->world; p++) {
-        const ll_block b = recv_block(a, p);
-        const int64_t n = rows_in(w, &b);
+        const mf_ep_ll_block b = recv_block(a, p);
+        const int64_t n = mf_ep_ll_rows_in(w, &b);
         for (int64_t i = 0; i < n; i++)
             for (int64_t j = 0; j < w->topk; j++) {
                 const int32_t e = b.expert[i * w->topk + j];
@@ -181,8 +159,8 @@ moefuse_status mf_cpu_ep_ll_partial(moefuse_context *ctx, void *state, const mf_
         return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "ep_ll_partial: cannot allocate");
     float *yrow = acc + K;
     for (int32_t p = 0; p < a->world; p++) {
-        const ll_block b = recv_block(a, p);
-        const int64_t n = rows_in(w, &b);
+        const mf_ep_ll_block b = recv_block(a, p);
+        const int64_t n = mf_ep_ll_rows_in(w, &b);
         for (int64_t i = 0; i < n; i++) {
             for (int64_t c = 0; c < K; c++)
                 acc[c] = 0.0f;

@@ -19,28 +19,6 @@
 
 #define LL_WARPS (EP_THREADS / 32)
 
-/* The parts of block p of a run of blocks. */
-typedef struct LlBlock {
-    int32_t *count, *token, *expert;
-    float *weight;
-    char *rows;
-} LlBlock;
-
-static __device__ __forceinline__ LlBlock ll_block(const mf_ep_ll_wire &w, const void *blocks,
-                                                   int p)
-{
-    char *b = (char *)blocks + w.bytes * (size_t)p;
-    LlBlock v = {(int32_t *)b, (int32_t *)(b + w.off_token), (int32_t *)(b + w.off_expert),
-                 (float *)(b + w.off_weight), b + w.off_rows};
-    return v;
-}
-
-static __device__ __forceinline__ int64_t ll_rows_in(const mf_ep_ll_wire &w, const LlBlock &b)
-{
-    const int64_t n = *b.count;
-    return n < 0 ? 0 : n > w.cap ? w.cap : n;
-}
-
 /* Exclusive prefix of v over the block's threads; *total gets the block's sum. Every thread
    calls it. */
 static __device__ __forceinline__ int64_t ll_block_scan(int64_t v, int64_t *total,
@@ -162,7 +140,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_pack(const LlPack a)
     int64_t i = before;
     for (int w = 0; w < warp; w++)
         i += chunk_flag[w];
-    const LlBlock b = ll_block(a.w, a.send, p);
+    const mf_ep_ll_block b = mf_ep_ll_block_at(&a.w, a.send, p);
     if (m < a.M && lane == 0)
         a.pos[m * a.W + p] = flag ? (int32_t)i : -1;
     if (flag) {
@@ -254,8 +232,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t t0 = 0;
     for (int p = 0; p < a.W; p++) {
-        const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
-        const int64_t slots = ll_rows_in(a.w, b) * k;
+        const mf_ep_ll_block b = mf_ep_ll_block_at(&a.w, p == a.rank ? a.own : a.recv, p);
+        const int64_t slots = mf_ep_ll_rows_in(&a.w, &b) * k;
         const int64_t run = (slots + EP_THREADS - 1) / EP_THREADS;
         const int64_t q0 = threadIdx.x * run, q1 = q0 + run < slots ? q0 + run : slots;
         int64_t mine = 0;
@@ -277,8 +255,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_place(const LlPlace a)
     for (int64_t t = warp; t < kept && t < LL_LIST; t += LL_WARPS)
         ll_put_row(a, e, t, list[t]);
     for (int p = 0; kept > LL_LIST && p < a.W; p++) { /* rows past the list: found again */
-        const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
-        const int64_t slots = ll_rows_in(a.w, b) * k;
+        const mf_ep_ll_block b = mf_ep_ll_block_at(&a.w, p == a.rank ? a.own : a.recv, p);
+        const int64_t slots = mf_ep_ll_rows_in(&a.w, &b) * k;
         const int32_t *row_of = a.row_of + (int64_t)p * a.w.cap * k;
         for (int64_t q0 = 32 * (int64_t)warp; q0 < slots; q0 += 32 * LL_WARPS) {
             const int64_t q = q0 + lane;
@@ -342,8 +320,8 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
     __shared__ int slots;
     const int64_t i = blockIdx.x, k = a.w.topk;
     const int p = blockIdx.y, lane = threadIdx.x & 31;
-    const LlBlock b = ll_block(a.w, p == a.rank ? a.own : a.recv, p);
-    if (i >= ll_rows_in(a.w, b))
+    const mf_ep_ll_block b = mf_ep_ll_block_at(&a.w, p == a.rank ? a.own : a.recv, p);
+    if (i >= mf_ep_ll_rows_in(&a.w, &b))
         return;
     const int ysz = a.ydt == MF_DT_F32 ? 4 : 2;
     float *dst = a.partial + ((int64_t)p * a.w.cap + i) * a.K;
