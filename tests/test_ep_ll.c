@@ -80,21 +80,9 @@ END_TEST
 START_TEST(t_ll_lost_rows)
 {
     disp_case c = ep_disp_case(2, 9, 28);
-    c.ll = 1;
-    c.opt.mode = MOEFUSE_EP_LOW_LATENCY;
-    c.opt.max_tokens = 14;
-    for (int32_t r = 0; r < 2; r++) {
-        const int64_t M = c.M[r];
-        c.x[r] = malloc(2 * (size_t)(M * c.K));
-        c.ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c.k));
-        c.wts[r] = malloc(sizeof(float) * (size_t)(M * c.k));
-        ep_fill(c.x[r], c.dt, M * c.K);
-        for (int64_t s = 0; s < M * c.k; s++) {
-            c.ids[r][s] = 1;
-            c.wts[r][s] = 0.5f;
-        }
-    }
-    ep_run(2, c.E, NULL, ep_disp_rank, &c);
+    c.ll = 1; /* max_tokens 14 */
+    c.busy = 1;
+    ep_disp_run(&c, NULL);
     const size_t row = 2 * (size_t)c.K;
     for (int32_t r = 0; r < 2; r++) {
         ck_assert_msg(c.st[r] == MOEFUSE_OK && c.st_combine[r] == MOEFUSE_OK, "rank %d: %s",
@@ -156,22 +144,10 @@ END_TEST
 START_TEST(t_ll_many_lost)
 {
     disp_case c = ep_disp_case(2, 150, 1100);
-    c.ll = 1;
+    c.ll = 1; /* max_tokens 155 */
+    c.busy = 1;
     c.K = 128;
-    c.opt.mode = MOEFUSE_EP_LOW_LATENCY;
-    c.opt.max_tokens = 155;
-    for (int32_t r = 0; r < 2; r++) {
-        const int64_t M = c.M[r];
-        c.x[r] = malloc(2 * (size_t)(M * c.K));
-        c.ids[r] = malloc(sizeof(int32_t) * (size_t)(M * c.k));
-        c.wts[r] = malloc(sizeof(float) * (size_t)(M * c.k));
-        ep_fill(c.x[r], c.dt, M * c.K);
-        for (int64_t s = 0; s < M * c.k; s++) {
-            c.ids[r][s] = 1;
-            c.wts[r][s] = 0.25f;
-        }
-    }
-    ep_run(2, c.E, NULL, ep_disp_rank, &c);
+    ep_disp_run(&c, NULL);
     const size_t row = 2 * (size_t)c.K;
     for (int32_t r = 0; r < 2; r++)
         ck_assert_msg(c.st[r] == MOEFUSE_OK && c.st_combine[r] == MOEFUSE_OK, "rank %d: %s",

@@ -335,13 +335,11 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
                 const int32_t e = j < k ? b.expert[i * k + j] : -1;
                 const bool valid = e >= 0 && e < a.E;
                 const int32_t t = valid ? a.row_of[((int64_t)p * a.w.cap + i) * k + j] : -1;
-                const unsigned ballot = __ballot_sync(0xffffffffu, valid);
+                const int at = ep_warp_place(valid, lane, &n);
                 if (valid) {
-                    const int at = n + __popc(ballot & ((1u << lane) - 1u));
                     slot_row[at] = t >= 0 && t < a.T ? a.y + (e * a.y0 + t * a.y1) * ysz : NULL;
                     slot_w[at] = b.weight[i * k + j];
                 }
-                n += __popc(ballot);
             }
             if (lane == 0)
                 slots = n;
@@ -355,7 +353,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         if (s0 + u < slots && slot_row[s0 + u])
-                            ep_load8(slot_row[s0 + u], a.ydt, c, v[u]);
+                            load8(slot_row[s0 + u], c, a.ydt, 1, 8, v[u]);
                         else
                             for (int q = 0; q < 8; q++)
                                 v[u][q] = __int_as_float(0x7fc00000);
@@ -375,7 +373,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
         for (int64_t c = cb + threadIdx.x; c < ce; c += EP_THREADS) {
             float acc = 0.0f;
             for (int s = 0; s < slots; s++) {
-                const float v = slot_row[s] ? ep_load(slot_row[s], a.ydt, c)
+                const float v = slot_row[s] ? load_elem(slot_row[s], c, a.ydt)
                                             : __int_as_float(0x7fc00000);
                 acc = __fadd_rn(acc, __fmul_rn(slot_w[s], v));
             }
@@ -391,7 +389,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_partial(const LlCombine
                 continue;
             const int32_t t = a.row_of[((int64_t)p * a.w.cap + i) * k + j];
             const float v = t >= 0 && t < a.T
-                                ? ep_load(a.y + (e * a.y0 + t * a.y1) * ysz, a.ydt, c)
+                                ? load_elem(a.y + (e * a.y0 + t * a.y1) * ysz, c, a.ydt)
                                 : __int_as_float(0x7fc00000); /* lost past Tmax */
             acc = __fadd_rn(acc, __fmul_rn(b.weight[i * k + j], v));
         }
@@ -417,11 +415,9 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_ll_sum(const LlCombine a)
                 const int p = p0 + lane;
                 const int32_t q = p < a.W ? a.pos[m * a.W + p] : -1;
                 const bool valid = q >= 0 && q < a.w.cap;
-                const unsigned ballot = __ballot_sync(0xffffffffu, valid);
+                const int at = ep_warp_place(valid, lane, &n);
                 if (valid)
-                    src[n + __popc(ballot & ((1u << lane) - 1u))] =
-                        (p == a.rank ? a.partial : a.back) + ((int64_t)p * a.w.cap + q) * a.K;
-                n += __popc(ballot);
+                    src[at] = (p == a.rank ? a.partial : a.back) + ((int64_t)p * a.w.cap + q) * a.K;
             }
             if (lane == 0)
                 ranks = n;
@@ -561,7 +557,7 @@ moefuse_status mf_cuda_ep_ll_partial(moefuse_context *ctx, void *state, const mf
     p.y1 = a->y.stride[1];
     p.E = a->y.shape[0];
     p.T = a->y.shape[1];
-    p.ydt = ep_dt_code(a->y.dtype);
+    p.ydt = (int)a->y.dtype;
     const int ysz = p.ydt == MF_DT_F32 ? 4 : 2;
     p.vec = p.K % 8 == 0 && ((uintptr_t)p.y & 15u) == 0 && (p.y0 * ysz) % 16 == 0 &&
             (p.y1 * ysz) % 16 == 0 && ((uintptr_t)p.partial & 15u) == 0;
@@ -578,7 +574,7 @@ moefuse_status mf_cuda_ep_ll_sum(moefuse_context *ctx, void *state, const mf_ep_
     LlCombine p = combine_params(a);
     p.out = mf_cuda_base(&a->out);
     p.o0 = a->out.stride[0];
-    p.odt = ep_dt_code(a->out.dtype);
+    p.odt = (int)a->out.dtype;
     const int osz = p.odt == MF_DT_F32 ? 4 : 2;
     p.vec = p.K % 4 == 0 && ((uintptr_t)p.out & (4u * osz - 1)) == 0 &&
             (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0 &&

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
         if (p.to_f32 && p.vec8) {
             for (int64_t c = 8 * threadIdx.x; c < p.K; c += 8 * EP_THREADS) {
                 float v[8];
-                ep_load8(src, p.rdt, c, v);
+                load8(src, c, p.rdt, 1, 8, v);
                 *(float4 *)(dst + c * 4) = make_float4(v[0], v[1], v[2], v[3]);
                 *(float4 *)(dst + c * 4 + 16) = make_float4(v[4], v[5], v[6], v[7]);
             }
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_gather(const EpRows p)
         }
         if (p.to_f32) {
             for (int64_t c = threadIdx.x; c < p.K; c += EP_THREADS)
-                ((float *)dst)[c] = ep_load(src, p.rdt, c);
+                ((float *)dst)[c] = load_elem(src, c, p.rdt);
             continue;
         }
         ep_copy_bytes(dst, src, p.K * p.es);
@@ -135,13 +135,11 @@ __global__ void __launch_bounds__(EP_THREADS) mf_k_ep_reduce(const EpReduce p)
             for (int64_t j0 = 0; j0 < p.k; j0 += 32) {
                 const int64_t j = j0 + lane;
                 const int64_t r = j < p.k ? p.slot_row[m * p.k + j] : -1;
-                const unsigned ballot = __ballot_sync(0xffffffffu, r >= 0);
+                const int at = ep_warp_place(r >= 0, lane, &n);
                 if (r >= 0) {
-                    const int at = n + __popc(ballot & ((1u << lane) - 1u));
                     row[at] = p.back + r * p.K;
                     wt[at] = p.weight[m * p.k + j];
                 }
-                n += __popc(ballot);
             }
             if (lane == 0)
                 slots = n;
@@ -203,7 +201,7 @@ static moefuse_status ep_rows_params(moefuse_context *ctx, cuda_state *s, const 
     p->T = a->rows.shape[1];
     p->K = a->rows.shape[2];
     p->es = (int)moefuse_dtype_size(a->rows.dtype);
-    p->rdt = ep_dt_code(a->rows.dtype);
+    p->rdt = (int)a->rows.dtype;
     if (a->groups > 0) {
         p->s = ep_scales_of(&a->scales, a->layout);
         p->groups = a->groups;
@@ -283,7 +281,7 @@ moefuse_status mf_cuda_ep_reduce(moefuse_context *ctx, void *state, const mf_ep_
     p.K = a->model_dim;
     p.out = mf_cuda_base(&a->out);
     p.o0 = a->out.stride[0];
-    p.odt = ep_dt_code(a->out.dtype);
+    p.odt = (int)a->out.dtype;
     const int osz = p.odt == MF_DT_F32 ? 4 : 2;
     p.vec = p.K % 4 == 0 && ((uintptr_t)p.out & (4u * osz - 1)) == 0 &&
             (p.o0 * osz) % (4 * osz) == 0 && ((uintptr_t)p.back & 15u) == 0;

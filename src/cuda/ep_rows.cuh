@@ -1,11 +1,13 @@
 /*
  * What the expert-parallel kernels share (ep_rows.cu, ep_ll.cu): a scales tensor of any
- * layout seen from the device, the byte copy of a row by a block, and a float row's loads.
+ * layout seen from the device, the byte copy of a row by a block, a float row's stores (its
+ * loads are vec.cuh's), and a warp's list of what its lanes add.
  */
 #ifndef MOEFUSE_CUDA_EP_ROWS_CUH
 #define MOEFUSE_CUDA_EP_ROWS_CUH
 
 #include "cuda/numerics.cuh"
+#include "cuda/vec.cuh" /* load_elem, load8: a row's values as f32 */
 
 #define EP_THREADS 256
 
@@ -42,6 +44,16 @@ static __device__ __forceinline__ float ep_scale_read(const EpScales &p, int64_t
     return p.sdt == MF_DT_F32 ? *(const float *)q : mf_ue8m0_read((uint8_t)*q);
 }
 
+/* This lane's place in a list that n entries already fill, when it adds one (valid); *n grows
+   by the warp's entries. Every lane of the warp calls it. */
+static __device__ __forceinline__ int ep_warp_place(bool valid, int lane, int *n)
+{
+    const unsigned ballot = __ballot_sync(0xffffffffu, valid);
+    const int at = *n + __popc(ballot & ((1u << lane) - 1u));
+    *n += __popc(ballot);
+    return at;
+}
+
 /* n bytes from src to dst by the block's threads: 16 at a time where both and n allow. */
 static __device__ __forceinline__ void ep_copy_bytes(char *dst, const char *src, int64_t n)
 {
@@ -54,14 +66,6 @@ static __device__ __forceinline__ void ep_copy_bytes(char *dst, const char *src,
         dst[b] = src[b];
 }
 
-static __device__ __forceinline__ float ep_load(const char *p, int dt, int64_t c)
-{
-    if (dt == MF_DT_F32)
-        return ((const float *)p)[c];
-    const uint16_t h = ((const uint16_t *)p)[c];
-    return dt == MF_DT_BF16 ? mf_bf16_to_f32(h) : mf_f16_to_f32(h);
-}
-
 /* c of a row of f32, f16 or bf16 (MF_DT_*), from f32 with one rounding. */
 static __device__ __forceinline__ void ep_store(char *p, int dt, int64_t c, float v)
 {
@@ -70,25 +74,6 @@ static __device__ __forceinline__ void ep_store(char *p, int dt, int64_t c, floa
     else
         ((uint16_t *)p)[c] =
             (uint16_t)(dt == MF_DT_BF16 ? mf_f32_to_bf16(v) : mf_f32_to_f16(v));
-}
-
-/* 8 values of a row of f32, f16 or bf16 from column c (16-byte aligned), as f32. */
-static __device__ __forceinline__ void ep_load8(const char *row, int dt, int64_t c, float v[8])
-{
-    if (dt == MF_DT_F32) {
-        const float4 a = *(const float4 *)(row + c * 4), b = *(const float4 *)(row + c * 4 + 16);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
-        return;
-    }
-    const uint4 h = *(const uint4 *)(row + c * 2);
-    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const uint32_t lo = w[q] & 0xFFFFu, hi = w[q] >> 16;
-        v[2 * q] = dt == MF_DT_BF16 ? mf_bf16_to_f32(lo) : mf_f16_to_f32(lo);
-        v[2 * q + 1] = dt == MF_DT_BF16 ? mf_bf16_to_f32(hi) : mf_f16_to_f32(hi);
-    }
 }
 
 /* 4 f32 values into a row of f32, f16 or bf16 at column c (aligned for them). */
@@ -104,18 +89,6 @@ static __device__ __forceinline__ void ep_store4(char *row, int dt, int64_t c, c
     *(uint2 *)(row + c * 2) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
 }
 
-static inline int ep_dt_code(moefuse_dtype d)
-{
-    switch (d) {
-    case MOEFUSE_F32: return MF_DT_F32;
-    case MOEFUSE_F16: return MF_DT_F16;
-    case MOEFUSE_BF16: return MF_DT_BF16;
-    case MOEFUSE_I32: return MF_DT_I32;
-    case MOEFUSE_U8: return MF_DT_U8;
-    default: return MF_DT_F8;
-    }
-}
-
 /* A scales tensor (rank 3) in layout l, for the kernels. */
 static inline EpScales ep_scales_of(const moefuse_tensor *t, moefuse_scale_layout l)
 {
@@ -124,10 +97,8 @@ static inline EpScales ep_scales_of(const moefuse_tensor *t, moefuse_scale_layou
     s.s0 = t->stride[0];
     s.s1 = t->stride[1];
     s.s2 = t->stride[2];
-    s.sdt = ep_dt_code(t->dtype);
-    s.layout = l == MOEFUSE_SCALE_COLUMN_MAJOR   ? MF_LAYOUT_COL
-               : l == MOEFUSE_SCALE_PACKED_UE8M0 ? MF_LAYOUT_PACKED
-                                                 : MF_LAYOUT_ROW;
+    s.sdt = (int)t->dtype; /* MF_DT_* and MF_LAYOUT_* are moefuse.h's values */
+    s.layout = (int)l;
     return s;
 }
 

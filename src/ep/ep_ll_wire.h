@@ -2,8 +2,8 @@
  * The low-latency mode's wire: what one rank sends another in a dispatch, a block of fixed
  * size that holds up to `cap` rows whatever the routing, so that the exchange's sizes never
  * depend on device data. Read by the core, the CPU backend and the CUDA kernels alike (plain
- * C, no includes beyond the standard ones; MF_LL_FN makes its functions host and device ones
- * under nvcc), so that the three agree on every offset and on how a count is trusted.
+ * C; MF_FN makes its functions host and device ones under nvcc), so that the three agree on
+ * every offset and on how a count is trusted.
  *
  * A block, each part at a multiple of 16 bytes:
  *   count   int32            rows the block carries (n <= cap)
@@ -18,14 +18,10 @@
 #ifndef MOEFUSE_EP_LL_WIRE_H
 #define MOEFUSE_EP_LL_WIRE_H
 
+#include "numerics/mf_portable.h" /* MF_FN: host and device functions under nvcc */
+
 #include <stddef.h>
 #include <stdint.h>
-
-#if defined(__CUDACC__)
-#define MF_LL_FN static __host__ __device__ __forceinline__
-#else
-#define MF_LL_FN static inline
-#endif
 
 typedef struct mf_ep_ll_wire {
     int64_t cap, topk;   /* C rows a block, k slots a row */
@@ -34,11 +30,11 @@ typedef struct mf_ep_ll_wire {
     size_t bytes;        /* a block, a multiple of 256 (NCCL moves aligned runs faster) */
 } mf_ep_ll_wire;
 
-MF_LL_FN size_t mf_ep_ll_round(size_t n, size_t a) { return (n + a - 1) / a * a; }
+MF_FN size_t mf_ep_ll_round(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* The layout of blocks of `cap` rows of `row_bytes` with k slots each; 0 when a size would
    overflow size_t (the core refuses such a call before any block is made). */
-MF_LL_FN int mf_ep_ll_wire_of(int64_t cap, int64_t topk, size_t row_bytes, mf_ep_ll_wire *w)
+MF_FN int mf_ep_ll_wire_of(int64_t cap, int64_t topk, size_t row_bytes, mf_ep_ll_wire *w)
 {
     const size_t c = (size_t)cap, ck = (size_t)cap * (size_t)topk;
     if (cap < 0 || topk < 0 || (topk > 0 && ck / (size_t)topk != c) || ck > SIZE_MAX / 16 ||
@@ -64,7 +60,7 @@ typedef struct mf_ep_ll_block {
     char *rows;
 } mf_ep_ll_block;
 
-MF_LL_FN mf_ep_ll_block mf_ep_ll_block_at(const mf_ep_ll_wire *w, const void *blocks, int p)
+MF_FN mf_ep_ll_block mf_ep_ll_block_at(const mf_ep_ll_wire *w, const void *blocks, int p)
 {
     char *b = (char *)blocks + w->bytes * (size_t)p;
     mf_ep_ll_block v = {(int32_t *)b, (int32_t *)(b + w->off_token),
@@ -74,7 +70,7 @@ MF_LL_FN mf_ep_ll_block mf_ep_ll_block_at(const mf_ep_ll_wire *w, const void *bl
 }
 
 /* A block's row count as another rank wrote it, clamped to [0, C]: never trusted. */
-MF_LL_FN int64_t mf_ep_ll_rows_in(const mf_ep_ll_wire *w, const mf_ep_ll_block *b)
+MF_FN int64_t mf_ep_ll_rows_in(const mf_ep_ll_wire *w, const mf_ep_ll_block *b)
 {
     const int64_t n = *b->count;
     return n < 0 ? 0 : n > w->cap ? w->cap : n;
