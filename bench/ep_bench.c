@@ -13,7 +13,10 @@
  * moefuse_ep_combine (bf16 rows, or FP8 rows quantized on the way; f32 outputs back, bf16 out),
  * timed on the host around a synchronize after a barrier of the ranks, median of N; beside it,
  * in the same processes, NCCL's grouped send/recv moving the same bytes between the same ranks
- * (the ceiling of the bar: <= 1.3x at 4096 tokens a rank).
+ * (the ceiling of the bar: <= 1.3x at 4096 tokens a rank). Then each call apart, each ended by
+ * a synchronize, beside NCCL moving its rows alone (the "apart" line: where the time goes).
+ *  --y=bf16 combine's y (the experts' outputs) in bf16 rather than f32, as a masked GEMM
+ *           with bf16 outputs hands it over (dispatch mode; the values are the same, rounded)
  *  --ll     then the low-latency mode (opt.max_tokens = M, Tmax = W M): its rows, counts and
  *           combine checked against the normal mode's, timed eagerly and as one CUDA graph
  *           captured on the context's stream (decode bar: <= 80 us at M = 128). A library
@@ -37,7 +40,7 @@
 /* ------------------------------------------------------------ dispatch mode */
 
 /* The outputs of a dispatch and combine: recv_x [E_RANK, tmax, K], recv_scales (FP8), counts,
-   y [E_RANK, tmax, K] f32, out [M, K] bf16. */
+   y [E_RANK, tmax, K] f32 (bf16 with --y=bf16), out [M, K] bf16. */
 typedef struct disp_bufs {
     int tmax;
     void *recv, *scales, *counts, *y, *out;
@@ -59,7 +62,7 @@ static void disp_alloc(const rank_env *e, disp_bufs *b, int tmax)
     b->rs = q ? dense(b->scales, MOEFUSE_F32, 3, E_RANK, tmax, K / 128)
               : dense(NULL, MOEFUSE_F32, 3, 0, 0, 0);
     b->rc = dense(b->counts, MOEFUSE_I32, 1, E_RANK, 0, 0);
-    b->ty = dense(b->y, MOEFUSE_F32, 3, E_RANK, tmax, K);
+    b->ty = dense(b->y, e->o->y_bf16 ? MOEFUSE_BF16 : MOEFUSE_F32, 3, E_RANK, tmax, K);
     b->tout = dense(b->out, MOEFUSE_BF16, 2, e->o->M, K, 0);
 }
 
@@ -109,6 +112,41 @@ static int time_disp(const rank_env *e, const moefuse_tensor *x, const moefuse_r
     return 0;
 }
 
+/* The two calls apart: iters dispatches and combines (after 2 untimed), each call ended by a
+   synchronize, the ranks started together; the medians of each. */
+static int time_disp_apart(const rank_env *e, const moefuse_tensor *x, const moefuse_routing *rt,
+                           disp_bufs *b, const moefuse_ep_dispatch_options *opt, double *t_disp,
+                           double *t_comb)
+{
+    const int iters = e->o->iters;
+    double *t = xmalloc(sizeof(double) * 2 * (size_t)iters);
+    for (int it = -2; it < iters; it++) {
+        if (side_barrier(e->sc) != 0)
+            return 1;
+        moefuse_ep_handle *h = NULL;
+        const double t0 = now();
+        moefuse_status st = moefuse_ep_dispatch(e->ctx, e->g, x, NULL, rt, &b->rx, &b->rs,
+                                                &b->rc, opt, &h);
+        moefuse_synchronize(e->ctx);
+        const double t1 = now();
+        if (st == MOEFUSE_OK)
+            st = moefuse_ep_combine(e->ctx, e->g, h, &b->ty, &b->tout);
+        moefuse_synchronize(e->ctx);
+        const double t2 = now();
+        moefuse_ep_handle_destroy(h);
+        if (st != MOEFUSE_OK)
+            FAIL(e, "dispatch, combine");
+        if (it >= 0) {
+            t[it] = t1 - t0;
+            t[iters + it] = t2 - t1;
+        }
+    }
+    *t_disp = median(t, iters);
+    *t_comb = median(t + iters, iters);
+    free(t);
+    return 0;
+}
+
 /* y's rows t < count of every local expert: the same values in both modes' layouts. */
 static void fill_y(const rank_env *e, disp_bufs *b, const int32_t *cnt)
 {
@@ -116,15 +154,23 @@ static void fill_y(const rank_env *e, disp_bufs *b, const int32_t *cnt)
     for (int x = 0; x < E_RANK; x++)
         most = cnt[x] > most ? cnt[x] : most;
     most = most < b->tmax ? most : b->tmax;
+    const size_t es = e->o->y_bf16 ? 2u : 4u;
     float *y = xmalloc(4u * (size_t)most * K);
+    uint16_t *yh = (uint16_t *)y; /* bf16: the same values truncated, in place */
     for (int x = 0; x < E_RANK; x++) {
         const int n = cnt[x] < b->tmax ? cnt[x] : b->tmax;
         for (int t = 0; t < n; t++)
-            for (int c = 0; c < K; c++)
-                y[(size_t)t * K + c] =
-                    (float)((e->r * 131 + x * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
-        if (n > 0 && moefuse_buffer_write(e->ctx, b->y, 4u * (size_t)x * b->tmax * K, y,
-                                          4u * (size_t)n * K) != MOEFUSE_OK) {
+            for (int c = 0; c < K; c++) {
+                const float v = (float)((e->r * 131 + x * 31 + t * 7 + c) % 97) / 97.0f - 0.5f;
+                uint32_t bits;
+                memcpy(&bits, &v, 4);
+                if (es == 2)
+                    yh[(size_t)t * K + c] = (uint16_t)(bits >> 16);
+                else
+                    y[(size_t)t * K + c] = v;
+            }
+        if (n > 0 && moefuse_buffer_write(e->ctx, b->y, es * (size_t)x * b->tmax * K, y,
+                                          es * (size_t)n * K) != MOEFUSE_OK) {
             fprintf(stderr, "rank %d: y: %s\n", e->r, moefuse_last_error(e->ctx));
             fflush(NULL);
             _exit(1);
@@ -383,6 +429,14 @@ static int run_dispatch(rank_env *e)
     printf("rank %d: M=%d %s: dispatch+combine %.3f ms; NCCL send/recv of the same %.1f MB "
            "%.3f ms; ratio %.2f\n",
            r, M, q ? "FP8" : "bf16", t_ep * 1e3, (double)bytes / 1e6, t_nc * 1e3, t_ep / t_nc);
+    double t_d = 0, t_c = 0, nc_d = 0, nc_c = 0; /* where the time goes: each call apart */
+    if (time_disp_apart(e, &tx, &rt, &nb, &o, &t_d, &t_c) != 0 ||
+        time_nccl(e, rows_to, rows_from, row_out, 0, &nc_d) != 0 ||
+        time_nccl(e, rows_to, rows_from, 0, row_back, &nc_c) != 0)
+        return 1;
+    printf("rank %d: M=%d %s apart: dispatch %.3f ms (NCCL its rows out %.3f ms), combine %.3f "
+           "ms (NCCL its rows back %.3f ms)\n",
+           r, M, q ? "FP8" : "bf16", t_d * 1e3, nc_d * 1e3, t_c * 1e3, nc_c * 1e3);
     const double ep_all = side_max(e->sc, t_ep), nc_all = side_max(e->sc, t_nc);
     if (r == 0)
         printf("result: M=%d %s normal dispatch+combine %.3f ms, NCCL same bytes %.3f ms, ratio "
@@ -711,10 +765,11 @@ static int rank_main(int r, const side_channel *sc, const void *arg)
         return 1;
     }
     if (r == 0)
-        printf("ep_bench: %s, %d ranks, M=%d tokens a rank, %d iterations, %s\n",
+        printf("ep_bench: %s, %d ranks, M=%d tokens a rank, %d iterations, %s%s\n",
                moefuse_device_name(env.ctx), W, o->M, o->iters,
                o->layer ? "layer mode" : o->ll ? "dispatch mode, normal and low-latency"
-                                               : "dispatch mode");
+                                               : "dispatch mode",
+               !o->layer && o->y_bf16 ? ", combine's y in bf16" : "");
     const int rc = o->layer ? run_layer(&env) : run_dispatch(&env);
     moefuse_ep_group_destroy(env.g);
     moefuse_context_destroy(env.ctx);
@@ -724,7 +779,7 @@ static int rank_main(int r, const side_channel *sc, const void *arg)
 static int usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [M] [quantize 0|1] [iterations] [--ll] [--layer[=fp8|bf16]]\n"
+            "usage: %s [M] [quantize 0|1] [iterations] [--ll] [--y=bf16] [--layer[=fp8|bf16]]\n"
             "  M tokens a rank (default 4096), quantize: FP8 rows in dispatch mode (default 0),\n"
             "  iterations timed (default 10); --ll adds the low-latency mode; --layer times and\n"
             "  checks the whole layer instead (see the header of bench/ep_bench.c)\n",
@@ -734,11 +789,13 @@ static int usage(const char *argv0)
 
 int main(int argc, char **argv)
 {
-    options o = {4096, 0, 10, 0, 0};
+    options o = {4096, 0, 10, 0, 0, 0};
     int pos = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--ll") == 0)
             o.ll = 1;
+        else if (strcmp(argv[i], "--y=bf16") == 0)
+            o.y_bf16 = 1;
         else if (strcmp(argv[i], "--layer") == 0)
             o.layer = 3;
         else if (strcmp(argv[i], "--layer=fp8") == 0)

@@ -315,6 +315,7 @@ typedef int (*group_fn)(void);
 
 typedef struct options {
     int M, quantize, iters, ll, layer; /* layer: bit 0 FP8, bit 1 bf16 */
+    int y_bf16;                        /* dispatch mode: combine's y in bf16, not f32 */
 } options;
 
 typedef struct rank_env {

@@ -76,6 +76,7 @@ typedef struct mf_ep_route {
     float *weight;           /* [M k]: the valid slots' topk_weights (0 elsewhere) */
     int64_t *per_expert;     /* [E]: this rank's slots of each global expert */
     int64_t *local_rows;     /* [E_local]: the rows each local expert receives */
+    void *block;             /* one allocation holding sent .. per_expert (ep_route.c) */
 } mf_ep_route;
 
 /* What combine needs of one dispatch: its route, and where each received row went. */

@@ -60,41 +60,43 @@ moefuse_status mf_ep_to_host(moefuse_context *ctx, const char *op, const moefuse
     return MOEFUSE_OK;
 }
 
-/* Element [i, j] of a host view of a rank-2 tensor. */
-static const void *at2(const moefuse_tensor *t, int64_t i, int64_t j)
-{
-    return (const char *)t->data + t->offset +
-           (i * t->stride[0] + j * t->stride[1]) * (int64_t)moefuse_dtype_size(t->dtype);
-}
-
 void mf_ep_route_free(mf_ep_route *r)
 {
-    free(r->per_expert);
+    free(r->block);
     free(r->local_rows);
-    free(r->sent);
-    free(r->received);
-    free(r->send_slot);
-    free(r->slot_row);
     free(r->recv_expert);
-    free(r->weight);
     memset(r, 0, sizeof *r);
 }
 
-/* The arrays of a route for M k slots and W ranks (the received side comes later). */
+/*
+ * The send side of a route for M k slots, W ranks and E experts, with the scratch of its
+ * making (`at` [E], `gid` [M k]), in one allocation: freed and made again every call, the
+ * same size comes back from the allocator's free memory, where separate arrays of a 4096-token
+ * route were fresh pages each call, and their page faults took most of its time.
+ */
 static moefuse_status route_alloc(moefuse_context *ctx, const char *op, int64_t slots,
-                                  int32_t W, mf_ep_route *r)
+                                  int32_t W, int32_t E, mf_ep_route *r, int64_t **at,
+                                  int32_t **gid)
 {
-    const size_t n = (size_t)(slots > 0 ? slots : 1);
-    r->sent = calloc((size_t)W, sizeof *r->sent);
-    r->received = calloc((size_t)W, sizeof *r->received);
-    r->send_slot = malloc(n * sizeof *r->send_slot);
-    r->slot_row = malloc(n * sizeof *r->slot_row);
-    r->weight = calloc(n, sizeof *r->weight);
-    if (!r->sent || !r->received || !r->send_slot || !r->slot_row || !r->weight) {
-        mf_ep_route_free(r);
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route of %lld "
-                        "slots", op, (long long)slots);
-    }
+    const size_t n = (size_t)(slots > 0 ? slots : 1), w = (size_t)W, e = (size_t)E;
+    /* 8-byte words: sent, received, send_slot, slot_row, per_expert, at; then weight, gid */
+    const size_t bytes = 8 * (2 * w + 2 * n + 2 * e) + sizeof(float) * n + sizeof(int32_t) * n;
+    char *b = malloc(bytes);
+    if (!b)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY,
+                        "%s: cannot allocate the route of %lld slots", op, (long long)slots);
+    r->block = b;
+    r->sent = (size_t *)b;
+    r->received = r->sent + w;
+    r->send_slot = (int64_t *)(r->received + w);
+    r->slot_row = r->send_slot + n;
+    r->per_expert = r->slot_row + n;
+    *at = r->per_expert + e;
+    r->weight = (float *)(*at + e);
+    *gid = (int32_t *)(r->weight + n);
+    memset(r->sent, 0, 2 * w * sizeof *r->sent);
+    memset(r->per_expert, 0, 2 * e * sizeof *r->per_expert); /* and at */
+    memset(r->weight, 0, n * sizeof *r->weight);
     return MOEFUSE_OK;
 }
 
@@ -119,26 +121,28 @@ moefuse_status mf_ep_route_local(moefuse_context *ctx, const char *op, const moe
     r->world = W;
     r->tokens = M;
     r->topk = k;
-    MF_TRY(route_alloc(ctx, op, S, W, r));
-    r->per_expert = calloc((size_t)E, sizeof *r->per_expert);
-    int64_t *at = calloc((size_t)E, sizeof *at);
-    int32_t *gid = malloc((size_t)(S > 0 ? S : 1) * sizeof *gid);
-    if (!r->per_expert || !at || !gid) {
-        free(at);
-        free(gid);
-        mf_ep_route_free(r);
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate the route", op);
-    }
-    /* each slot's global expert (-1: invalid), counted per expert */
-    for (int64_t s = 0; s < S; s++) {
-        const int32_t id = *(const int32_t *)at2(ids, s / k, s % k);
-        gid[s] = id >= 0 && id < E ? id : -1;
-        if (gid[s] >= 0) {
-            r->per_expert[gid[s]]++;
-            r->sent[g->owner[gid[s]]]++;
-            r->weight[s] = weights ? *(const float *)at2(weights, s / k, s % k) : 0.0f;
+    int64_t *at = NULL;
+    int32_t *gid = NULL;
+    MF_TRY(route_alloc(ctx, op, S, W, E, r, &at, &gid));
+    /* each slot's global expert (-1: invalid), counted per expert; the host views' elements
+       addressed directly (a division and a call per slot took most of a 4096-token route) */
+    const char *idb = (const char *)ids->data + ids->offset;
+    const char *wb = weights ? (const char *)weights->data + weights->offset : NULL;
+    const int64_t i0 = ids->stride[0], i1 = ids->stride[1];
+    const int64_t w0 = weights ? weights->stride[0] : 0, w1 = weights ? weights->stride[1] : 0;
+    for (int64_t m = 0, s = 0; m < M; m++)
+        for (int64_t j = 0; j < k; j++, s++) {
+            int32_t id;
+            memcpy(&id, idb + sizeof id * (size_t)(m * i0 + j * i1), sizeof id);
+            gid[s] = id >= 0 && id < E ? id : -1;
+            if (gid[s] < 0)
+                continue;
+            r->per_expert[id]++;
+            r->sent[g->owner[id]]++;
+            if (wb)
+                memcpy(&r->weight[s], wb + sizeof(float) * (size_t)(m * w0 + j * w1),
+                       sizeof(float));
         }
-    }
     /* rows by the experts' rank, then their local expert, then slot: each expert's first row */
     int64_t next = 0;
     for (int32_t d = 0; d < W; d++)
@@ -156,8 +160,6 @@ moefuse_status mf_ep_route_local(moefuse_context *ctx, const char *op, const moe
         r->send_slot[row] = s;
         r->slot_row[s] = row;
     }
-    free(at);
-    free(gid);
     return MOEFUSE_OK;
 }
 
