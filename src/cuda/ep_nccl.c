@@ -3,8 +3,8 @@
  * device. NCCL is loaded at run time (libnccl.so.2, or the file MOEFUSE_NCCL_LIBRARY names),
  * so the library builds and runs without it; a call that needs it and does not find it fails
  * with a message naming what was looked for. The rows move by grouped ncclSend / ncclRecv
- * on the context's stream; host exchanges (counts, votes) go through device scratch and wait
- * for the stream.
+ * on the context's stream, or on a stream of the transport's own beside it (events order the
+ * two); host exchanges (counts, votes) go through device scratch and wait for the stream.
  */
 #include "cuda/cuda_internal.h"
 #include "ep/transport.h"
@@ -104,6 +104,8 @@ typedef struct nccl_rank {
     int world;
     void *scratch; /* device memory for host exchanges */
     size_t scratch_bytes;
+    cudaStream_t side;         /* all_to_all_beside's, made on first use */
+    cudaEvent_t ready, done;   /* the context's work before it; its own end */
 } nccl_rank;
 
 static cudaStream_t rank_stream(const nccl_rank *t)
@@ -126,14 +128,12 @@ static void device_leave(const nccl_rank *t, int previous)
         cudaSetDevice(previous);
 }
 
-static moefuse_status nccl_all_to_all(void *tp, const void *send, const size_t *send_bytes,
-                                      const size_t *send_off, void *recv,
-                                      const size_t *recv_bytes, const size_t *recv_off,
-                                      char *why, size_t why_size)
+/* The grouped sends and receives of one collective, queued on `stream`. */
+static moefuse_status nccl_exchange_on(nccl_rank *t, cudaStream_t stream, const void *send,
+                                       const size_t *send_bytes, const size_t *send_off,
+                                       void *recv, const size_t *recv_bytes,
+                                       const size_t *recv_off, char *why, size_t why_size)
 {
-    nccl_rank *t = tp;
-    const int previous = device_enter(t);
-    const cudaStream_t stream = rank_stream(t);
     mf_nccl_result r = nccl.group_start();
     for (int p = 0; p < t->world && r == 0; p++) {
         if (send_bytes[p] > 0)
@@ -144,13 +144,87 @@ static moefuse_status nccl_all_to_all(void *tp, const void *send, const size_t *
                           stream);
     }
     const mf_nccl_result end = nccl.group_end();
-    device_leave(t, previous);
     r = r ? r : end;
     if (r != 0) {
         snprintf(why, why_size, "NCCL: %s", nccl.error_string(r));
         return MOEFUSE_ERR_BACKEND_FAILURE;
     }
     return MOEFUSE_OK;
+}
+
+static moefuse_status nccl_all_to_all(void *tp, const void *send, const size_t *send_bytes,
+                                      const size_t *send_off, void *recv,
+                                      const size_t *recv_bytes, const size_t *recv_off,
+                                      char *why, size_t why_size)
+{
+    nccl_rank *t = tp;
+    const int previous = device_enter(t);
+    const moefuse_status st = nccl_exchange_on(t, rank_stream(t), send, send_bytes, send_off,
+                                               recv, recv_bytes, recv_off, why, why_size);
+    device_leave(t, previous);
+    return st;
+}
+
+static moefuse_status cuda_why(cudaError_t e, const char *call, char *why, size_t why_size)
+{
+    snprintf(why, why_size, "CUDA: %s: %s", call, cudaGetErrorString(e));
+    return MOEFUSE_ERR_BACKEND_FAILURE;
+}
+
+/* The side stream and its two events, made once. */
+static moefuse_status side_make(nccl_rank *t, char *why, size_t why_size)
+{
+    if (t->side)
+        return MOEFUSE_OK;
+    t->ready = t->done = NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&t->side, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        if (t->ready)
+            cudaEventDestroy(t->ready);
+        if (t->done)
+            cudaEventDestroy(t->done);
+        t->ready = t->done = NULL;
+        t->side = NULL;
+        return cuda_why(e, "cannot make the transport's stream", why, why_size);
+    }
+    return MOEFUSE_OK;
+}
+
+static moefuse_status nccl_all_to_all_beside(void *tp, const void *send,
+                                             const size_t *send_bytes, const size_t *send_off,
+                                             void *recv, const size_t *recv_bytes,
+                                             const size_t *recv_off, char *why, size_t why_size)
+{
+    nccl_rank *t = tp;
+    const int previous = device_enter(t);
+    moefuse_status st = side_make(t, why, why_size);
+    cudaError_t e = cudaSuccess;
+    if (st == MOEFUSE_OK && (e = cudaEventRecord(t->ready, rank_stream(t))) == cudaSuccess)
+        e = cudaStreamWaitEvent(t->side, t->ready, 0);
+    if (st == MOEFUSE_OK && e != cudaSuccess)
+        st = cuda_why(e, "cudaEventRecord / cudaStreamWaitEvent", why, why_size);
+    if (st == MOEFUSE_OK)
+        st = nccl_exchange_on(t, t->side, send, send_bytes, send_off, recv, recv_bytes,
+                              recv_off, why, why_size);
+    if (st == MOEFUSE_OK && (e = cudaEventRecord(t->done, t->side)) != cudaSuccess)
+        st = cuda_why(e, "cudaEventRecord", why, why_size);
+    device_leave(t, previous);
+    return st;
+}
+
+static moefuse_status nccl_join(void *tp, char *why, size_t why_size)
+{
+    nccl_rank *t = tp;
+    if (!t->side)
+        return MOEFUSE_OK;
+    const int previous = device_enter(t);
+    const cudaError_t e = cudaStreamWaitEvent(rank_stream(t), t->done, 0);
+    device_leave(t, previous);
+    return e == cudaSuccess ? MOEFUSE_OK : cuda_why(e, "cudaStreamWaitEvent", why, why_size);
 }
 
 static moefuse_status nccl_host_exchange(nccl_rank *t, const void *send,
@@ -215,6 +289,12 @@ static void nccl_destroy(void *tp)
         return;
     if (t->scratch)
         cudaFree(t->scratch);
+    if (t->side) {
+        cudaStreamSynchronize(t->side);
+        cudaStreamDestroy(t->side);
+        cudaEventDestroy(t->ready);
+        cudaEventDestroy(t->done);
+    }
     if (t->own && t->comm)
         nccl.comm_destroy(t->comm);
     free(t);
@@ -222,6 +302,8 @@ static void nccl_destroy(void *tp)
 
 static const mf_ep_transport_i nccl_i = {
     .all_to_all = nccl_all_to_all,
+    .all_to_all_beside = nccl_all_to_all_beside,
+    .join = nccl_join,
     .all_to_all_host = nccl_all_to_all_host,
     .destroy = nccl_destroy,
 };

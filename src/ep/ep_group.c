@@ -97,6 +97,34 @@ moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep
     return MOEFUSE_OK;
 }
 
+moefuse_status mf_ep_all_to_all_beside(moefuse_context *ctx, const char *op,
+                                       moefuse_ep_group *g, const void *send,
+                                       const size_t *send_bytes, const size_t *send_off,
+                                       void *recv, const size_t *recv_bytes,
+                                       const size_t *recv_off)
+{
+    char why[256] = "";
+    const mf_ep_transport_i *i = g->transport.i;
+    const moefuse_status st =
+        (i->all_to_all_beside ? i->all_to_all_beside : i->all_to_all)(
+            g->transport.t, send, send_bytes, send_off, recv, recv_bytes, recv_off, why,
+            sizeof why);
+    if (st != MOEFUSE_OK)
+        return mf_error(ctx, st, "%s: the exchange between ranks failed: %s", op, why);
+    return MOEFUSE_OK;
+}
+
+moefuse_status mf_ep_join(moefuse_context *ctx, const char *op, moefuse_ep_group *g)
+{
+    char why[256] = "";
+    const mf_ep_transport_i *i = g->transport.i;
+    const moefuse_status st = i->join ? i->join(g->transport.t, why, sizeof why) : MOEFUSE_OK;
+    if (st != MOEFUSE_OK)
+        return mf_error(ctx, st, "%s: waiting for the exchange between ranks failed: %s", op,
+                        why);
+    return MOEFUSE_OK;
+}
+
 moefuse_status mf_ep_refused(moefuse_context *ctx, const char *op, int32_t who,
                              moefuse_status status)
 {

@@ -118,6 +118,16 @@ moefuse_status mf_ep_all_to_all(moefuse_context *ctx, const char *op, moefuse_ep
                                 const size_t *send_off, void *recv, const size_t *recv_bytes,
                                 const size_t *recv_off);
 
+/* The same collective of rows queued beside ctx's work (the transport's all_to_all_beside,
+   or all_to_all in ctx's order when it has none), and the wait that ends such collectives:
+   ctx's work queued after mf_ep_join waits for them. */
+moefuse_status mf_ep_all_to_all_beside(moefuse_context *ctx, const char *op,
+                                       moefuse_ep_group *g, const void *send,
+                                       const size_t *send_bytes, const size_t *send_off,
+                                       void *recv, const size_t *recv_bytes,
+                                       const size_t *recv_off);
+moefuse_status mf_ep_join(moefuse_context *ctx, const char *op, moefuse_ep_group *g);
+
 /* The status of a rank whose own call went well when rank `who` refused with `status`. */
 moefuse_status mf_ep_refused(moefuse_context *ctx, const char *op, int32_t who,
                              moefuse_status status);

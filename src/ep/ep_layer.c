@@ -4,14 +4,19 @@
  * no masked padding; the experts' outputs come back un-reduced in f32 and are summed on the
  * tokens' rank in slot order. Shared experts (routing.n_shared) are every rank's own, after
  * its local experts in w1 and w2: a token's shared slots run where the token is, and their
- * outputs join the sum after the routed ones, as in the one-device layer. On the CPU backend
+ * outputs join the sum after the routed ones, as in the one-device layer. The experts run in
+ * chunks (ep_chunks.h); a chunk's outputs travel back (all_to_all_beside, on a transport that
+ * has it) while the next chunk runs. On the CPU backend
  * each slot's row is the same whatever the batch around it (docs/NUMERICS.md, MoE), so the
  * layer is bit for bit the one-device layer's.
  */
 #include "core/core.h"
 #include "core/ops_internal.h"
+#include "ep/ep_chunks.h"
 #include "ep/ep_internal.h"
 #include "ep/ep_payload.h"
+
+#define LAYER_CHUNKS 4 /* FP8: chunks of experts whose outputs move while the next one runs */
 
 #include <stdlib.h>
 #include <string.h>
@@ -68,28 +73,39 @@ typedef struct layer_experts {
     const moefuse_fp8_moe_options *fp8_opt; /* FP8 */
 } layer_experts;
 
+/* The experts on received rows r0 .. r0 + n - 1, their outputs into y ([n, 1, K] f32 in
+   backend memory): each row's output is the same whatever rows run beside it. */
 static moefuse_status run_experts(moefuse_context *ctx, const char *op, const mf_ep_payload *pay,
-                                  const layer_experts *ex, moefuse_dtype x_dtype, int64_t R,
-                                  int64_t I, layer_bufs *b)
+                                  const layer_experts *ex, moefuse_dtype x_dtype, int64_t r0,
+                                  int64_t R, int64_t I, const layer_bufs *b, void *y_rows)
 {
+    if (R == 0)
+        return MOEFUSE_OK;
     const int64_t K = pay->model_dim;
     const int64_t x_shape[2] = {R, K}, ids_shape[2] = {R, 1}, h_shape[3] = {R, 1, I},
                   y_shape[3] = {R, 1, K};
     moefuse_routing rt;
     memset(&rt, 0, sizeof rt);
-    rt.topk_ids = moefuse_tensor_dense(b->ids, MOEFUSE_I32, 2, ids_shape);
-    const moefuse_tensor y = moefuse_tensor_dense(b->y, MOEFUSE_F32, 3, y_shape);
+    rt.topk_ids = moefuse_tensor_dense((int32_t *)b->ids + r0, MOEFUSE_I32, 2, ids_shape);
+    const moefuse_tensor y = moefuse_tensor_dense(y_rows, MOEFUSE_F32, 3, y_shape);
     if (!pay->fp8) {
-        const moefuse_tensor xr = moefuse_tensor_dense(b->recv, x_dtype, 2, x_shape);
-        const moefuse_tensor h = moefuse_tensor_dense(b->h, x_dtype, 3, h_shape);
+        const size_t xs = moefuse_dtype_size(x_dtype);
+        const moefuse_tensor xr = moefuse_tensor_dense((char *)b->recv + xs * (size_t)(r0 * K),
+                                                       x_dtype, 2, x_shape);
+        const moefuse_tensor h = moefuse_tensor_dense((char *)b->h + xs * (size_t)(r0 * I),
+                                                      x_dtype, 3, h_shape);
         MF_TRY(mf_moe_gate_call(ctx, op, &xr, ex->w1, ex->b1, &rt, &h, ex->opt, NULL));
         return mf_moe_final_call(ctx, op, &h, ex->w2, ex->b2, &rt, &y, ex->opt, NULL);
     }
     const int64_t xsc[2] = {R, K / 128}, hsc[2] = {R, I / 128};
-    const moefuse_tensor xr = moefuse_tensor_dense(b->xq, MOEFUSE_F8_E4M3, 2, x_shape);
-    const moefuse_tensor xs = moefuse_tensor_dense(b->xs, MOEFUSE_F32, 2, xsc);
-    const moefuse_tensor h = moefuse_tensor_dense(b->h, MOEFUSE_F8_E4M3, 3, h_shape);
-    const moefuse_tensor hs = moefuse_tensor_dense(b->hs, MOEFUSE_F32, 2, hsc);
+    const moefuse_tensor xr =
+        moefuse_tensor_dense((char *)b->xq + r0 * K, MOEFUSE_F8_E4M3, 2, x_shape);
+    const moefuse_tensor xs =
+        moefuse_tensor_dense((float *)b->xs + r0 * (K / 128), MOEFUSE_F32, 2, xsc);
+    const moefuse_tensor h =
+        moefuse_tensor_dense((char *)b->h + r0 * I, MOEFUSE_F8_E4M3, 3, h_shape);
+    const moefuse_tensor hs =
+        moefuse_tensor_dense((float *)b->hs + r0 * (I / 128), MOEFUSE_F32, 2, hsc);
     moefuse_fp8_moe_options o;
     memset(&o, 0, sizeof o);
     if (ex->fp8_opt)
@@ -102,31 +118,25 @@ static moefuse_status run_experts(moefuse_context *ctx, const char *op, const mf
                                  NULL);
 }
 
-/* The received rows as the experts read them: x's rows as they came, or FP8 rows split into
-   compact codes [R, K] and row-major f32 scales [R, K / 128] (the backend's ep_scatter), and
-   each row's local expert as its routing id. */
-static moefuse_status received_rows(moefuse_context *ctx, const char *op,
-                                    const mf_ep_payload *pay, const mf_ep_route *r, layer_bufs *b)
+/* The received rows as the experts read them, in the chunks' order (ep_chunks.h): x's rows as
+   they came (one chunk: that order), or FP8 rows split into compact codes [R, K] and row-major
+   f32 scales [R, K / 128] (the backend's ep_scatter), and each row's local expert as its
+   routing id. */
+static moefuse_status received_rows(moefuse_context *ctx, const mf_ep_payload *pay,
+                                    const mf_ep_route *r, const mf_ep_chunks *ch, layer_bufs *b)
 {
     const int64_t R = r->n_recv, K = pay->model_dim;
     if (R == 0)
         return MOEFUSE_OK;
-    MF_TRY(ctx->backend->buffer_write(ctx, ctx->state, b->ids, 0, r->recv_expert,
+    MF_TRY(ctx->backend->buffer_write(ctx, ctx->state, b->ids, 0, ch->expert,
                                       sizeof(int32_t) * (size_t)R));
     if (!pay->fp8)
         return MOEFUSE_OK;
-    int64_t *index = malloc(sizeof *index * (size_t)R);
-    if (!index)
-        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
-    for (int64_t i = 0; i < R; i++)
-        index[i] = i; /* row i of [1, R, K] */
     const int64_t qshape[3] = {1, R, K}, sshape[3] = {1, R, pay->groups};
     const moefuse_tensor q = moefuse_tensor_dense(b->xq, MOEFUSE_F8_E4M3, 3, qshape);
     const moefuse_tensor s = moefuse_tensor_dense(b->xs, MOEFUSE_F32, 3, sshape);
-    const moefuse_status st =
-        mf_ep_payload_unpack(ctx, pay, b->recv, R, index, &q, &s, MOEFUSE_SCALE_ROW_MAJOR, NULL);
-    free(index);
-    return st;
+    return mf_ep_payload_unpack(ctx, pay, b->recv, R, ch->order, &q, &s, MOEFUSE_SCALE_ROW_MAJOR,
+                                NULL);
 }
 
 /* The rank's own tokens through its S shared experts (local ids E_local .. E_local + S - 1),
@@ -257,6 +267,64 @@ static moefuse_status reduce_with_shared(moefuse_context *ctx, const char *op,
     return st;
 }
 
+/* Chunk c's outputs (y, in the experts' order) back to the tokens' ranks, into back (send
+   order), queued beside the context's work. */
+static moefuse_status chunk_back_beside(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                        const mf_ep_chunks *ch, int32_t c, const void *y,
+                                        size_t row, void *back)
+{
+    const int32_t W = g->world;
+    size_t *b = malloc(sizeof *b * 4 * (size_t)W);
+    if (!b)
+        return mf_error(ctx, MOEFUSE_ERR_OUT_OF_MEMORY, "%s: cannot allocate", op);
+    for (int32_t p = 0; p < W; p++) {
+        const int64_t q = (int64_t)c * W + p;
+        b[p] = (size_t)ch->rows[q] * row;
+        b[W + p] = (size_t)ch->start[q] * row;
+        b[2 * W + p] = (size_t)ch->back[q] * row;
+        b[3 * W + p] = (size_t)ch->back_at[q] * row;
+    }
+    const moefuse_status st =
+        mf_ep_all_to_all_beside(ctx, op, g, y, b, b + W, back, b + 2 * W, b + 3 * W);
+    free(b);
+    return st;
+}
+
+/* The experts chunk by chunk, each chunk's outputs sent back beside the next chunk's work, then
+   the shared experts. The vote follows the first chunk, before any output moves; a rank whose
+   later step fails stops there, and leaves the others waiting in the exchange as a rank that
+   leaves an NCCL collective does (docs/API.md). */
+static moefuse_status experts_and_back(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
+                                       moefuse_status st, const mf_ep_payload *pay,
+                                       const layer_experts *ex, const moefuse_tensor *x,
+                                       const mf_ep_route *r, const mf_ep_chunks *ch, int64_t S,
+                                       int64_t I, layer_bufs *b)
+{
+    const int32_t W = g->world, C = st == MOEFUSE_OK ? ch->count : 1;
+    const int64_t R = r->n_recv;
+    const size_t row = sizeof(float) * (size_t)pay->model_dim;
+    bool sent = false;
+    for (int32_t c = 0; c < C; c++) {
+        if (st == MOEFUSE_OK) {
+            const int64_t r0 = ch->start[(int64_t)c * W];
+            const int64_t n = (c + 1 < C ? ch->start[(int64_t)(c + 1) * W] : R) - r0;
+            st = run_experts(ctx, op, pay, ex, x->dtype, r0, n, I, b,
+                             (char *)b->y + row * (size_t)r0);
+        }
+        if (c == 0) /* the steps so far: a failure on any rank stops every rank */
+            st = mf_ep_vote_on(ctx, op, g, st);
+        if (st == MOEFUSE_OK)
+            st = chunk_back_beside(ctx, op, g, ch, c, b->y, row, b->back);
+        if (st != MOEFUSE_OK)
+            break;
+        sent = true;
+    }
+    if (st == MOEFUSE_OK)
+        st = run_shared(ctx, op, g, pay, ex, x, r, S, I, b);
+    const moefuse_status joined = sent ? mf_ep_join(ctx, op, g) : MOEFUSE_OK;
+    return st != MOEFUSE_OK ? st : joined;
+}
+
 static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_group *g,
                             const moefuse_tensor *x, const moefuse_tensor *x_scales,
                             const moefuse_routing *routing, const moefuse_tensor *out, bool fp8,
@@ -316,16 +384,16 @@ static moefuse_status layer(moefuse_context *ctx, const char *op, moefuse_ep_gro
             st = mf_ep_scratch(ctx, op, g, slot[i], need[i][0] * need[i][1], where[i]);
     if (st == MOEFUSE_OK)
         st = mf_ep_exchange_rows(ctx, op, g, &r, 0, b.sent, pay.row_bytes, b.recv);
-    if (st == MOEFUSE_OK) {
-        st = received_rows(ctx, op, &pay, &r, &b);
-        if (st == MOEFUSE_OK && R > 0)
-            st = run_experts(ctx, op, &pay, ex, x->dtype, R, I, &b);
+    mf_ep_chunks ch;
+    memset(&ch, 0, sizeof ch);
+    if (st == MOEFUSE_OK) { /* every rank from here takes part in experts_and_back's vote */
+        /* FP8: LAYER_CHUNKS chunks; bf16: one, the rows read where they came, in order */
+        st = mf_ep_chunks_make(ctx, op, g, &r, pay.fp8 ? LAYER_CHUNKS : 1, &ch);
         if (st == MOEFUSE_OK)
-            st = run_shared(ctx, op, g, &pay, ex, x, &r, S, I, &b);
-        st = mf_ep_vote_on(ctx, op, g, st); /* an expert step that failed stops every rank */
+            st = received_rows(ctx, &pay, &r, &ch, &b);
+        st = experts_and_back(ctx, op, g, st, &pay, ex, x, &r, &ch, S, I, &b);
     }
-    if (st == MOEFUSE_OK)
-        st = mf_ep_exchange_rows(ctx, op, g, &r, 1, b.y, sizeof(float) * (size_t)K, b.back);
+    mf_ep_chunks_free(&ch);
     if (st == MOEFUSE_OK)
         st = reduce_with_shared(ctx, op, routing, &r, b.back, K, out);
     mf_ep_route_free(&r);

@@ -23,6 +23,19 @@ typedef struct mf_ep_transport_i {
     moefuse_status (*all_to_all)(void *t, const void *send, const size_t *send_bytes,
                                  const size_t *send_off, void *recv, const size_t *recv_bytes,
                                  const size_t *recv_off, char *why, size_t why_size);
+    /*
+     * [optional] The same collective of rows queued beside the rank's context: it starts once
+     * the work queued on the context so far is done, and the context's later work does not
+     * wait for it, so that the rows move while the context computes; `join` ends it. Default
+     * (NULL): the core calls all_to_all, whose order is the context's.
+     */
+    moefuse_status (*all_to_all_beside)(void *t, const void *send, const size_t *send_bytes,
+                                        const size_t *send_off, void *recv,
+                                        const size_t *recv_bytes, const size_t *recv_off,
+                                        char *why, size_t why_size);
+    /* [optional, with all_to_all_beside] The context's work queued from now on waits for every
+       collective queued beside it. */
+    moefuse_status (*join)(void *t, char *why, size_t why_size);
     /* The same in host memory, complete on return (counts, experts, votes). */
     moefuse_status (*all_to_all_host)(void *t, const void *send, const size_t *send_bytes,
                                       const size_t *send_off, void *recv,
