@@ -504,6 +504,20 @@ START_TEST(t_layer_uneven)
     d.M[3] = 17;
     d.M[0] = 2;
     run_layer(&d, owner);
+    /* the FP8 layer's chunks of experts (ep_chunks.h) over the same placements: chunks with
+       no expert, a rank with none, every token on rank 0 */
+    layer_case f = d;
+    f.fp8 = 1;
+    f.xform = XFORM_QUANTIZE;
+    f.K = 256;
+    f.I = 128;
+    run_layer(&f, owner);
+    layer_case h = c;
+    h.fp8 = 1;
+    h.xform = XFORM_QUANTIZE;
+    h.K = 256;
+    h.I = 128;
+    run_layer(&h, NULL);
 }
 END_TEST
 
@@ -518,6 +532,12 @@ START_TEST(t_layer_fp8)
         c.I = 128;
         run_layer(&c, NULL);
     }
+    layer_case m = bf16_case(2, 24, 23); /* chunks of several experts: 12 a rank, 3 a chunk */
+    m.fp8 = 1;
+    m.xform = XFORM_QUANTIZE;
+    m.K = 256;
+    m.I = 128;
+    run_layer(&m, NULL);
     for (int l = 0; l < 5; l++) { /* an f8 x with its scales in every layout */
         layer_case c = bf16_case(2, 8, 9);
         c.fp8 = 1;
