@@ -16,10 +16,10 @@
 #include "ep/ep_internal.h"
 #include "ep/ep_payload.h"
 
-#define LAYER_CHUNKS 4 /* FP8: chunks of experts whose outputs move while the next one runs */
-
 #include <stdlib.h>
 #include <string.h>
+
+#define LAYER_CHUNKS 4 /* FP8: chunks of experts whose outputs move while the next one runs */
 
 /* The backend memory of this rank's part of a layer (the group's scratch). */
 typedef struct layer_bufs {
