@@ -1,7 +1,7 @@
 /*
  * How the ranks of an expert-parallel group move bytes: one collective, every rank sending a
- * run of bytes to every rank (itself included) and receiving one from each. Dispatch and
- * combine are built on it alone. Two transports implement it: NCCL (the CUDA backend's,
+ * run of bytes to every rank (itself included) and receiving one from each, in the context's
+ * order or beside it. Dispatch, combine and the layer are built on it alone. Two transports implement it: NCCL (the CUDA backend's,
  * src/cuda/ep_nccl.c) and an in-process one whose ranks are threads of one program
  * (transport_inproc.c; the tests').
  */
