@@ -133,14 +133,14 @@ moefuse_status mf_ep_route_local(moefuse_context *ctx, const char *op, const moe
     for (int64_t m = 0, s = 0; m < M; m++)
         for (int64_t j = 0; j < k; j++, s++) {
             int32_t id;
-            memcpy(&id, idb + sizeof id * (size_t)(m * i0 + j * i1), sizeof id);
+            memcpy(&id, idb + (int64_t)sizeof id * (m * i0 + j * i1), sizeof id);
             gid[s] = id >= 0 && id < E ? id : -1;
             if (gid[s] < 0)
                 continue;
             r->per_expert[id]++;
             r->sent[g->owner[id]]++;
             if (wb)
-                memcpy(&r->weight[s], wb + sizeof(float) * (size_t)(m * w0 + j * w1),
+                memcpy(&r->weight[s], wb + (int64_t)sizeof(float) * (m * w0 + j * w1),
                        sizeof(float));
         }
     /* rows by the experts' rank, then their local expert, then slot: each expert's first row */
