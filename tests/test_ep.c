@@ -477,6 +477,17 @@ static layer_case bf16_case(int32_t world, int32_t E, int64_t M)
     return c;
 }
 
+/* Case c as an FP8 layer (x quantized on the way unless xform says otherwise), at K and I that
+   hold whole 128-groups. */
+static layer_case fp8_case(layer_case c)
+{
+    c.fp8 = 1;
+    c.xform = XFORM_QUANTIZE;
+    c.K = 256;
+    c.I = 128;
+    return c;
+}
+
 START_TEST(t_layer_bf16)
 {
     static const int32_t worlds[3] = {1, 2, 4};
@@ -506,17 +517,9 @@ START_TEST(t_layer_uneven)
     run_layer(&d, owner);
     /* the FP8 layer's chunks of experts (ep_chunks.h) over the same placements: chunks with
        no expert, a rank with none, every token on rank 0 */
-    layer_case f = d;
-    f.fp8 = 1;
-    f.xform = XFORM_QUANTIZE;
-    f.K = 256;
-    f.I = 128;
+    layer_case f = fp8_case(d);
     run_layer(&f, owner);
-    layer_case h = c;
-    h.fp8 = 1;
-    h.xform = XFORM_QUANTIZE;
-    h.K = 256;
-    h.I = 128;
+    layer_case h = fp8_case(c);
     run_layer(&h, NULL);
 }
 END_TEST
@@ -525,25 +528,15 @@ START_TEST(t_layer_fp8)
 {
     static const int32_t worlds[3] = {1, 2, 4};
     for (int i = 0; i < 3; i++) {
-        layer_case c = bf16_case(worlds[i], 8, 11);
-        c.fp8 = 1;
-        c.xform = XFORM_QUANTIZE;
-        c.K = 256;
-        c.I = 128;
+        layer_case c = fp8_case(bf16_case(worlds[i], 8, 11));
         run_layer(&c, NULL);
     }
-    layer_case m = bf16_case(2, 24, 23); /* chunks of several experts: 12 a rank, 3 a chunk */
-    m.fp8 = 1;
-    m.xform = XFORM_QUANTIZE;
-    m.K = 256;
-    m.I = 128;
+    layer_case m = fp8_case(bf16_case(2, 24, 23)); /* chunks of several experts: 12 a rank,
+                                                       3 a chunk */
     run_layer(&m, NULL);
     for (int l = 0; l < 5; l++) { /* an f8 x with its scales in every layout */
-        layer_case c = bf16_case(2, 8, 9);
-        c.fp8 = 1;
+        layer_case c = fp8_case(bf16_case(2, 8, 9));
         c.xform = l;
-        c.K = 256;
-        c.I = 128;
         c.out_dt = MOEFUSE_F32;
         run_layer(&c, NULL);
     }
@@ -560,11 +553,7 @@ START_TEST(t_layer_shared)
         c.shared_weights = i == 1;
         run_layer(&c, NULL);
     }
-    layer_case f = bf16_case(2, 8, 13);
-    f.fp8 = 1;
-    f.xform = XFORM_QUANTIZE;
-    f.K = 256;
-    f.I = 128;
+    layer_case f = fp8_case(bf16_case(2, 8, 13));
     f.shared = 1;
     f.shared_weights = 1;
     run_layer(&f, NULL);

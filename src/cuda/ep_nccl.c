@@ -128,6 +128,12 @@ static void device_leave(const nccl_rank *t, int previous)
         cudaSetDevice(previous);
 }
 
+static moefuse_status cuda_why(cudaError_t e, const char *call, char *why, size_t why_size)
+{
+    snprintf(why, why_size, "CUDA: %s: %s", call, cudaGetErrorString(e));
+    return MOEFUSE_ERR_BACKEND_FAILURE;
+}
+
 /* The grouped sends and receives of one collective, queued on `stream`. */
 static moefuse_status nccl_exchange_on(nccl_rank *t, cudaStream_t stream, const void *send,
                                        const size_t *send_bytes, const size_t *send_off,
@@ -163,12 +169,6 @@ static moefuse_status nccl_all_to_all(void *tp, const void *send, const size_t *
                                                recv, recv_bytes, recv_off, why, why_size);
     device_leave(t, previous);
     return st;
-}
-
-static moefuse_status cuda_why(cudaError_t e, const char *call, char *why, size_t why_size)
-{
-    snprintf(why, why_size, "CUDA: %s: %s", call, cudaGetErrorString(e));
-    return MOEFUSE_ERR_BACKEND_FAILURE;
 }
 
 /* The side stream and its two events, made once. */
@@ -252,21 +252,16 @@ static moefuse_status nccl_host_exchange(nccl_rank *t, const void *send,
     char *dsend = t->scratch, *drecv = (char *)t->scratch + sent;
     if (e == cudaSuccess && sent > 0)
         e = cudaMemcpyAsync(dsend, send, sent, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) {
-        snprintf(why, why_size, "CUDA: %s", cudaGetErrorString(e));
-        return MOEFUSE_ERR_BACKEND_FAILURE;
-    }
+    if (e != cudaSuccess)
+        return cuda_why(e, "cudaMalloc / cudaMemcpyAsync", why, why_size);
     MF_TRY(nccl_all_to_all(t, dsend, send_bytes, send_off, drecv, recv_bytes, recv_off, why,
                            why_size));
     if (got > 0)
         e = cudaMemcpyAsync(recv, drecv, got, cudaMemcpyDeviceToHost, stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess) {
-        snprintf(why, why_size, "CUDA: %s", cudaGetErrorString(e));
-        return MOEFUSE_ERR_BACKEND_FAILURE;
-    }
-    return MOEFUSE_OK;
+    return e == cudaSuccess ? MOEFUSE_OK
+                            : cuda_why(e, "cudaMemcpyAsync / cudaStreamSynchronize", why, why_size);
 }
 
 static moefuse_status nccl_all_to_all_host(void *tp, const void *send, const size_t *send_bytes,
