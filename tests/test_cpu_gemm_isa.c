@@ -16,17 +16,17 @@
 
 /*
  * moe_forward at every level gives the scalar level's bytes. The vector levels stream the
- * weights of tiles of up to MF_GEMM_STREAM_TILE slots unpacked (gemm_stream_x86.h, in groups
- * of 4 rows at AVX2 and 8 at AVX-512) where the scalar level packs them; larger tiles and f16
- * weights take the packed GEMM at every level.
+ * weights of every tile (MF_GEMM_STREAM_TILE slots at most) unpacked (gemm_stream_x86.h, in
+ * groups of 4 rows at AVX2 and 8 at AVX-512) where the scalar level packs them; f16 weights take
+ * the packed GEMM at every level.
  * Depths cover tails of 1..7, one and several cache blocks of MF_GEMM_KC and of the streamed
  * MF_GEMM_STREAM_KC, and depths shorter than the stream's lag between its two halves.
  */
 START_TEST(t_moe_gemm_levels)
 {
     static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
-    /* 17 tokens: streamed tiles of several row groups; 70: tiles past MF_GEMM_STREAM_TILE
-     * slots (an expert of 70 or more), which the vector levels pack too */
+    /* 17 tokens: streamed tiles of several row groups; 70: experts of up to 210 slots, in
+     * tiles of more than 16 rows (32 columns a panel at AVX-512) */
     static const int64_t Ms[] = {1, 2, 3, 4, 9, 17, 70},
                          Ks[] = {8, 13, 40, 256, 300, 517, 2100}, Is[] = {8, 24, 70};
     for (int n = 0; n < 36; n++) {
@@ -91,7 +91,8 @@ END_TEST
  * (rows_isa.h): c[i][n] += a[i][k] * w_n[k], k = 0, 1, ... in order, one fmaf each, in f32, so
  * that an order the kernel changes shows in the bits (moe_forward's bf16 outputs round most
  * such changes away). f32 and bf16 weights, 1 to the level's most rows (4 or 8), depths with tails of 1..15 and shorter
- * than the lag between the tile's two halves, missing weight rows (zeros) and column tails.
+ * than the lag between the tile's two halves, missing weight rows (zeros) and column tails (up
+ * to 72 columns: two wide panels of 32 and a tail of 16).
  */
 START_TEST(t_gemm_stream_exact)
 {
@@ -106,7 +107,7 @@ START_TEST(t_gemm_stream_exact)
             const int bf16 = n % 2;
             const int64_t ms = h_randint(1, MF_GEMM_STREAM_TILE), kc = Ks[h_randint(0, 9)];
             /* c's rows have room for the columns up to the next multiple of 16 (rows_isa.h) */
-            const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 40);
+            const int64_t lda = kc + h_randint(0, 3), ncols = h_randint(1, 72);
             const int64_t ldc = (ncols + 15) / 16 * 16 + h_randint(0, 3);
             const int64_t nrows = 48, wrow = kc + h_randint(0, 5); /* elements */
             float *a = malloc(sizeof(float) * (size_t)(ms * lda));

@@ -23,16 +23,16 @@
 #define MF_GEMM_NB 128  /* columns of B per work item (multiple of NR) */
 /*
  * Tiles of up to this many A rows stream the weights unpacked where the level has a stream tile
- * (gemm_stream_x86.h): for a few dozen rows, packing the weights costs more than the products.
- * The tile takes the level's rows in groups (AVX2 4, AVX-512 8: gemm_stream_x86.h's GS_MS),
- * 16 columns at a time; with more rows, every group multiplies one transposed
- * panel of those columns (gemm_stream_x86.h). With that panel, 64-row tiles stream faster than
- * they pack (2-core Zen 4, Mixtral M=256: bf16 -7 to -14%, f32 -5%); before it, 48-row tiles
- * were faster packed. An expert's slots go in tiles of near-equal size of at most MF_GEMM_MB
- * (moe_slots.c), so that 64 slots are one streamed tile and 128 one packed tile (132 rows:
- * 10-14% faster than 72 at 128 slots an expert).
+ * (gemm_stream_x86.h): packing every weight twice before the products costs more than the
+ * stream's transposes. The tile takes the level's rows in groups (AVX2 4, AVX-512 8:
+ * gemm_stream_x86.h's GS_MS), 16 columns at a time (AVX-512: 32 for tiles of more than 16 rows);
+ * with more rows than a group, every group multiplies one transposed panel of those columns.
+ * Equal to MF_GEMM_MB, so that at the vector levels every tile of f32 or bf16 weights streams:
+ * on the 2-core Zen 5, Mixtral M=256 (tiles of 64 +- 10 slots) took 541-562 ms f32 and 474-476 ms
+ * bf16 against 626 and 582 ms with the tiles of more than 64 packed. An expert's slots go in
+ * tiles of near-equal size of at most MF_GEMM_MB (moe_slots.c).
  */
-#define MF_GEMM_STREAM_TILE 64
+#define MF_GEMM_STREAM_TILE MF_GEMM_MB
 /* Depth of one streamed block: long runs of each weight row, which the hardware prefetchers
  * follow (one thread, bf16 rows of 4096: 4.6 G weights a second at 256, 6.3 at 4096); the A
  * rows of a block fit the tile scratch's a_pack (MF_GEMM_A_PACK floats). */

@@ -11,7 +11,8 @@
  * accumulators, so AVX2's 16 registers hold 4 rows and AVX-512's 32 (AVX512VL) hold 8. A tile
  * of more rows (up to MF_GEMM_STREAM_TILE) goes in groups over a shared transposed panel;
  * GS_ZMM (AVX-512F) transposes sixteen by sixteen, the panel and the few-row tiles' depth
- * positions alike (columns16z), and keeps one 16-wide accumulator a row. GS_PACK_FN, where
+ * positions alike (columns16z), and keeps one 16-wide accumulator a row; tiles of more than
+ * GS_WIDE_ROWS rows take two such halves a panel (columns32_groups). GS_PACK_FN, where
  * defined, names the packed GEMM's panel transpose built from the same transposes.
  */
 #include <immintrin.h>
@@ -158,8 +159,10 @@ L void transpose16(__m512 r[16])
 }
 #endif
 
-/* panel[q * 16 + j] = w_j[k + q], q < kb: sixteen columns' weights transposed once. */
-L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, float *panel)
+/* panel[q * ld + j] = w_j[k + q], q < kb: sixteen columns' weights transposed once (ld 16, or
+ * 32 where two such halves make one wide panel). */
+L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, float *panel,
+               const int64_t ld)
 {
     int64_t q = 0;
 #ifdef GS_ZMM
@@ -169,7 +172,7 @@ L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, floa
             r[j] = load16(rows[j], k + q, bf16);
         transpose16(r);
         for (int t = 0; t < 16; t++)
-            _mm512_storeu_ps(panel + (q + t) * 16, r[t]);
+            _mm512_storeu_ps(panel + (q + t) * ld, r[t]);
     }
 #endif
     for (; q + 8 <= kb; q += 8)
@@ -179,11 +182,11 @@ L void panel16(const char *const rows[16], int bf16, int64_t k, int64_t kb, floa
                 r[j] = load8(rows[8 * h + j], k + q, bf16);
             transpose8(r);
             for (int t = 0; t < 8; t++)
-                _mm256_storeu_ps(panel + (q + t) * 16 + 8 * h, r[t]);
+                _mm256_storeu_ps(panel + (q + t) * ld + 8 * h, r[t]);
         }
     for (; q < kb; q++)
         for (int j = 0; j < 16; j++)
-            panel[q * 16 + j] = load1(rows[j], k + q, bf16);
+            panel[q * ld + j] = load1(rows[j], k + q, bf16);
 }
 
 #ifdef GS_ZMM
@@ -292,7 +295,7 @@ L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *con
     const int64_t esz = bf16 ? 2 : 4;
     for (int64_t k0 = 0; k0 < kc; k0 += GS_PANEL_K) {
         const int64_t kb = kc - k0 < GS_PANEL_K ? kc - k0 : GS_PANEL_K;
-        panel16(rows, bf16, k0, kb, panel);
+        panel16(rows, bf16, k0, kb, panel, 16);
         const int64_t kp = k0 + GS_PREFETCH * GS_PANEL_K; /* while this panel is multiplied */
         if (kp < kc)
             prefetch_panel(rows, kp * esz, (kc - kp < GS_PANEL_K ? kc - kp : GS_PANEL_K) * esz);
@@ -318,12 +321,116 @@ L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *con
     }
 }
 
+#ifdef GS_ZMM
+/* Tiles of more rows than this take 32 columns a panel (2-core EPYC, Zen 5, Mixtral M=256: bf16
+ * -4%, f32 -1.5%); Qwen3-30B-A3B's tiles of about 16 rows moved within the noise either way. */
+#define GS_WIDE_ROWS 16
+
+/*
+ * A group of rows times a wide panel of 32 columns: acc[i][h] += a[i][k + q] * panel[q][16 h ..]
+ * in q order. Each A value is broadcast once for two FMAs. With 16 columns every FMA took its
+ * own broadcast load, and a core that runs two 512-bit FMAs a cycle but loads two 512-bit
+ * values a cycle (Zen 5) waited on its loads.
+ */
+L void rows_panel32(const float *a, int64_t lda, const float *panel, int64_t k, int64_t kb,
+                    float *c, int64_t ldc, const int ms)
+{
+    __m512 acc[GS_MS][2];
+    for (int i = 0; i < ms; i++)
+        for (int h = 0; h < 2; h++)
+            acc[i][h] = _mm512_loadu_ps(c + i * ldc + 16 * h);
+#pragma GCC unroll 2
+    for (int64_t q = 0; q < kb; q++) {
+        const __m512 w0 = _mm512_load_ps(panel + q * 32), w1 = _mm512_load_ps(panel + q * 32 + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < ms; i++) {
+            const __m512 x = _mm512_set1_ps(a[i * lda + k + q]);
+            acc[i][0] = _mm512_fmadd_ps(x, w0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(x, w1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < ms; i++)
+        for (int h = 0; h < 2; h++)
+            _mm512_storeu_ps(c + i * ldc + 16 * h, acc[i][h]);
+}
+
+/* One out-of-line copy for each group size: inlined into the tile's loops, the group's loop
+ * shared the integer registers with theirs and reloaded its row offsets from the stack. */
+#define GS_PANEL32_FN(n)                                                                          \
+    static __attribute__((noinline)) void rows_panel32_##n(                                       \
+        const float *a, int64_t lda, const float *panel, int64_t k, int64_t kb, float *c,         \
+        int64_t ldc)                                                                              \
+    {                                                                                             \
+        rows_panel32(a, lda, panel, k, kb, c, ldc, n);                                            \
+    }
+GS_PANEL32_FN(1)
+GS_PANEL32_FN(2)
+GS_PANEL32_FN(3)
+GS_PANEL32_FN(4)
+GS_PANEL32_FN(5)
+GS_PANEL32_FN(6)
+GS_PANEL32_FN(7)
+GS_PANEL32_FN(8)
+#undef GS_PANEL32_FN
+
+/* columns16_groups over 32 columns: two sixteen-column halves transposed side by side into one
+ * panel, which every group of rows multiplies. */
+L void columns32_groups(const float *a, int64_t lda, int64_t ms, const char *const rows[32],
+                        int bf16, int64_t kc, float *c, int64_t ldc)
+{
+    float panel[GS_PANEL_K * 32] __attribute__((aligned(64)));
+    const int64_t esz = bf16 ? 2 : 4;
+    for (int64_t k0 = 0; k0 < kc; k0 += GS_PANEL_K) {
+        const int64_t kb = kc - k0 < GS_PANEL_K ? kc - k0 : GS_PANEL_K;
+        panel16(rows, bf16, k0, kb, panel, 32);
+        panel16(rows + 16, bf16, k0, kb, panel + 16, 32);
+        const int64_t kp = k0 + GS_PREFETCH * GS_PANEL_K; /* while this panel is multiplied */
+        if (kp < kc) {
+            const int64_t len = (kc - kp < GS_PANEL_K ? kc - kp : GS_PANEL_K) * esz;
+            prefetch_panel(rows, kp * esz, len);
+            prefetch_panel(rows + 16, kp * esz, len);
+        }
+        for (int64_t i0 = 0; i0 < ms; i0 += GS_MS) {
+            const float *ai = a + i0 * lda;
+            float *ci = c + i0 * ldc;
+#define GS_PANEL_CASE(n)                                                                          \
+    case n: rows_panel32_##n(ai, lda, panel, k0, kb, ci, ldc); break;
+            switch (ms - i0 < GS_MS ? ms - i0 : GS_MS) {
+                GS_PANEL_CASE(1)
+                GS_PANEL_CASE(2)
+                GS_PANEL_CASE(3)
+                GS_PANEL_CASE(4)
+                GS_PANEL_CASE(5)
+                GS_PANEL_CASE(6)
+                GS_PANEL_CASE(7)
+            default: rows_panel32_8(ai, lda, panel, k0, kb, ci, ldc); break;
+            }
+#undef GS_PANEL_CASE
+        }
+    }
+}
+#endif
+
 void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t wrow_bytes,
            moefuse_dtype wdt, const int64_t *b_rows, int64_t ncols, int64_t kc, float *c,
            int64_t ldc)
 {
     const int bf16 = wdt == MOEFUSE_BF16;
     for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
+#ifdef GS_ZMM
+        /* more than 16 columns left (c's rows have room up to the next multiple of 16), and
+         * rows enough that the products, not the weights' stream, set the pace */
+        if (ms > GS_WIDE_ROWS && ncols - n0 > 16) {
+            const char *wide[32];
+            for (int j = 0; j < 32; j++) {
+                const int64_t id = n0 + j < ncols ? b_rows[n0 + j] : -1;
+                wide[j] = id >= 0 ? wbase + id * wrow_bytes : (const char *)zero_row;
+            }
+            columns32_groups(a, lda, ms, wide, bf16, kc, c + n0, ldc);
+            n0 += 16; /* and the loop's 16 */
+            continue;
+        }
+#endif
         const char *rows[16];
         for (int j = 0; j < 16; j++) {
             const int64_t id = n0 + j < ncols ? b_rows[n0 + j] : -1;
@@ -361,7 +468,7 @@ void GS_PACK_FN(float *restrict d, const float *restrict tmp, int64_t kc)
     const char *rows[16];
     for (int j = 0; j < 16; j++)
         rows[j] = (const char *)(tmp + j * kc);
-    panel16(rows, 0, 0, kc, d);
+    panel16(rows, 0, 0, kc, d, 16);
 }
 #endif
 
