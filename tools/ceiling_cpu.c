@@ -11,6 +11,8 @@
 
 #ifdef MOEFUSE_HAVE_BLAS
 #include <cblas.h>
+/* OpenBLAS's own (its cblas.h declares it too; another cblas.h beside libopenblas may not) */
+char *openblas_get_corename(void);
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -138,8 +140,12 @@ static double cpu_gemm_gflops(moefuse_context *ctx, moefuse_dtype dtype, int64_t
         note = " (f32: this OpenBLAS has no cblas_sbgemm)";
     else if (dtype == MOEFUSE_F16)
         note = " (f32: OpenBLAS has no f16 GEMM)";
-    snprintf(what, what_size, "OpenBLAS %s %lldx%lldx%lld%s", fn, (long long)rows,
-             (long long)inner, (long long)n, note);
+    /* OpenBLAS picks its kernels by the CPU it recognizes; on one it does not know (0.3.21 on
+     * Zen 5 takes the AVX2 Haswell kernels, half its AVX-512 ones' rate) the ceiling is low,
+     * and OPENBLAS_CORETYPE names better ones: say which it ran */
+    const char *core = openblas_get_corename();
+    snprintf(what, what_size, "OpenBLAS %s %lldx%lldx%lld%s, %s kernels", fn, (long long)rows,
+             (long long)inner, (long long)n, note, core ? core : "unknown");
     double best = 1e30;
     for (int rep = 0; rep < reps + 1; rep++) { /* the first run warms up OpenBLAS's threads */
         const double t0 = now_seconds();
