@@ -26,7 +26,7 @@ START_TEST(t_moe_gemm_levels)
 {
     static const moefuse_dtype DTS[] = {MOEFUSE_F32, MOEFUSE_BF16, MOEFUSE_F16};
     /* 17 tokens: streamed tiles of several row groups; 70: experts of up to 210 slots, in
-     * tiles of more than 16 rows (32 columns a panel at AVX-512) */
+     * tiles of more than 32 rows (32 columns a panel at AVX-512) */
     static const int64_t Ms[] = {1, 2, 3, 4, 9, 17, 70},
                          Ks[] = {8, 13, 40, 256, 300, 517, 2100}, Is[] = {8, 24, 70};
     for (int n = 0; n < 36; n++) {

@@ -25,7 +25,7 @@
  * Tiles of up to this many A rows stream the weights unpacked where the level has a stream tile
  * (gemm_stream_x86.h): packing every weight twice before the products costs more than the
  * stream's transposes. The tile takes the level's rows in groups (AVX2 4, AVX-512 8:
- * gemm_stream_x86.h's GS_MS), 16 columns at a time (AVX-512: 32 for tiles of more than 16 rows);
+ * gemm_stream_x86.h's GS_MS), 16 columns at a time (AVX-512: 32 for tiles of more than 32 rows);
  * with more rows than a group, every group multiplies one transposed panel of those columns.
  * Equal to MF_GEMM_MB, so that at the vector levels every tile of f32 or bf16 weights streams:
  * on the 2-core Zen 5, Mixtral M=256 (tiles of 64 +- 10 slots) took 541-562 ms f32 and 474-476 ms

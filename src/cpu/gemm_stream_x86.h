@@ -322,9 +322,10 @@ L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *con
 }
 
 #ifdef GS_ZMM
-/* Tiles of more rows than this take 32 columns a panel (2-core EPYC, Zen 5, Mixtral M=256: bf16
- * -4%, f32 -1.5%); Qwen3-30B-A3B's tiles of about 16 rows moved within the noise either way. */
-#define GS_WIDE_ROWS 16
+/* Tiles of more rows than this take 32 columns a panel (2-core EPYC, Zen 5, Mixtral M=256, tiles
+ * of 64 +- 10 rows: bf16 -4%, f32 -1.5%). Qwen3-30B-A3B M=256's tiles of 16 +- 4 rows were
+ * 1-2% slower f32 with those past 16 wide: 32 weight rows streamed at once, for few products. */
+#define GS_WIDE_ROWS 32
 
 /*
  * A group of rows times a wide panel of 32 columns: acc[i][h] += a[i][k + q] * panel[q][16 h ..]
