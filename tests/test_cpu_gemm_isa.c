@@ -90,9 +90,10 @@ END_TEST
  * The weight-stream GEMM tile of each vector level against the fmaf chain its contract states
  * (rows_isa.h): c[i][n] += a[i][k] * w_n[k], k = 0, 1, ... in order, one fmaf each, in f32, so
  * that an order the kernel changes shows in the bits (moe_forward's bf16 outputs round most
- * such changes away). f32 and bf16 weights, 1 to the level's most rows (4 or 8), depths with tails of 1..15 and shorter
- * than the lag between the tile's two halves, missing weight rows (zeros) and column tails (up
- * to 72 columns: two wide panels of 32 and a tail of 16).
+ * such changes away). f32 and bf16 weights, 1 to MF_GEMM_STREAM_TILE rows (one group, several
+ * over a panel), depths with tails of 1..15 and shorter than the lag between the tile's two
+ * halves, missing weight rows (zeros) and column tails (up to 72 columns: two wide panels of 32
+ * and a tail of 16).
  */
 START_TEST(t_gemm_stream_exact)
 {

@@ -329,9 +329,8 @@ L void columns16_groups(const float *a, int64_t lda, int64_t ms, const char *con
 
 /*
  * A group of rows times a wide panel of 32 columns: acc[i][h] += a[i][k + q] * panel[q][16 h ..]
- * in q order. Each A value is broadcast once for two FMAs. With 16 columns every FMA took its
- * own broadcast load, and a core that runs two 512-bit FMAs a cycle but loads two 512-bit
- * values a cycle (Zen 5) waited on its loads.
+ * in q order. Each A value is broadcast once for two FMAs, where the 16 columns' loop loads one
+ * for each FMA, and a group keeps 16 accumulators in flight instead of 8.
  */
 L void rows_panel32(const float *a, int64_t lda, const float *panel, int64_t k, int64_t kb,
                     float *c, int64_t ldc, const int ms)
