@@ -155,7 +155,7 @@ static __device__ __noinline__ float2 mfm_bias_pair(const void *bias, int bias_d
 }
 
 /*
- * A final's row of a Hopper tile straight from a thread's m64n256 accumulators (m[4 i + 2 h]
+ * A final's row of a Hopper tile straight from a thread's m64nN accumulators (m[4 i + 2 h]
  * and the next: row h's pair at column 8 i), plus the bias (bb: its element of the thread's
  * first column), a pair a store at out + at0 + 8 i: some six instructions a pair, where a
  * chunk through shared memory spends twenty. bf16 by the hardware's pair conversion, which
@@ -163,14 +163,14 @@ static __device__ __noinline__ float2 mfm_bias_pair(const void *bias, int bias_d
  * caller stores the row again by mfm_store. The caller checks that the pairs are aligned
  * and inside the output.
  */
-template <bool BF16>
+template <bool BF16, int N>
 static __device__ __forceinline__ bool mfm_y_row(void *out, const void *bias, int bias_dt,
                                                  long long bb, long long at0, int h,
-                                                 const float (&m)[128])
+                                                 const float (&m)[N])
 {
     bool nan = false;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < N / 4; i++) {
         float lo = m[4 * i + 2 * h], hi = m[4 * i + 2 * h + 1];
         if (bias) { /* no +0 without a bias: it would turn -0 into +0 */
             const float2 b = mfm_bias_pair(bias, bias_dt, bb + 8 * i);

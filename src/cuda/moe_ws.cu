@@ -9,7 +9,8 @@
  *  - producer, warpgroup 0 (56 registers a thread after setmaxnreg): fills a
  *    ring of WS_STAGES shared-memory stages. B (256 weight rows x 64 depth)
  *    comes by TMA from a 3-D tensor map [E, rows, depth], two 128-row boxes
- *    (gate: the gate rows and the up rows of the block's 128 h columns);
+ *    (gate: the gate rows and the up rows of the block's 128 h columns; a half
+ *    tile's gate: four 64-row boxes, see ws_produce);
  *    A (the tile's 128 slots, gathered row by row from x or h through the
  *    route's slot list) by cp.async, since TMA cannot gather. Each stage has
  *    a "full" mbarrier (128 cp.async arrivals + the TMA bytes) and an "empty"
@@ -17,6 +18,9 @@
  *  - consumers, warpgroups 1 and 2 (224 registers): each 64 slots x 256 rows
  *    with wgmma m64n256k16, one wgmma group in flight while the next stage is
  *    waited for; a stage is released as soon as the wgmma that read it is done.
+ *    A half tile (at most 64 slots: an expert's last rows, or all of a small
+ *    expert's) is split by columns instead: each warpgroup the 64 slots x 128
+ *    of the rows (m64n128k16), half the tensor work of a padded full tile.
  *    Epilogue from the accumulators (gate: activation; final: y, or y in f32
  *    for moe_reduce.cu's top-k sum), with no barrier among the consumers,
  *    while the producer already loads the next tile.
@@ -30,9 +34,10 @@
  * without a global load or a barrier.
  *
  * Numerics: the four k16 steps of a depth tile in order, tiles in order,
- * with the same instruction as moe_wgmma.cu: the same bits (NUMERICS.md).
- * Padding rows (past the tile's slots) and depth past K are zeros in both
- * operands, as there.
+ * with the instruction of moe_wgmma.cu (m64n128 makes each output the same
+ * sum as m64n256): the same bits (NUMERICS.md). Padding rows (past the
+ * tile's slots) and depth past K are zeros in both operands, as there; a
+ * half tile's rows 64..127 are not read, so not written.
  *
  * The host uses it for routed calls whose A rows are 16-byte aligned and
  * whose weights a tensor map can describe; otherwise moe_wgmma.cu.
@@ -51,8 +56,10 @@ static_assert(MOE_BK == 16 * WG_K16_STEPS, "a stage holds the k16 steps of wgmma
 #define WS_STAGES 4
 #define WS_THREADS 384
 #define WS_CONSUMERS 256
+#define WS_HALF_ROWS (WS_BM / 2) /* a tile of at most this many slots is a half tile */
 #define WS_A_BYTES (WS_BM * 128)
-#define WS_BOX_BYTES (128 * 128) /* one TMA box: 128 rows of 64 elements */
+#define WS_BOX_BYTES (128 * 128)     /* one TMA box: 128 rows of 64 elements */
+#define WS_HALF_BOX_BYTES (64 * 128) /* a half tile's gate box: 64 rows */
 #define WS_STAGE_BYTES ((WS_BM + WS_BN) * 128)
 #define WS_FULL_ARRIVALS (128 + 1) /* producer threads' cp.async, and the TMA announcement */
 #define WS_CONSUMER_WARPS 8        /* arrivals that free a stage or a tile slot */
@@ -81,7 +88,8 @@ struct WsTiles {
 #define WS_STATIC_SMEM (sizeof(WsTiles) + 2 * WS_STAGES * 8 + 64 * 4 + 256)
 
 typedef struct MoeWsParams {
-    CUtensorMap map_w; /* the expert weights as [E, rows, depth] */
+    CUtensorMap map_w;      /* the expert weights as [E, rows, depth], boxes of 128 rows */
+    CUtensorMap map_w_half; /* the same, boxes of 64 rows (a half tile's gate) */
     MoeGemm g;
 } MoeWsParams;
 
@@ -144,6 +152,12 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
         hp_mbar_arrive(smem_u32(&sl.full[slot])); /* release: this thread's writes are visible */
         if (at.e < 0)
             break;
+        /* B: two boxes of 128 rows (gate: the gate rows, then the up rows of the block's 128
+         * h columns). A half tile's gate takes four of 64 (gate and up rows of h columns 0..63,
+         * then of 64..127), so that each warpgroup's half of the stage holds both rows of its
+         * columns. A half tile's consumers read A's first 64 rows only. */
+        const bool half = at.count <= WS_HALF_ROWS;
+        const int arows = half ? ROWS / 2 : ROWS;
         const int b0 = (int)(GATE ? p.gate_row + at.nb * (WS_BN / 2) : at.nb * WS_BN);
         const int b1 = (int)(GATE ? p.up_row + at.nb * (WS_BN / 2) : at.nb * WS_BN + 128);
         for (long long kt = 0; kt < KT; kt++) {
@@ -152,18 +166,26 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
             hp_mbar_wait(smem_u32(&empty[ps.stage]), ps.phase ^ 1u);
             if (tid == 0) {
                 hp_mbar_arrive_tx(fb, WS_BN * 128);
-                hp_tma_load_3d(stage + WS_A_BYTES, &P.map_w, fb, (int)(kt * MOE_BK), b0,
-                               (int)at.e);
-                hp_tma_load_3d(stage + WS_A_BYTES + WS_BOX_BYTES, &P.map_w, fb,
-                               (int)(kt * MOE_BK), b1, (int)at.e);
+                const uint32_t sb = stage + WS_A_BYTES;
+                const int kc = (int)(kt * MOE_BK), e = (int)at.e;
+                if (GATE && half) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        hp_tma_load_3d(sb + q * WS_HALF_BOX_BYTES, &P.map_w_half, fb, kc,
+                                       ((q & 1) ? b1 : b0) + (q >> 1) * 64, e);
+                } else {
+                    hp_tma_load_3d(sb, &P.map_w, fb, kc, b0, e);
+                    hp_tma_load_3d(sb + WS_BOX_BYTES, &P.map_w, fb, kc, b1, e);
+                }
             }
             const long long kcol = kt * MOE_BK + chunk * 8, rem = p.depth - kcol;
             const int bytes = rem >= 8 ? 16 : (rem > 0 ? (int)rem * 2 : 0);
 #pragma unroll
             for (int i = 0; i < ROWS; i++)
-                cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
-                           arow[i] && bytes ? arow[i] + kcol * 2 : (const char *)p.a,
-                           arow[i] ? bytes : 0);
+                if (i < arows)
+                    cp_async16(stage + dst + (uint32_t)(i * 16 * 128),
+                               arow[i] && bytes ? arow[i] + kcol * 2 : (const char *)p.a,
+                               arow[i] ? bytes : 0);
             hp_cp_async_arrive(fb);
             ps.advance();
         }
@@ -173,9 +195,9 @@ static __device__ __forceinline__ void ws_produce(const MoeWsParams &P, uint32_t
 
 /*
  * Epilogue from the accumulators. Accumulator 4 i + v of a thread: tile row
- * 64 cw + 16 warp + lane / 4 (+ 8 for v >= 2), B row 8 i + 2 (lane % 4) + (v & 1).
- * Gate: B rows 0..127 are the gate rows of h columns nb * 128 + 0..127, rows
- * 128..255 their up rows, so accumulators i and i + 16 make one h column pair.
+ * 64 cw + 16 warp + lane / 4 (+ 8 for v >= 2; a half tile: 16 warp + ...), B row
+ * 8 i + 2 (lane % 4) + (v & 1) of the warpgroup's B rows. Gate: ws_up_block
+ * says which accumulators make an h column pair.
  *
  * Fully unrolled, the activation and the stores of 128 accumulators are tens
  * of thousands of instructions, fetched once per tile and never again (the
@@ -263,20 +285,35 @@ static __device__ __noinline__ void ws_gate_chunk(const MoeGemm &p, long long gb
                              g);
 }
 
-template <bool GATE>
+/*
+ * The gate's accumulator blocks (n8 column blocks: accumulators 4 i .. 4 i + 3) of h column
+ * block c (columns 8 c .. 8 c + 7 of the tile's, or of the warpgroup's half): the gate values
+ * are block c; the up values block c + 16 in a full tile (B rows 128.. are the up rows), c + 8
+ * in a half tile (the warpgroup's 128 B rows are 64 gate rows, then their 64 up rows).
+ */
+template <bool HALF> static __device__ __forceinline__ int ws_up_block(int c)
+{
+    return c + (HALF ? 8 : 16);
+}
+
+template <bool GATE, bool HALF>
 static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTileAt &at,
                                                    const long long *orow,
-                                                   const float (&acc)[128], float *buf, int ctid,
-                                                   uint32_t tabs)
+                                                   const float (&acc)[HALF ? 64 : 128],
+                                                   float *buf, int ctid, uint32_t tabs)
 {
+    constexpr int BLOCKS = HALF ? 16 : 32; /* n8 accumulator blocks of the thread */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
-    const int r = cw * 64 + warp * 16 + (lane >> 2), cl = 2 * (lane & 3);
+    /* full tile: warpgroup w has rows 64 w.., all 256 columns; half tile: rows 0..63, and
+     * the half of the columns from B row 128 w */
+    const int r = (HALF ? 0 : cw * 64) + warp * 16 + (lane >> 2), cl = 2 * (lane & 3);
     const long long orow0 = orow[r], orow1 = orow[r + 8];
     /* a warp without a slot (the padding of a tile) has nothing to write */
     if (!__any_sync(0xFFFFFFFFu, orow0 >= 0 || orow1 >= 0))
         return;
     const long long ncols = p.ncols, be = at.e * p.bias_s0;
-    const long long c0 = at.nb * (GATE ? WS_BN / 2 : WS_BN) + cl;
+    const long long c0 = GATE ? at.nb * (WS_BN / 2) + (HALF ? 64 * cw : 0) + cl
+                              : at.nb * WS_BN + (HALF ? 128 * cw : 0) + cl;
     /* final: the common case straight from the registers (vec_out: every pair aligned) */
     if (!GATE && p.vec_out && (p.out_dt == MF_DT_F32 || p.out_dt == MF_DT_BF16) &&
         (at.nb + 1) * WS_BN <= ncols) {
@@ -295,21 +332,21 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
             return; /* else the chunks below store the rows again, NaN by mf_f32_to_bf16 */
     }
     float *mine = buf + ctid;
-    constexpr int PER = GATE ? 2 : 4; /* accumulator columns i per chunk */
+    constexpr int PER = GATE ? 2 : 4; /* column blocks per chunk */
     static_assert(PER * (GATE ? 8 : 4) == WS_CHUNK, "a chunk fills the thread's column of buf");
 #pragma unroll
-    for (int ch = 0; ch < (GATE ? 16 : 32) / PER; ch++) {
+    for (int ch = 0; ch < (GATE ? BLOCKS / 2 : BLOCKS) / PER; ch++) {
         const long long cc = c0 + 8 * PER * ch;
 #pragma unroll
         for (int q = 0; q < PER; q++) {
-            const int i = ch * PER + q;
+            const int c = ch * PER + q;
 #pragma unroll
             for (int v = 0; v < 4; v++) {
                 if (GATE) { /* ws_gate_chunk's layout: gate values at 0..7, up at 8..15 */
-                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * i + v];
-                    mine[(8 + 4 * q + v) * WS_CONSUMERS] = acc[4 * (i + 16) + v];
+                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * c + v];
+                    mine[(8 + 4 * q + v) * WS_CONSUMERS] = acc[4 * ws_up_block<HALF>(c) + v];
                 } else {
-                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * i + v];
+                    mine[(4 * q + v) * WS_CONSUMERS] = acc[4 * c + v];
                 }
             }
         }
@@ -323,17 +360,59 @@ static __device__ __forceinline__ void ws_epilogue(const MoeGemm &p, const MoeTi
 }
 
 /*
- * Consumers: for each tile, from its slot, wait for a stage, four wgmma on it,
- * release the stage the previous group read; then the epilogue, and the slot
- * goes back to the producer.
+ * One tile of the consumers: for each depth tile, wait for its stage, four wgmma on it,
+ * release the stage the previous group read; then the epilogue. A full tile: warpgroup w
+ * multiplies A rows 64 w.. by all of B (m64n256k16). A half tile (at most 64 slots): both
+ * take A rows 0..63, warpgroup w B rows 128 w.. (m64n128k16), so a tile of few slots costs
+ * half the tensor work and half the epilogue of a thread. Each output is the same sum either
+ * way (the same k16 steps in order): the same bits.
  */
+template <bool F16, bool GATE, bool HALF>
+static __device__ __forceinline__ void ws_tile(const MoeGemm &p, const MoeTileAt &at,
+                                               const long long *orow, uint32_t sbase,
+                                               uint64_t *full, uint64_t *empty,
+                                               HpPipe<WS_STAGES> &ps, float *buf, long long KT,
+                                               uint32_t tabs)
+{
+    const int ctid = (int)threadIdx.x - 128; /* 0..255 */
+    const int cw = ctid >> 7, lane = ctid & 31;
+    const uint32_t a_off = HALF ? 0u : (uint32_t)(cw * 64 * 128);
+    const uint32_t b_off = WS_A_BYTES + (HALF ? (uint32_t)(cw * 128 * 128) : 0u);
+    float acc[HALF ? 64 : 128];
+#pragma unroll
+    for (int i = 0; i < (HALF ? 64 : 128); i++)
+        acc[i] = 0.0f;
+    pin(acc);
+    int prev = -1;
+    for (long long kt = 0; kt < KT; kt++) {
+        hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
+        hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
+        const uint32_t sa = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
+        if constexpr (HALF)
+            wgmma_tile_n128<F16>(acc, sa + a_off, sa + b_off);
+        else
+            wgmma_tile<F16>(acc, sa + a_off, sa + b_off);
+        wgmma_wait<1>(); /* the group of depth tile kt - 1 is done: its stage is free */
+        if (prev >= 0 && lane == 0)
+            hp_mbar_arrive(smem_u32(&empty[prev]));
+        prev = ps.stage;
+        ps.advance();
+    }
+    wgmma_wait<0>();
+    pin(acc);
+    if (prev >= 0 && lane == 0)
+        hp_mbar_arrive(smem_u32(&empty[prev]));
+    ws_epilogue<GATE, HALF>(p, at, orow, acc, buf, ctid, tabs);
+}
+
+/* Consumers: each tile from its slot, full or half by its slots; then the slot goes back to
+ * the producer. */
 template <bool F16, bool GATE>
 static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sbase,
                                                   uint64_t *full, uint64_t *empty, WsTiles &sl,
                                                   float *buf, long long KT, uint32_t tabs)
 {
-    const int ctid = (int)threadIdx.x - 128; /* 0..255 */
-    const int cw = ctid >> 7, lane = ctid & 31;
+    const int lane = threadIdx.x & 31;
     HpPipe<WS_STAGES> ps = {0, 0u};
     HpPipe<WS_TILE_SLOTS> ts = {0, 0u};
     for (;;) {
@@ -343,28 +422,11 @@ static __device__ __forceinline__ void ws_consume(const MoeGemm &p, uint32_t sba
         const MoeTileAt at = sl.at[slot];
         if (at.e < 0)
             break;
-        float acc[128];
-#pragma unroll
-        for (int i = 0; i < 128; i++)
-            acc[i] = 0.0f;
-        pin(acc);
-        int prev = -1;
-        for (long long kt = 0; kt < KT; kt++) {
-            hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
-            hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
-            const uint32_t sa = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
-            wgmma_tile<F16>(acc, sa + (uint32_t)(cw * 64 * 128), sa + WS_A_BYTES);
-            wgmma_wait<1>(); /* the group of depth tile kt - 1 is done: its stage is free */
-            if (prev >= 0 && lane == 0)
-                hp_mbar_arrive(smem_u32(&empty[prev]));
-            prev = ps.stage;
-            ps.advance();
-        }
-        wgmma_wait<0>();
-        pin(acc);
-        if (prev >= 0 && lane == 0)
-            hp_mbar_arrive(smem_u32(&empty[prev]));
-        ws_epilogue<GATE>(p, at, sl.orow[slot], acc, buf, ctid, tabs);
+        if (at.count <= WS_HALF_ROWS)
+            ws_tile<F16, GATE, true>(p, at, sl.orow[slot], sbase, full, empty, ps, buf, KT, tabs);
+        else
+            ws_tile<F16, GATE, false>(p, at, sl.orow[slot], sbase, full, empty, ps, buf, KT,
+                                      tabs);
         __syncwarp();
         if (lane == 0)
             hp_mbar_arrive(smem_u32(&sl.empty[slot])); /* this warp is done with the slot */
@@ -400,6 +462,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_ws_kernel(const __grid_cons
     }
     if (threadIdx.x == 32)
         hp_tma_prefetch(&P.map_w);
+    if (threadIdx.x == 64)
+        hp_tma_prefetch(&P.map_w_half);
     mf_exp_tab_fill(exp_tab, threadIdx.x);
     __syncthreads();
     if (p.trigger)
@@ -424,11 +488,11 @@ typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32
 
 /*
  * The weights as a 3-D tensor map [E, rows, depth] (rows: 2 I for the gate's
- * w1, K for the final's w2), boxes of 128 rows x 64 elements in the 128-byte
+ * w1, K for the final's w2), boxes of box_rows rows x 64 elements in the 128-byte
  * swizzle. 0 when the driver refuses them (strides TMA cannot take).
  */
 static int encode_weights(const cuda_state *s, const MoeGemm *p, int gate, int f16,
-                          CUtensorMap *map)
+                          unsigned box_rows, CUtensorMap *map)
 {
     const int64_t rows = gate ? 2 * p->ncols : p->ncols;
     /* the kernel's coordinates reach 255 rows and 63 elements past the tensor (zeros) */
@@ -438,7 +502,7 @@ static int encode_weights(const cuda_state *s, const MoeGemm *p, int gate, int f
         return 0;
     const cuuint64_t dims[3] = {(cuuint64_t)p->depth, (cuuint64_t)rows, (cuuint64_t)p->rt.E};
     const cuuint64_t strides[2] = {(cuuint64_t)p->w_s1 * 2, (cuuint64_t)p->w_s0 * 2};
-    const cuuint32_t box[3] = {MOE_BK, 128, 1}, estride[3] = {1, 1, 1};
+    const cuuint32_t box[3] = {MOE_BK, box_rows, 1}, estride[3] = {1, 1, 1};
     encode_tiled_fn encode = (encode_tiled_fn)s->tensor_map_encode;
     return encode(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
                   (void *)p->w, dims, strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -461,7 +525,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     memset(&P, 0, sizeof P);
     /* (the interleaved order: a 128-row box would hold gate and up rows alike) */
     if (p->rt.direct || p->fuse || !p->tile_ctr || !p->vec_a || !p->vec_b || p->row_step != 1 ||
-        !encode_weights(s, p, GATE, F16, &P.map_w))
+        !encode_weights(s, p, GATE, F16, 128, &P.map_w) ||
+        !encode_weights(s, p, GATE, F16, 64, &P.map_w_half))
         return moe_launch_wgmma(ctx, s, op, GATE, F16, p); /* same tile, same bits */
     P.g = *p;
     const long long tiles = p->lin_bound;

@@ -1,7 +1,8 @@
 /*
- * Hopper tensor-core instructions (sm_90a only): wgmma.mma_async m64n256k16 and the narrow
- * e4m3 m64n8..32k32 (the decode kernel's few slots), with f32 accumulators in
- * registers and both operands read from shared memory, and the fences and waits around them.
+ * Hopper tensor-core instructions (sm_90a only): wgmma.mma_async m64n256k16 (m64n128k16 for
+ * half tiles) and the narrow e4m3 m64n8..32k32 (the decode kernel's few slots), with f32
+ * accumulators in registers and both operands read from shared memory, and the fences and
+ * waits around them.
  * Shared by the bf16/f16 and FP8 tensor-core kernels. Everything here exists only in sm_90a
  * device code (MOE_WGMMA_DEVICE); the host checks the device before launching.
  */
@@ -73,6 +74,23 @@ static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_
         asm volatile(WG_MMA("f16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
     else
         asm volatile(WG_MMA("bf16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
+}
+
+#define WG_MMA_N128(T)                                                                             \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" WG_DREGS_64 "}, %64, %65, p, 1, " \
+    "1, 0, 0;\n}\n"
+
+/* d += A (64 x 16, da) * B (16 x 128, db), K-major both: moe_ws.cu's half tiles, where each
+ * warpgroup takes half of B's 256 rows. Each d element is the same sum, in the same order, as
+ * m64n256k16 makes of it. */
+template <bool F16>
+static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db)
+{
+    if (F16)
+        asm volatile(WG_MMA_N128("f16") : WG_DOUTS_64(d) : "l"(da), "l"(db), "n"(1));
+    else
+        asm volatile(WG_MMA_N128("bf16") : WG_DOUTS_64(d) : "l"(da), "l"(db), "n"(1));
 }
 
 /*
@@ -161,6 +179,23 @@ static __device__ __forceinline__ void wgmma_tile(float (&d)[128], uint32_t a0, 
 #pragma unroll
     for (int kk = 0; kk < WG_K16_STEPS; kk++)
         wgmma_m64n256k16<F16>(d, da[kk], db[kk]);
+    wgmma_commit();
+}
+
+/* wgmma_tile with B 128 rows wide (m64n128k16), for d of 64 accumulators. */
+template <bool F16>
+static __device__ __forceinline__ void wgmma_tile_n128(float (&d)[64], uint32_t a0, uint32_t b0)
+{
+    uint64_t da[WG_K16_STEPS], db[WG_K16_STEPS];
+#pragma unroll
+    for (int kk = 0; kk < WG_K16_STEPS; kk++) {
+        da[kk] = wg_desc(a0 + kk * 32);
+        db[kk] = wg_desc(b0 + kk * 32);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < WG_K16_STEPS; kk++)
+        wgmma_m64n128k16<F16>(d, da[kk], db[kk]);
     wgmma_commit();
 }
 
