@@ -2,14 +2,14 @@
  * The warp-specialised Hopper GEMM (src/cuda/moe_ws.cu) against the wgmma tile
  * (src/cuda/moe_wgmma.cu), bit for bit. moe_ws.cu splits a tile of at most 64 slots by
  * columns (each warpgroup m64n128 on all 64 rows, the gate's weight rows staged in boxes of
- * 64 for it); moe_wgmma.cu multiplies every tile m64n256. NUMERICS.md fixes each output as the
- * same sum either way, so the two paths must agree in every byte of h, y and the reduced out.
+ * 64 for it); moe_wgmma.cu multiplies every tile m64n256. Both add each output's products in
+ * the same k16 steps, in order, so they must agree in every byte of h, y and the reduced out.
  *
  * Experts get 1, 63, 64, 65, 127, 128, 129, 191, 192, 200, 0 and 37 slots (half tiles, full
  * tiles, a full tile then a half one, an empty expert), plus invalid slots; bf16 and f16;
  * depths and widths that fill whole tiles and ragged ones; biases, both gate orders that
- * moe_ws.cu takes, and the output forms. The wgmma side's outputs start from other poison than the ws
- * side's, so a byte that neither writes fails too.
+ * moe_ws.cu takes, and the output forms. The wgmma side's outputs start from other poison
+ * than the ws side's, so a byte that neither writes fails too.
  *
  * Runs on "cuda" only, on a Hopper GPU (sm_90a code); elsewhere it skips, saying why.
  */

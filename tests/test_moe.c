@@ -309,6 +309,29 @@ START_TEST(t_many_tiles)
 END_TEST
 
 /*
+ * More experts than the CUDA route counts in shared memory (4096): 4100 experts, 2400 slots
+ * (more than one block's 2048), so the route takes its global atomics; invalid slots, both
+ * output forms.
+ */
+START_TEST(t_many_experts)
+{
+    for (int r = 0; r < 2; r++) {
+        cfg c = base(MOEFUSE_BF16);
+        c.M = 600;
+        c.E = 4100;
+        c.Eg = 4100;
+        c.k = 4;
+        c.K = 16;
+        c.I = 8;
+        c.dense = 1;
+        c.invalid = 1;
+        c.reduce = r;
+        run(c);
+    }
+}
+END_TEST
+
+/*
  * Decode (16 slots or fewer: the GEMM blocks route themselves) with a deep, ragged depth:
  * on sm_90 the CUDA backend splits each tile's depth over a cluster of blocks (by shape, or
  * MOEFUSE_CUDA_SPLIT), so the depth here spans several blocks' shares, one share ragged, and
@@ -550,6 +573,7 @@ int main(void)
     tcase_add_test(tc, t_medium_random);
     tcase_add_test(tc, t_deep_ragged);
     tcase_add_test(tc, t_many_tiles);
+    tcase_add_test(tc, t_many_experts);
     tcase_add_test(tc, t_decode_deep);
     tcase_add_test(tc, t_decode_shapes);
     tcase_add_test(tc, t_gpt_oss_layer);
