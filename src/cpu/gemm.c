@@ -137,6 +137,28 @@ static bool gemm_stream(const moefuse_tensor *a, int a_rank3, int64_t topk,
     /* a dimension of one row is never stepped, and the core accepts any stride for it */
     const int64_t wrow_bytes =
         b->shape[1] > 1 ? b->stride[1] * (int64_t)mf_cpu_elem_size(b->dtype) : 0;
+    /* The A rows over the whole depth where they fit a_pack, widened once: the thread's next
+     * tiles are mostly the next column blocks of the same slots (moe.c), which reuse them. */
+    const int64_t lda_all = MF_GEMM_STREAM_LDA(depth);
+    if (ms * lda_all <= MF_GEMM_A_PACK) {
+        if (s->a_from != a || s->a_rows != a_rows || s->a_ms != ms || s->a_depth != depth) {
+            for (int64_t i = 0; i < ms; i++) {
+                if (a_rows[i] < 0)
+                    memset(s->a_pack + i * lda_all, 0, (size_t)depth * sizeof(float));
+                else
+                    mf_load_row(s->a_pack + i * lda_all, a_row(a, a_rank3, topk, a_rows[i], 0),
+                                a->dtype, depth);
+            }
+            s->a_from = a, s->a_rows = a_rows, s->a_ms = ms, s->a_depth = depth;
+        }
+        for (int64_t k0 = 0; k0 < depth; k0 += MF_GEMM_STREAM_KC) {
+            const int64_t kc = depth - k0 < MF_GEMM_STREAM_KC ? depth - k0 : MF_GEMM_STREAM_KC;
+            kern->gemm_stream(s->a_pack + k0, lda_all, ms, mf_at3(b, lead, 0, k0), wrow_bytes,
+                              b->dtype, b_rows, ncols, kc, c, ldc);
+        }
+        return true;
+    }
+    s->a_from = NULL; /* a_pack is overwritten below */
     for (int64_t k0 = 0; k0 < depth; k0 += MF_GEMM_STREAM_KC) {
         const int64_t kc = depth - k0 < MF_GEMM_STREAM_KC ? depth - k0 : MF_GEMM_STREAM_KC;
         const int64_t lda = MF_GEMM_STREAM_LDA(kc);
@@ -162,6 +184,7 @@ void mf_gemm_tile(const moefuse_tensor *a, int a_rank3, int64_t topk, const int6
     memset(c, 0, (size_t)(mpanels * MR * ldc) * sizeof(float));
     if (gemm_stream(a, a_rank3, topk, a_rows, ms, b, lead, b_rows, ncols, depth, c, ldc, s))
         return;
+    s->a_from = NULL; /* the packed GEMM overwrites a_pack */
     for (int64_t k0 = 0; k0 < depth; k0 += KC) {
         const int64_t kc = depth - k0 < KC ? depth - k0 : KC;
         pack(s->a_pack, MR, a, a_rank3, -1, topk, a_rows, ms, k0, kc, s->tmp);

@@ -56,6 +56,12 @@ typedef struct mf_gemm_scratch {
     float *a_pack; /* MF_GEMM_A_PACK */
     float *b_pack; /* NB * KC */
     float *tmp;    /* NR * KC */
+    /* What a_pack holds for the stream tile: a's rows a_rows[0..a_ms) over the whole depth,
+     * widened once for the next tiles of the same slots (NULL a_from: nothing). The caller
+     * sets a_from to NULL whenever a's data may have changed since (a new call). */
+    const moefuse_tensor *a_from;
+    const int64_t *a_rows;
+    int64_t a_ms, a_depth;
 } mf_gemm_scratch;
 
 /*

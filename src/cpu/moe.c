@@ -106,6 +106,7 @@ static thread_bufs thread_scratch(const work *w)
     t.g.a_pack = (float *)q, q += round64((size_t)MF_GEMM_A_PACK * 4);
     t.g.b_pack = (float *)q, q += round64((size_t)NB * KC * 4);
     t.g.tmp = (float *)q, q += round64((size_t)NR * KC * 4);
+    t.g.a_from = NULL; /* a new call: nothing widened yet */
     t.c = (float *)q, q += round64((size_t)MB * NB * 4);
     t.cols = (int64_t *)q, q += round64((size_t)NB * 8);
     t.row = (float *)q;
