@@ -64,9 +64,9 @@ int main(int argc, char **argv)
         const double t = seconds() - t0;
         best = t < best ? t : best;
     }
+    const double flop = 2.0 * (double)(ms * ncols * kc * reps);
     printf("MS=%lld %s NCOLS=%lld (weights %lld KiB): %.1f GFLOP/s, one thread (c[0] %g)\n",
            (long long)ms, bf16 ? "bf16" : "f32", (long long)ncols,
-           (long long)(ncols * kc * esz / 1024), 2.0 * (double)(ms * ncols * kc * reps) / best * 1e-9,
-           c[0]);
+           (long long)(ncols * kc * esz / 1024), flop / best * 1e-9, c[0]);
     return 0;
 }
