@@ -411,10 +411,7 @@ static int is_built(const char *be)
     return 0;
 }
 
-/* Creates and destroys one context on `be` in a child process, because a device
- * runtime started here might not survive the fork of every Check test. Returns
- * the status of moefuse_context_create; msg gets its message. */
-static moefuse_status probe_backend(const char *be, char *msg, size_t size)
+moefuse_status h_probe_backend(const char *be, char *msg, size_t size)
 {
     int fd[2];
     msg[0] = '\0';
@@ -428,7 +425,7 @@ static moefuse_status probe_backend(const char *be, char *msg, size_t size)
         close(fd[0]);
         moefuse_context *ctx = NULL;
         moefuse_status st = moefuse_context_create(&ctx, be);
-        const char *m = st == MOEFUSE_OK ? "" : moefuse_last_error(NULL);
+        const char *m = st == MOEFUSE_OK ? moefuse_device_name(ctx) : moefuse_last_error(NULL);
         ssize_t wr = write(fd[1], m, strlen(m));
         (void)wr;
         moefuse_context_destroy(ctx);
@@ -453,7 +450,7 @@ static moefuse_status probe_backend(const char *be, char *msg, size_t size)
 static int backend_gate(const char *be)
 {
     char msg[1024];
-    moefuse_status st = probe_backend(be, msg, sizeof msg);
+    moefuse_status st = h_probe_backend(be, msg, sizeof msg);
     if (st == MOEFUSE_OK) return 0;
     if (st == MOEFUSE_ERR_BACKEND_UNAVAILABLE && is_built(be)) {
         printf("SKIP: backend %s unavailable: %s\n", be, msg);

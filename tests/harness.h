@@ -91,6 +91,11 @@ extern const lay LAYS[5];
 void h_setup(void);
 void h_setup_cross(void); /* h_setup, plus g_ref on the cpu backend */
 void h_teardown(void);
+/* Creates and destroys one context on `be` in a child process, because a device runtime
+ * started here might not survive the fork of every Check test. Returns the status of
+ * moefuse_context_create; msg gets its message, or the device's name (moefuse_device_name)
+ * when it succeeded. */
+moefuse_status h_probe_backend(const char *be, char *msg, size_t size);
 /* Runs the suite: seed handling, srunner, exit code. When the selected backend
  * is built but has no device, prints "SKIP: backend X unavailable: <why>" and
  * returns 77 (Meson's SKIP) without running anything. */

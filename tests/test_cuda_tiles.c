@@ -16,8 +16,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "harness.h"
 
@@ -174,40 +172,6 @@ START_TEST(ragged_tiles)
 }
 END_TEST
 
-/*
- * The CUDA device's name (moefuse_device_name: "..., sm_XY, ..."), or "" without a context,
- * asked in a child process: CUDA set up in this one before Check forks its tests would be
- * unusable in them.
- */
-static void device_name(char *name, size_t n)
-{
-    int fd[2];
-    name[0] = '\0';
-    fflush(NULL);
-    if (pipe(fd) != 0)
-        return;
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        moefuse_context *c = NULL;
-        if (moefuse_context_create(&c, "cuda") == MOEFUSE_OK) {
-            const char *nm = moefuse_device_name(c);
-            if (write(fd[1], nm, strlen(nm)) < 0)
-                _exit(1);
-        }
-        _exit(0);
-    }
-    close(fd[1]);
-    size_t got = 0;
-    ssize_t r;
-    while (pid > 0 && got + 1 < n && (r = read(fd[0], name + got, n - 1 - got)) > 0)
-        got += (size_t)r;
-    name[got] = '\0';
-    close(fd[0]);
-    if (pid > 0)
-        waitpid(pid, NULL, 0);
-}
-
 int main(void)
 {
     if (strcmp(h_backend(), "cuda") != 0) {
@@ -215,9 +179,8 @@ int main(void)
                h_backend());
         return 77;
     }
-    char name[256];
-    device_name(name, sizeof name);
-    if (name[0] && !strstr(name, ", sm_90")) { /* (no context: h_run skips, saying why) */
+    char name[256]; /* (no context: h_run skips, saying why) */
+    if (h_probe_backend("cuda", name, sizeof name) == MOEFUSE_OK && !strstr(name, ", sm_90")) {
         printf("SKIP: %s is no Hopper GPU: moe_ws.cu and moe_wgmma.cu run on sm_90a only\n",
                name);
         return 77;

@@ -388,10 +388,7 @@ static __device__ __forceinline__ void ws_tile(const MoeGemm &p, const MoeTileAt
         hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
         hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
         const uint32_t sa = sbase + (uint32_t)(ps.stage * WS_STAGE_BYTES);
-        if constexpr (HALF)
-            wgmma_tile_n128<F16>(acc, sa + a_off, sa + b_off);
-        else
-            wgmma_tile<F16>(acc, sa + a_off, sa + b_off);
+        wgmma_tile<F16>(acc, sa + a_off, sa + b_off); /* m64n128 for a half tile's 64 */
         wgmma_wait<1>(); /* the group of depth tile kt - 1 is done: its stage is free */
         if (prev >= 0 && lane == 0)
             hp_mbar_arrive(smem_u32(&empty[prev]));

@@ -61,10 +61,14 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
     "+f"((d)[54]), "+f"((d)[55]), "+f"((d)[56]), "+f"((d)[57]), "+f"((d)[58]), "+f"((d)[59]), \
     "+f"((d)[60]), "+f"((d)[61]), "+f"((d)[62]), "+f"((d)[63])
 #define WG_DOUTS(d) WG_DOUTS_64(d), WG_DOUTS_64((d) + 64)
-#define WG_MMA(T)                                                                                  \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                 \
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" WG_DREGS "}, %128, %129, p, 1, "  \
+/* A bf16 / f16 (T) wgmma of SHAPE whose accumulators are DREGS, descriptors operands %A and %B,
+ * the scale-d flag %P. */
+#define WG_MMA_SHAPE(SHAPE, T, DREGS, A, B, P)                                                    \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                               \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32." T "." T " {" DREGS "}, %" A ", %" B ", p, 1, "  \
     "1, 0, 0;\n}\n"
+#define WG_MMA(T) WG_MMA_SHAPE("m64n256k16", T, WG_DREGS, "128", "129", "130")
+#define WG_MMA_N128(T) WG_MMA_SHAPE("m64n128k16", T, WG_DREGS_64, "64", "65", "66")
 
 /* d += A (64 x 16, smem descriptor da) * B (16 x 256, smem descriptor db), K-major both. */
 template <bool F16>
@@ -75,11 +79,6 @@ static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_
     else
         asm volatile(WG_MMA("bf16") : WG_DOUTS(d) : "l"(da), "l"(db), "n"(1));
 }
-
-#define WG_MMA_N128(T)                                                                             \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" WG_DREGS_64 "}, %64, %65, p, 1, " \
-    "1, 0, 0;\n}\n"
 
 /* d += A (64 x 16, da) * B (16 x 128, db), K-major both: moe_ws.cu's half tiles, where each
  * warpgroup takes half of B's 256 rows. Each d element is the same sum, in the same order, as
@@ -163,12 +162,14 @@ template <int N> static __device__ __forceinline__ void wgmma_wait(void)
 
 /*
  * One depth tile as one commit group: d += A (64 rows, K-major at shared
- * address a0) x B (256 rows at b0), its k16 steps in order. The caller waits
- * for the group (wgmma_wait) before it reuses the stage.
+ * address a0) x B (2 N rows at b0: 256 for 128 accumulators, m64n256k16;
+ * 128 for 64, m64n128k16), its k16 steps in order. The caller waits for the
+ * group (wgmma_wait) before it reuses the stage.
  */
-template <bool F16>
-static __device__ __forceinline__ void wgmma_tile(float (&d)[128], uint32_t a0, uint32_t b0)
+template <bool F16, int N>
+static __device__ __forceinline__ void wgmma_tile(float (&d)[N], uint32_t a0, uint32_t b0)
 {
+    static_assert(N == 128 || N == 64, "m64n256 or m64n128 accumulators");
     uint64_t da[WG_K16_STEPS], db[WG_K16_STEPS]; /* k16 steps: 32 bytes along the rows */
 #pragma unroll
     for (int kk = 0; kk < WG_K16_STEPS; kk++) {
@@ -177,25 +178,12 @@ static __device__ __forceinline__ void wgmma_tile(float (&d)[128], uint32_t a0, 
     }
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < WG_K16_STEPS; kk++)
-        wgmma_m64n256k16<F16>(d, da[kk], db[kk]);
-    wgmma_commit();
-}
-
-/* wgmma_tile with B 128 rows wide (m64n128k16), for d of 64 accumulators. */
-template <bool F16>
-static __device__ __forceinline__ void wgmma_tile_n128(float (&d)[64], uint32_t a0, uint32_t b0)
-{
-    uint64_t da[WG_K16_STEPS], db[WG_K16_STEPS];
-#pragma unroll
     for (int kk = 0; kk < WG_K16_STEPS; kk++) {
-        da[kk] = wg_desc(a0 + kk * 32);
-        db[kk] = wg_desc(b0 + kk * 32);
+        if constexpr (N == 128)
+            wgmma_m64n256k16<F16>(d, da[kk], db[kk]);
+        else
+            wgmma_m64n128k16<F16>(d, da[kk], db[kk]);
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < WG_K16_STEPS; kk++)
-        wgmma_m64n128k16<F16>(d, da[kk], db[kk]);
     wgmma_commit();
 }
 
