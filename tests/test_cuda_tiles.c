@@ -11,6 +11,8 @@
  * moe_ws.cu takes, and the output forms. The wgmma side's outputs start from other poison
  * than the ws side's, so a byte that neither writes fails too.
  *
+ * test_cuda_tiles_fp8.c holds the FP8 kernel's half tiles to its full ones the same way.
+ *
  * Runs on "cuda" only, on a Hopper GPU (sm_90a code); elsewhere it skips, saying why.
  */
 #include <math.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "test_cuda_tiles.h"
 
 static const int64_t COUNTS[] = {1, 63, 64, 65, 127, 128, 129, 191, 192, 200, 0, 37};
 enum { E = sizeof COUNTS / sizeof COUNTS[0], TOPK = 2, INVALID = 3 };
@@ -189,5 +192,6 @@ int main(void)
     TCase *tc = h_add_tcase(s, "cuda_tiles", setup, 120);
     tcase_add_test(tc, whole_tiles);
     tcase_add_test(tc, ragged_tiles);
+    cuda_tiles_fp8_tests(s);
     return h_run(s);
 }

@@ -19,7 +19,10 @@
  *    wave, the first overwriting the wave accumulator); after each wave it waits and promotes:
  *    main = fmaf(block, sa * sw, main). While one warpgroup promotes, the other's wgmma run.
  *    A wave accumulator of 64 registers and a main one of 128 per thread: a 256-wide single
- *    wave would need 256.
+ *    wave would need 256. A half tile (at most 64 slots: an expert's last rows, or all of a
+ *    small expert's) is split by waves instead: both warpgroups take its rows 0..63, warpgroup
+ *    w wave w only, the same wgmma and promotion for every output on half the tensor work and
+ *    with neither warpgroup idle; the gate's two halves meet for each row's amax.
  * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (all in
  *    one warpgroup: a quad of threads holds a row), the scale, the codes, and the scale stored
  *    in the caller's layout; final: bias and y in the output dtype (or f32 for the reduction).
@@ -83,7 +86,8 @@ typedef struct F8Params {
 } F8Params;
 
 #define F8_STATIC_SMEM                                                                           \
-    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * (F8_SCA_BYTES + 8) + 384)
+    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * (F8_SCA_BYTES + 8) + 2 * 64 * 4 + \
+     384)
 
 #ifdef MOE_WGMMA_DEVICE
 /* One stage: d = A (64 rows at a0) x B (128 rows at b0) over 128 bytes of depth, in order. */
@@ -293,15 +297,76 @@ static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (
     }
 }
 
+/*
+ * One stage of a full tile: warpgroup cw's 64 rows (A at a0) by the 256 weight rows (B at b0)
+ * in two waves of 128, each waited for and promoted into m[64 w ..]; the stage is released
+ * before the second promotion.
+ */
+template <bool GATE>
+static __device__ __forceinline__ void f8_stage_full(float (&m)[128], float (&acc)[64],
+                                                     uint32_t a0, uint32_t b0, float s_lo,
+                                                     float s_hi, float swa, float swb,
+                                                     uint32_t empty_bar)
+{
+    /* wave 0: weight rows [0, 128) */
+    pin(acc);
+    f8_block(acc, a0, b0);
+    wgmma_wait<0>();
+    pin(acc);
+    const float lo_a = __fmul_rn(s_lo, swa), hi_a = __fmul_rn(s_hi, swa);
+    const float lo_b = __fmul_rn(s_lo, swb), hi_b = __fmul_rn(s_hi, swb);
+    if (GATE)
+        f8_promote(m, acc, 0, lo_a, hi_a, lo_b, hi_b, true);
+    else
+        f8_promote(m, acc, 0, lo_a, hi_a, lo_a, hi_a, false);
+    /* wave 1: weight rows [128, 256) */
+    f8_block(acc, a0, b0 + 128 * 128);
+    wgmma_wait<0>();
+    pin(acc);
+    hp_mbar_arrive(empty_bar);
+    if (GATE)
+        f8_promote(m, acc, 1, lo_a, hi_a, lo_b, hi_b, true);
+    else
+        f8_promote(m, acc, 1, lo_b, hi_b, lo_b, hi_b, false);
+}
+
+/*
+ * One stage of a half tile (at most 64 slots): warpgroup cw multiplies the tile's rows 0..63
+ * (A at a0) by wave cw's 128 weight rows only, promoted into m[0, 64): each output the same
+ * wgmma and the same promotion as in a full tile, on half the tensor work of a padded one and
+ * with both warpgroups busy. Gate: every wave holds gate rows (scale swa) and up rows (swb);
+ * final: wave 0 has block swa, wave 1 swb.
+ */
+template <bool GATE>
+static __device__ __forceinline__ void f8_stage_half(float (&m)[128], float (&acc)[64], int cw,
+                                                     uint32_t a0, uint32_t b0, float s_lo,
+                                                     float s_hi, float swa, float swb,
+                                                     uint32_t empty_bar)
+{
+    pin(acc);
+    f8_block(acc, a0, b0 + (uint32_t)(cw * 128 * 128));
+    wgmma_wait<0>();
+    pin(acc);
+    hp_mbar_arrive(empty_bar);
+    if (GATE) {
+        f8_promote(m, acc, 0, __fmul_rn(s_lo, swa), __fmul_rn(s_hi, swa), __fmul_rn(s_lo, swb),
+                   __fmul_rn(s_hi, swb), true);
+    } else {
+        const float sw = cw ? swb : swa, lo = __fmul_rn(s_lo, sw), hi = __fmul_rn(s_hi, sw);
+        f8_promote(m, acc, 0, lo, hi, lo, hi, false);
+    }
+}
+
 template <bool GATE, bool ATMA>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
                                                   uint32_t sbase, uint64_t *full, uint64_t *empty,
                                                   F8Tiles &tl, const float *sca,
-                                                  const float *scw, float *buf, uint32_t tabs)
+                                                  const float *scw, float *buf, uint32_t tabs,
+                                                  float (*amax_x)[64])
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
-    const int r0 = cw * 64 + warp * 16 + (lane >> 2);
+    const int rw = warp * 16 + (lane >> 2); /* the thread's first row of its warpgroup's 64 */
     const long long nkb = p.depth / F8_BK, div = x.div;
     HpPipe<F8_STAGES> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
@@ -315,10 +380,12 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
         ts.advance();
         const long long e = tl.e[slot], nb = tl.nb[slot];
         const int shift = ATMA ? tl.shift[slot] : 0;
+        /* a half tile: both warpgroups on rows 0..63, split by weight rows (so neither
+         * warpgroup of a tile is ever without a slot: a tile has at least one) */
+        const bool half = e >= 0 && tl.row[slot][F8_BM / 2] < 0;
+        const int r0 = (half ? 0 : cw * 64) + rw;
         const long long row[2] = {e >= 0 ? tl.row[slot][r0] : -1,
                                   e >= 0 ? tl.row[slot][r0 + 8] : -1};
-        /* a warpgroup whose 64 rows hold no slot (decode tiles) only passes the stages on */
-        const bool busy = e >= 0 && tl.row[slot][cw * 64] >= 0;
         moe_sync<F8_BAR, F8_CONSUMERS>(); /* every consumer has read the slot */
         if (ctid == 0)
             hp_mbar_arrive(smem_u32(&tl.empty[slot]));
@@ -328,50 +395,34 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
         for (int i = 0; i < 128; i++)
             m[i] = 0.0f;
         for (long long kb = 0; kb < nkb; kb++) {
-            if (!busy) {
-                hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
-                hp_mbar_arrive(smem_u32(&empty[ps.stage]));
-                ps.advance();
-                continue;
-            }
+            const uint32_t empty_bar = smem_u32(&empty[ps.stage]);
             hp_mbar_wait(smem_u32(&full[ps.stage]), ps.phase);
             if (!ATMA)
                 hp_fence_proxy_async(); /* the cp.async rows, for the tensor cores' proxy */
             const uint32_t sa = sbase + (uint32_t)(ps.stage * F8_STAGE_BYTES);
-            const uint32_t a0 = sa + (uint32_t)(cw * 64 * 128), b0 = sa + F8_A_BYTES;
+            const uint32_t a0 = sa + (uint32_t)((r0 - rw) * 128), b0 = sa + F8_A_BYTES;
             /* this thread's two rows' A scales and the weight blocks', read before the stage
              * is released */
             const float *sc = sca + ps.stage * F8_SCA_FLOATS + shift;
             const float s_lo = sc[r0], s_hi = sc[r0 + 8];
             const float swa = scw[2 * ps.stage], swb = scw[2 * ps.stage + 1];
-            /* wave 0: weight rows [0, 128) */
-            pin(acc);
-            f8_block(acc, a0, b0);
-            wgmma_wait<0>();
-            pin(acc);
-            const float lo_a = __fmul_rn(s_lo, swa), hi_a = __fmul_rn(s_hi, swa);
-            const float lo_b = __fmul_rn(s_lo, swb), hi_b = __fmul_rn(s_hi, swb);
-            if (GATE)
-                f8_promote(m, acc, 0, lo_a, hi_a, lo_b, hi_b, true);
+            if (half)
+                f8_stage_half<GATE>(m, acc, cw, a0, b0, s_lo, s_hi, swa, swb, empty_bar);
             else
-                f8_promote(m, acc, 0, lo_a, hi_a, lo_a, hi_a, false);
-            /* wave 1: weight rows [128, 256) */
-            f8_block(acc, a0, b0 + 128 * 128);
-            wgmma_wait<0>();
-            pin(acc);
-            hp_mbar_arrive(smem_u32(&empty[ps.stage]));
+                f8_stage_full<GATE>(m, acc, a0, b0, s_lo, s_hi, swa, swb, empty_bar);
             ps.advance();
-            if (GATE)
-                f8_promote(m, acc, 1, lo_a, hi_a, lo_b, hi_b, true);
-            else
-                f8_promote(m, acc, 1, lo_b, hi_b, lo_b, hi_b, false);
         }
-        if (!busy)
-            continue;
-        if (GATE)
-            f8_gate_out(p, div, e, nb, row, m, buf, lane, tabs);
-        else
-            f8_final_out(p, div, e, nb, row, m, buf, lane);
+        if (GATE) {
+            if (half)
+                f8_gate_out<1>(p, div, e, nb, row, m, buf, lane, tabs, cw, amax_x, rw);
+            else
+                f8_gate_out<2>(p, div, e, nb, row, m, buf, lane, tabs, 0, nullptr, rw);
+        } else {
+            if (half)
+                f8_final_out<1>(p, div, e, nb, row, m, buf, lane, cw);
+            else
+                f8_final_out<2>(p, div, e, nb, row, m, buf, lane, 0);
+        }
     }
 }
 #endif
@@ -389,6 +440,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     __shared__ __align__(8) float exp_tab[64]; /* the gate's silu: mf_exp_tab_fast's table */
     __shared__ __align__(16) float sca[F8_STAGES * F8_SCA_FLOATS]; /* stages' A rows' scales */
     __shared__ __align__(8) float scw[F8_STAGES * 2];       /* and weight blocks' */
+    __shared__ float amax_x[2][64]; /* a half tile's gate: each warpgroup's rows' amax */
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
@@ -422,7 +474,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         hp_regs_inc<232>();
         f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw,
                                buf + (threadIdx.x - 128),
-                               (uint32_t)__cvta_generic_to_shared(exp_tab));
+                               (uint32_t)__cvta_generic_to_shared(exp_tab), amax_x);
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */

@@ -3,8 +3,10 @@
  * bias, activation and h quantization, and the final's y. sm_90a device code only.
  *
  * Main accumulator 64 w + 4 i + v (wave w): tile row r0 (+ 8 for v >= 2), B row
- * 128 w + 8 i + 2 (lane % 4) + (v & 1). Fully unrolled, the activation, the codes and the
- * stores of 128 values are thousands of instructions, fetched from L2 once per tile. So values
+ * 128 w + 8 i + 2 (lane % 4) + (v & 1). A half tile's warpgroup holds its one wave in wave
+ * 0's place, m[4 i + v] (moe_fp8_ws.cu f8_stage_half). Fully unrolled, the activation, the
+ * codes and the stores of 128 values are thousands of instructions, fetched from L2 once per
+ * tile. So values
  * go in chunks of F8_CHUNK through this thread's own column of `buf` (stride F8_CONSUMERS
  * floats: no bank conflict, no barrier), and one out-of-line function does a chunk's long work,
  * its values side by side so that their latencies overlap. The functions take scalars, not the
@@ -52,15 +54,28 @@ static __device__ __noinline__ void f8_code_chunk(uint8_t *dst0, uint8_t *dst1, 
     }
 }
 
+/*
+ * The gate's epilogue of WAVES waves of m (main accumulator 64 w + ...). A full tile: both
+ * waves, h columns nb * 128 + [0, 128) (half = 0). A half tile: m[0, 64) holds wave `half`'s
+ * of this warpgroup, h columns + 64 half, and the two warpgroups of the tile's rows meet at the
+ * consumers' barrier to take the max of their rows' amax (amax_x: [warpgroup][row rw, rw + 8]),
+ * so that the scale is that of all 128 columns; warpgroup 0 stores it.
+ */
+template <int WAVES>
 static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long div, long long e,
                                                    long long nb, const long long (&row)[2],
                                                    float (&m)[128], float *buf, int lane,
-                                                   uint32_t tabs)
+                                                   uint32_t tabs, int half, float (*amax_x)[64],
+                                                   int rw)
 {
-    /* a warp without a slot has nothing to write (the shuffles below want the whole warp) */
-    if (!__any_sync(0xFFFFFFFFu, row[0] >= 0 || row[1] >= 0))
+    /* a warp without a slot has nothing to write (the shuffles below want the whole warp);
+     * in a half tile it still meets the other warpgroup's warp at the barrier */
+    if (!__any_sync(0xFFFFFFFFu, row[0] >= 0 || row[1] >= 0)) {
+        if (WAVES == 1)
+            moe_sync<F8_BAR, F8_CONSUMERS>();
         return;
-    const long long c0 = nb * 128 + 2 * (lane & 3);
+    }
+    const long long c0 = nb * 128 + 64 * half + 2 * (lane & 3);
     const int act = p.act, bias_dt = p.bias_dt;
     const float alpha = p.alpha, limit = p.limit, beta = p.up_offset;
     const void *bias = p.bias;
@@ -68,7 +83,7 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     const long long ncols = p.ncols;
     float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < WAVES; w++) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
 #pragma unroll
@@ -94,6 +109,16 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 1));
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xFFFFFFFFu, amax[h], 2));
     }
+    if (WAVES == 1) {
+        /* both are finite and >= +0, so the max is the same bits in either order */
+        if ((lane & 3) == 0) {
+            amax_x[half][rw] = amax[0];
+            amax_x[half][rw + 8] = amax[1];
+        }
+        moe_sync<F8_BAR, F8_CONSUMERS>();
+        amax[0] = fmaxf(amax[0], amax_x[half ^ 1][rw]);
+        amax[1] = fmaxf(amax[1], amax_x[half ^ 1][rw + 8]);
+    }
     float sc[2] = {1.0f, 1.0f}, y[2] = {1.0f, 1.0f};
     uint8_t *dst[2] = {nullptr, nullptr};
 #pragma unroll
@@ -105,7 +130,7 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
         y[h] = __fdiv_rn(1.0f, sc[h]);
         const long long pp = row[h] / div, q = row[h] % div;
         dst[h] = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
-        if ((lane & 3) == 0) {
+        if ((lane & 3) == 0 && half == 0) {
             /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
             const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
             fp8_put_scale(p.h, blk, t, nb, sc[h], ue);
@@ -115,7 +140,7 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     }
     /* chunk (w, q): h of i = 4 q .. 4 q + 3 (gate slots), 16 values */
 #pragma unroll
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < WAVES; w++) {
 #pragma unroll
         for (int q = 0; q < 2; q++) {
 #pragma unroll
@@ -167,10 +192,16 @@ static __device__ __noinline__ void f8_y_chunk(void *out, int out_dt, const void
     }
 }
 
-/* Final: y = main + bias in out's dtype; wave w's columns nb * 256 + 128 w + 8 i + ... */
+/*
+ * Final: y = main + bias in out's dtype, WAVES waves of m: wave w's columns
+ * nb * 256 + 128 (w + half) + 8 i + ... (a full tile: both, half = 0; a half tile: m[0, 64)
+ * holds wave `half`'s).
+ */
+template <int WAVES>
 static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long div, long long e,
                                                     long long nb, const long long (&row)[2],
-                                                    const float (&m)[128], float *buf, int lane)
+                                                    const float (&m)[128], float *buf, int lane,
+                                                    int half)
 {
     if (row[0] < 0 && row[1] < 0)
         return;
@@ -179,12 +210,13 @@ static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long 
     for (int h = 0; h < 2; h++)
         if (row[h] >= 0)
             base[h] = (row[h] / div) * p.o_s0 + (row[h] % div) * p.o_s1;
-    const long long c0 = nb * F8_BN + 2 * (lane & 3);
+    const long long cols0 = nb * F8_BN + 128 * half, c0 = cols0 + 2 * (lane & 3);
     void *out = p.out;
     const void *bias = p.bias;
     const int out_dt = p.out_dt, bias_dt = p.bias_dt;
     const long long ncols = p.ncols, bb = e * p.bias_s0;
-    if ((out_dt == MF_DT_F32 || out_dt == MF_DT_BF16) && (nb + 1) * F8_BN <= ncols) {
+    const float(&mw)[64 * WAVES] = reinterpret_cast<const float(&)[64 * WAVES]>(m);
+    if ((out_dt == MF_DT_F32 || out_dt == MF_DT_BF16) && cols0 + 128 * WAVES <= ncols) {
         const uintptr_t pair = out_dt == MF_DT_F32 ? 7u : 3u, esz = out_dt == MF_DT_F32 ? 4 : 2;
         bool aligned = true;
 #pragma unroll
@@ -200,16 +232,16 @@ static __device__ __forceinline__ void f8_final_out(const Fp8Gemm &p, long long 
                 if (base[h] < 0)
                     continue;
                 if (out_dt == MF_DT_BF16)
-                    nan |= mfm_y_row<true>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
+                    nan |= mfm_y_row<true>(out, bias, bias_dt, bb + c0, base[h] + c0, h, mw);
                 else
-                    mfm_y_row<false>(out, bias, bias_dt, bb + c0, base[h] + c0, h, m);
+                    mfm_y_row<false>(out, bias, bias_dt, bb + c0, base[h] + c0, h, mw);
             }
             if (!nan)
                 return;
         }
     }
 #pragma unroll
-    for (int ch = 0; ch < 8; ch++) {
+    for (int ch = 0; ch < 4 * WAVES; ch++) {
 #pragma unroll
         for (int x = 0; x < F8_CHUNK; x++)
             F8_BUF(x) = m[16 * ch + x];
