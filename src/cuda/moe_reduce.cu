@@ -7,8 +7,9 @@
  *
  * A pure stream (K * 4 bytes a slot in, a row of out back), so the kernel is shaped for the
  * memory's pace: four columns a thread by 16-byte loads where K is a multiple of 4 (y's rows
- * lie in 256-byte aligned scratch), and a token's slot rows loaded RED_AHEAD at a time before they
- * are summed in slot order, so that many loads are in flight a thread.
+ * lie in 256-byte aligned scratch), and RED_AHEAD slot rows loaded at a time (of one token, or
+ * of 2 or 4 where k is small) before they are summed in slot order, so that many loads are in
+ * flight a thread.
  */
 #include "cuda/fp8.cuh"
 #include "cuda/moe_internal.h"
@@ -19,59 +20,87 @@
  * on an H200 (y of 32768 slots): 75.3 -> 70.1 us at K = 2048 (3.8 -> 4.1 TB/s), 249 -> 234 at
  * K = 7168, where a read of y alone takes 62 and 209 */
 #define RED_MIN_BLOCKS 4
+/* four tokens an item hold 16 sums a thread: at 64 registers they spilled, at 85 (3 blocks
+ * an SM) they do not, and 3 x 256 threads still have 8 rows in flight each */
+#define RED_MIN_BLOCKS_4 3
 
 /*
- * A block takes items (token m, RED_THREADS * 4 columns), where K is a multiple of 4 and y
- * 16-byte aligned (every FP8 call, the models' shapes). vec_out: out's rows take one 16-byte
- * (f32) or 8-byte (bf16, f16) store of four values.
+ * A block takes items (TOK consecutive tokens, RED_THREADS * 4 columns), where K is a multiple
+ * of 4 and y 16-byte aligned (every FP8 call, the models' shapes). A thread has RED_AHEAD
+ * slot rows in flight: RED_AHEAD / TOK slots of each of its TOK tokens, so that a small k
+ * (Mixtral's 2) keeps as many loads in flight as k = 8 does with one token. Each token's sum
+ * still runs over its slots in order. vec_out: out's rows take one 16-byte (f32) or 8-byte
+ * (bf16, f16) store of four values.
  */
-__global__ void __launch_bounds__(RED_THREADS, RED_MIN_BLOCKS)
+template <int TOK>
+__global__ void __launch_bounds__(RED_THREADS, TOK == 4 ? RED_MIN_BLOCKS_4 : RED_MIN_BLOCKS)
     moe_reduce_topk(const float *y, const int *expert_of, const float *tw, long long tw_s0,
                     long long M, long long k, long long K, void *out, long long out_s0,
                     int out_dt, int vec_out)
 {
+    constexpr int J = RED_AHEAD / TOK; /* slots of a token a round */
     const long long K4 = K / 4, spans = (K4 + RED_THREADS - 1) / RED_THREADS;
-    for (long long it = blockIdx.x; it < M * spans; it += gridDim.x) {
-        const long long m = it / spans, c4 = (it - m * spans) * RED_THREADS + threadIdx.x;
+    const long long groups = (M + TOK - 1) / TOK;
+    for (long long it = blockIdx.x; it < groups * spans; it += gridDim.x) {
+        const long long g = it / spans, c4 = (it - g * spans) * RED_THREADS + threadIdx.x;
         if (c4 >= K4)
             continue;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (long long j0 = 0; j0 < k; j0 += RED_AHEAD) {
-            float4 v[RED_AHEAD];
-            float w[RED_AHEAD];
-            bool ok[RED_AHEAD];
+        float acc[TOK][4];
 #pragma unroll
-            for (int u = 0; u < RED_AHEAD; u++) {
-                const long long j = j0 + u;
-                /* an invalid slot's row is never read, nor added: not even a signed zero */
-                ok[u] = j < k && expert_of[m * k + j] >= 0;
-                w[u] = ok[u] ? tw[m * tw_s0 + j] : 0.0f;
-                v[u] = ok[u] ? ((const float4 *)(y + (m * k + j) * K))[c4]
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int t = 0; t < TOK; t++)
+            acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+        for (long long j0 = 0; j0 < k; j0 += J) {
+            float4 v[TOK][J];
+            float w[TOK][J];
+            bool ok[TOK][J];
+#pragma unroll
+            for (int t = 0; t < TOK; t++) {
+                const long long m = g * TOK + t;
+#pragma unroll
+                for (int u = 0; u < J; u++) {
+                    const long long j = j0 + u;
+                    /* an invalid slot's row is never read, nor added: not even a signed zero */
+                    ok[t][u] = (TOK == 1 || m < M) && j < k && expert_of[m * k + j] >= 0;
+                    w[t][u] = ok[t][u] ? tw[m * tw_s0 + j] : 0.0f;
+                    v[t][u] = ok[t][u] ? ((const float4 *)(y + (m * k + j) * K))[c4]
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
             }
 #pragma unroll
-            for (int u = 0; u < RED_AHEAD; u++) {
-                if (!ok[u])
-                    continue;
-                acc[0] = fp8_add(acc[0], mf_mul(w[u], v[u].x));
-                acc[1] = fp8_add(acc[1], mf_mul(w[u], v[u].y));
-                acc[2] = fp8_add(acc[2], mf_mul(w[u], v[u].z));
-                acc[3] = fp8_add(acc[3], mf_mul(w[u], v[u].w));
+            for (int t = 0; t < TOK; t++) {
+#pragma unroll
+                for (int u = 0; u < J; u++) {
+                    if (!ok[t][u])
+                        continue;
+                    acc[t][0] = fp8_add(acc[t][0], mf_mul(w[t][u], v[t][u].x));
+                    acc[t][1] = fp8_add(acc[t][1], mf_mul(w[t][u], v[t][u].y));
+                    acc[t][2] = fp8_add(acc[t][2], mf_mul(w[t][u], v[t][u].z));
+                    acc[t][3] = fp8_add(acc[t][3], mf_mul(w[t][u], v[t][u].w));
+                }
             }
         }
-        const long long at = m * out_s0 + 4 * c4;
-        if (vec_out && out_dt == MF_DT_F32) {
-            *(float4 *)((float *)out + at) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        } else if (vec_out) {
-            uint32_t h[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                h[u] = out_dt == MF_DT_BF16 ? mf_f32_to_bf16(acc[u]) : mf_f32_to_f16(acc[u]);
-            *(uint2 *)((uint16_t *)out + at) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-        } else {
+        for (int t = 0; t < TOK; t++) {
+            const long long m = g * TOK + t;
+            if (TOK > 1 && m >= M)
+                break;
+            const long long at = m * out_s0 + 4 * c4;
+            if (vec_out && out_dt == MF_DT_F32) {
+                *(float4 *)((float *)out + at) =
+                    make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+            } else if (vec_out) {
+                uint32_t h[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                mfm_store(out, out_dt, at + u, acc[u]);
+                for (int u = 0; u < 4; u++)
+                    h[u] = out_dt == MF_DT_BF16 ? mf_f32_to_bf16(acc[t][u])
+                                                : mf_f32_to_f16(acc[t][u]);
+                *(uint2 *)((uint16_t *)out + at) =
+                    make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    mfm_store(out, out_dt, at + u, acc[t][u]);
+            }
         }
     }
 }
@@ -106,11 +135,16 @@ moefuse_status moe_launch_reduce(moefuse_context *ctx, cuda_state *s, const char
     const int w4 = K % 4 == 0 && ((uintptr_t)y & 15u) == 0;
     const uintptr_t vec_bytes = out_dt == MF_DT_F32 ? 16u : 8u;
     const int vec_out = ((uintptr_t)out & (vec_bytes - 1)) == 0 && out_s0 % 4 == 0;
-    const long long width = w4 ? K / 4 : K;
-    const unsigned grid = mf_cuda_grid(s, M * ((width + RED_THREADS - 1) / RED_THREADS), 1, 8);
+    const long long width = w4 ? K / 4 : K, spans = (width + RED_THREADS - 1) / RED_THREADS;
+    /* tokens an item: as many as keep RED_AHEAD slot rows in flight a thread */
+    const int tok = !w4 ? 1 : k <= RED_AHEAD / 4 ? 4 : k <= RED_AHEAD / 2 ? 2 : 1;
+    const unsigned grid = mf_cuda_grid(s, (M + tok - 1) / tok * spans, 1, 8);
+    void (*vec)(const float *, const int *, const float *, long long, long long, long long,
+                long long, void *, long long, int, int) =
+        tok == 4 ? moe_reduce_topk<4> : tok == 2 ? moe_reduce_topk<2> : moe_reduce_topk<1>;
     if (w4)
-        moe_reduce_topk<<<grid, RED_THREADS, 0, s->stream>>>(y, expert_of, tw, tw_s0, M, k, K,
-                                                             out, out_s0, out_dt, vec_out);
+        vec<<<grid, RED_THREADS, 0, s->stream>>>(y, expert_of, tw, tw_s0, M, k, K, out, out_s0,
+                                                 out_dt, vec_out);
     else
         moe_reduce_topk_any<<<grid, RED_THREADS, 0, s->stream>>>(y, expert_of, tw, tw_s0, M, k,
                                                                  K, out, out_s0, out_dt);
