@@ -5,10 +5,14 @@
  * (each warpgroup its own 64 rows by all 256 weight rows). Every output of a row is a sum of
  * that row's products alone, so the tile it shares must not change a bit of it.
  *
- * Routed: tokens T (n of them, n <= 64) alone on expert 1 make a half tile; the same T among
- * 128 tokens of expert 1 make a full one. Expert 2 does the same with other tokens; expert 0
- * has none. Their h codes, h scales and out rows must be equal byte for byte. K = 384 leaves
- * the final's second column block half past the output (its second wave's rows are zeros).
+ * Routed (top-1, so that every token's expert is chosen): tokens T (n of them, n <= 64) alone
+ * on expert 1 make a half tile; the same T among 128 tokens of expert 1 make a full one; the
+ * 128 and T again (129 to 192 rows) make a full tile and a half one after it. Expert 2 does
+ * the same with other tokens; expert 0 has none. Their h codes, h scales, reduced out and
+ * un-reduced y must be equal byte for byte, and the half-tile call's outputs start from other
+ * poison than the others'. K = 384 leaves the final's second column block half past the
+ * output (its second wave's rows are zeros). A wide gate (I = 9216: 144 column blocks) gives
+ * each block several half tiles in a row, where the amax exchange's shared memory is reused.
  * Masked: experts 0 and 1 have the same weights and the same first n rows of x, with counts
  * n and 128: their first n rows of out must be equal.
  *
@@ -21,7 +25,7 @@
 #include "harness.h"
 #include "test_cuda_tiles.h"
 
-enum { FE = 3, FK = 384, FI = 256, FBLK = 128, FULL = 128 };
+enum { FE = 3, FK = 384, FBLK = 128, FULL = 128 };
 
 /* g_ctx on the large FP8 tile with A loaded as `a_load` says; the switches' values restored. */
 static void setup_fp8(const char *a_load)
@@ -78,42 +82,42 @@ static void fill_block_scales(tbuf *tb, int64_t a, int64_t b, int64_t c, int64_t
             }
 }
 
-/* E experts' weights; `same`: expert 1's bytes are expert 0's (the masked case). */
-static weights new_weights(int64_t E, moefuse_dtype wsdt, int bias, int same)
+/* E experts' weights of I h columns; `same`: expert 1's bytes are expert 0's (the masked case). */
+static weights new_weights(int64_t E, int64_t I, moefuse_dtype wsdt, int bias, int same)
 {
     weights W;
-    W.w1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * FI, FK, 0, 1);
-    W.w1s = tb_new3("w1_scales", wsdt, E, 2 * FI / FBLK, FK / FBLK, 0, 1);
-    W.w2 = tb_new3("w2", MOEFUSE_F8_E4M3, E, FK, FI, 0, 1);
-    W.w2s = tb_new3("w2_scales", wsdt, E, FK / FBLK, FI / FBLK, 0, 1);
-    fill_codes(W.w1, E, 2 * FI, FK);
-    fill_codes(W.w2, E, FK, FI);
-    fill_block_scales(W.w1s, E, 2 * FI / FBLK, FK / FBLK, FK);
-    fill_block_scales(W.w2s, E, FK / FBLK, FI / FBLK, FI);
+    W.w1 = tb_new3("w1", MOEFUSE_F8_E4M3, E, 2 * I, FK, 0, 1);
+    W.w1s = tb_new3("w1_scales", wsdt, E, 2 * I / FBLK, FK / FBLK, 0, 1);
+    W.w2 = tb_new3("w2", MOEFUSE_F8_E4M3, E, FK, I, 0, 1);
+    W.w2s = tb_new3("w2_scales", wsdt, E, FK / FBLK, I / FBLK, 0, 1);
+    fill_codes(W.w1, E, 2 * I, FK);
+    fill_codes(W.w2, E, FK, I);
+    fill_block_scales(W.w1s, E, 2 * I / FBLK, FK / FBLK, FK);
+    fill_block_scales(W.w2s, E, FK / FBLK, I / FBLK, I);
     W.b1 = W.b2 = NULL;
     if (bias) {
-        W.b1 = tb_new2("b1", MOEFUSE_F32, E, 2 * FI, 0, 1);
+        W.b1 = tb_new2("b1", MOEFUSE_F32, E, 2 * I, 0, 1);
         W.b2 = tb_new2("b2", MOEFUSE_F32, E, FK, 0, 1);
         tb_fill_unif(W.b1, -0.5, 0.5);
         tb_fill_unif(W.b2, -0.5, 0.5);
     }
-    if (same) {
-        tbuf *all[6] = {W.w1, W.w1s, W.w2, W.w2s, W.b1, W.b2};
-        for (int i = 0; i < 6; i++)
-            if (all[i])
-                memcpy(tb_el(all[i], 1, 0, 0), tb_el(all[i], 0, 0, 0),
-                       (size_t)all[i]->t.stride[0] * (size_t)(all[i]->t.dtype == MOEFUSE_F32 ? 4 : 1));
-    }
     tbuf *all[6] = {W.w1, W.w1s, W.w2, W.w2s, W.b1, W.b2};
-    for (int i = 0; i < 6; i++)
-        if (all[i])
-            tb_upload(all[i]);
+    for (int i = 0; i < 6; i++) {
+        if (!all[i])
+            continue;
+        const size_t esz = all[i]->t.dtype == MOEFUSE_F32 ? 4 : 1;
+        if (same)
+            memcpy(tb_el(all[i], 1, 0, 0), tb_el(all[i], 0, 0, 0),
+                   (size_t)all[i]->t.stride[0] * esz);
+        tb_upload(all[i]);
+    }
     return W;
 }
 
 typedef struct {
     moefuse_dtype wsdt, odt;
     int ue8m0, bias;
+    int64_t I; /* h columns: 128 x the gate's column blocks */
 } fp8_case;
 
 static moefuse_fp8_moe_options options(fp8_case c)
@@ -140,12 +144,25 @@ static int same_row(const void *pa, const void *pb, size_t bytes, const char *wh
 }
 
 typedef struct {
-    tbuf *ids, *wts, *h, *hs, *out;
+    tbuf *ids, *wts, *h, *hs, *out, *y;
 } routed_call;
 
-/* Gate then final on M tokens of x (bf16), token m on expert expert_of[m] with weight wt[m]. */
+/* An output whose poison differs in every byte from a fresh tbuf's (the half-tile call's). */
+static tbuf *repoison(tbuf *tb)
+{
+    for (size_t b = 0; b < tb->total; b++)
+        if (tb->logical[b])
+            tb->full[b] ^= 0xA5;
+    tb_upload(tb);
+    return tb;
+}
+
+/*
+ * Gate, then the final reduced and un-reduced, on M tokens of x (bf16), token m on expert
+ * expert_of[m] with weight wt[m]; `flip`: outputs with the other poison.
+ */
 static routed_call run_routed(const weights *W, fp8_case c, int64_t M, const int32_t *expert_of,
-                              const float *wt, tbuf *x, const char *what)
+                              const float *wt, tbuf *x, int flip, const char *what)
 {
     routed_call r;
     r.ids = tb_new2("topk_ids", MOEFUSE_I32, M, 1, 0, 1);
@@ -156,10 +173,16 @@ static routed_call run_routed(const weights *W, fp8_case c, int64_t M, const int
     }
     tb_upload(r.ids);
     tb_upload(r.wts);
-    const moefuse_scale_layout L = MOEFUSE_SCALE_ROW_MAJOR;
-    r.h = tb_new3("h", MOEFUSE_F8_E4M3, M, 1, FI, 0, 0);
-    r.hs = h_new_scales("h_scales", L, c.ue8m0, 0, M, FI / FBLK, 0);
+    r.h = tb_new3("h", MOEFUSE_F8_E4M3, M, 1, c.I, 0, 0);
+    r.hs = h_new_scales("h_scales", MOEFUSE_SCALE_ROW_MAJOR, c.ue8m0, 0, M, c.I / FBLK, 0);
     r.out = tb_new2("out", c.odt, M, FK, 0, 0);
+    r.y = tb_new3("y", c.odt, M, 1, FK, 0, 0);
+    if (flip) {
+        repoison(r.h);
+        repoison(r.hs);
+        repoison(r.out);
+        repoison(r.y);
+    }
     moefuse_routing R;
     memset(&R, 0, sizeof R);
     R.topk_ids = r.ids->t;
@@ -173,52 +196,73 @@ static routed_call run_routed(const weights *W, fp8_case c, int64_t M, const int
                                     T(r.out), &o));
     HCHECK(st == MOEFUSE_OK, "%s: final: %s", what, moefuse_last_error(g_ctx));
     h_check_all(0);
+    st = CALL(moefuse_moe_final_fp8(g_ctx, T(r.h), T(r.hs), T(W->w2), T(W->w2s), T(W->b2), &R,
+                                    T(r.y), &o));
+    HCHECK(st == MOEFUSE_OK, "%s: final, un-reduced: %s", what, moefuse_last_error(g_ctx));
+    h_check_all(0);
     return r;
 }
 
+/* Row ra of call a against row rb of call b: h, h scales, out and y. */
+static int same_token(const routed_call *a, int64_t ra, const routed_call *b, int64_t rb,
+                      fp8_case c, const char *what)
+{
+    const size_t osz = c.odt == MOEFUSE_F32 ? 4 : 2, ssz = c.ue8m0 ? 1 : 4;
+    return same_row(tb_el(a->h, ra, 0, 0), tb_el(b->h, rb, 0, 0), (size_t)c.I, what, "h", ra) &&
+           same_row(tb_el(a->hs, ra, 0, 0), tb_el(b->hs, rb, 0, 0), ssz * (size_t)(c.I / FBLK),
+                    what, "h_scales", ra) &&
+           same_row(tb_el(a->out, ra, 0, 0), tb_el(b->out, rb, 0, 0), osz * FK, what, "out", ra) &&
+           same_row(tb_el(a->y, ra, 0, 0), tb_el(b->y, rb, 0, 0), osz * FK, what, "y", ra);
+}
+
 /*
- * n tokens of expert 1 and n2 of expert 2 alone (half tiles), then among 128 of each (full
- * tiles): the first call's tokens come first in the second's x, with the same router weights.
+ * n tokens of expert 1 and n2 of expert 2 alone (half tiles, call a); among 128 of each (full
+ * tiles, call b: a's tokens first, with the same router weights); then b's tokens and a's
+ * again (a full tile and a half one after it on each expert, call c).
  */
 static void routed_case(fp8_case c, int64_t n, int64_t n2)
 {
-    const char *what = h_fmt("routed n=%lld,%lld ws=%d odt=%d ue8m0=%d bias=%d", (long long)n,
-                             (long long)n2, c.wsdt, c.odt, c.ue8m0, c.bias);
-    char at[128];
+    const char *what = h_fmt("routed n=%lld,%lld I=%lld ws=%d odt=%d ue8m0=%d bias=%d",
+                             (long long)n, (long long)n2, (long long)c.I, c.wsdt, c.odt,
+                             c.ue8m0, c.bias);
+    char at[160];
     snprintf(at, sizeof at, "%s", what); /* h_fmt's buffers are reused */
-    const weights W = new_weights(FE, c.wsdt, c.bias, 0);
-    const int64_t Ma = n + n2, Mb = 2 * FULL;
-    int32_t *ea = malloc(sizeof(int32_t) * (size_t)Mb), *eb = malloc(sizeof(int32_t) * (size_t)Mb);
-    float *wa = malloc(sizeof(float) * (size_t)Mb), *wb = malloc(sizeof(float) * (size_t)Mb);
+    const weights W = new_weights(FE, c.I, c.wsdt, c.bias, 0);
+    const int64_t Ma = n + n2, Mb = 2 * FULL, Mc = Mb + Ma;
+    int32_t *ex = malloc(sizeof(int32_t) * (size_t)Mc);
+    float *wt = malloc(sizeof(float) * (size_t)Mc);
     tbuf *xa = tb_new2("x_half", MOEFUSE_BF16, Ma, FK, 0, 1);
     tbuf *xb = tb_new2("x_full", MOEFUSE_BF16, Mb, FK, 0, 1);
+    tbuf *xc = tb_new2("x_both", MOEFUSE_BF16, Mc, FK, 0, 1);
     tb_fill_unif(xa, -1.0, 1.0);
     tb_fill_unif(xb, -1.0, 1.0);
-    /* x_half: T (expert 1) then U (expert 2); x_full: T, U, then expert 1's and 2's others */
-    for (int64_t m = 0; m < Ma; m++) {
-        ea[m] = m < n ? 1 : 2;
-        wa[m] = (float)h_unif(0.05, 1.0);
-        eb[m] = ea[m];
-        wb[m] = wa[m];
-        memcpy(tb_el(xb, m, 0, 0), tb_el(xa, m, 0, 0), FK * 2);
+    /* x_half: T (expert 1) then U (expert 2); x_full: T, U, then expert 1's and 2's others;
+     * x_both: x_full, then x_half again */
+    for (int64_t m = 0; m < Mb; m++) {
+        ex[m] = m < Ma ? (m < n ? 1 : 2) : (m - Ma < FULL - n ? 1 : 2);
+        wt[m] = (float)h_unif(0.05, 1.0);
+        if (m < Ma)
+            memcpy(tb_el(xb, m, 0, 0), tb_el(xa, m, 0, 0), FK * 2);
     }
-    for (int64_t m = Ma; m < Mb; m++) {
-        eb[m] = m - Ma < FULL - n ? 1 : 2;
-        wb[m] = (float)h_unif(0.05, 1.0);
+    for (int64_t m = 0; m < Mc; m++) {
+        if (m >= Mb) {
+            ex[m] = ex[m - Mb];
+            wt[m] = wt[m - Mb];
+        }
+        memcpy(tb_el(xc, m, 0, 0), m < Mb ? tb_el(xb, m, 0, 0) : tb_el(xa, m - Mb, 0, 0), FK * 2);
     }
     tb_upload(xa);
     tb_upload(xb);
-    const routed_call a = run_routed(&W, c, Ma, ea, wa, xa, at);
-    const routed_call b = run_routed(&W, c, Mb, eb, wb, xb, at);
-    const size_t osz = c.odt == MOEFUSE_F32 ? 4 : 2;
-    const size_t ssz = c.ue8m0 ? 1 : 4;
-    for (int64_t m = 0; m < Ma; m++)
-        if (!same_row(tb_el(a.h, m, 0, 0), tb_el(b.h, m, 0, 0), FI, at, "h", m) ||
-            !same_row(tb_el(a.hs, m, 0, 0), tb_el(b.hs, m, 0, 0), ssz * (FI / FBLK), at,
-                      "h_scales", m) ||
-            !same_row(tb_el(a.out, m, 0, 0), tb_el(b.out, m, 0, 0), osz * FK, at, "out", m))
-            break;
-    free(ea), free(eb), free(wa), free(wb);
+    tb_upload(xc);
+    const routed_call a = run_routed(&W, c, Ma, ex, wt, xa, 1, at);
+    const routed_call b = run_routed(&W, c, Mb, ex, wt, xb, 0, at);
+    const routed_call cc = run_routed(&W, c, Mc, ex, wt, xc, 0, at);
+    int ok = 1;
+    for (int64_t m = 0; ok && m < Ma; m++)
+        ok = same_token(&a, m, &b, m, c, at) && same_token(&a, m, &cc, Mb + m, c, at);
+    for (int64_t m = 0; ok && m < Mb; m++)
+        ok = same_token(&b, m, &cc, m, c, at);
+    free(ex), free(wt);
     tb_free_all();
 }
 
@@ -226,11 +270,11 @@ static void routed_case(fp8_case c, int64_t n, int64_t n2)
  * rows, in a full tile of 128). */
 static void masked_case(fp8_case c, int64_t n)
 {
-    const char *what = h_fmt("masked n=%lld ws=%d odt=%d ue8m0=%d bias=%d", (long long)n,
-                             c.wsdt, c.odt, c.ue8m0, c.bias);
+    const char *what = h_fmt("masked n=%lld I=%lld ws=%d odt=%d ue8m0=%d bias=%d", (long long)n,
+                             (long long)c.I, c.wsdt, c.odt, c.ue8m0, c.bias);
     char at[128];
     snprintf(at, sizeof at, "%s", what);
-    const weights W = new_weights(2, c.wsdt, c.bias, 1);
+    const weights W = new_weights(2, c.I, c.wsdt, c.bias, 1);
     tbuf *x = tb_new3("x", MOEFUSE_BF16, 2, FULL, FK, 0, 1);
     tb_fill_unif(x, -1.0, 1.0);
     for (int64_t t = 0; t < n; t++)
@@ -255,8 +299,8 @@ static void masked_case(fp8_case c, int64_t n)
 }
 
 static const fp8_case CASES[] = {
-    {MOEFUSE_F32, MOEFUSE_BF16, 0, 0},
-    {MOEFUSE_U8, MOEFUSE_F32, 1, 1},
+    {MOEFUSE_F32, MOEFUSE_BF16, 0, 0, 256},
+    {MOEFUSE_U8, MOEFUSE_F32, 1, 1, 256},
 };
 
 START_TEST(fp8_half_tiles)
@@ -269,6 +313,8 @@ START_TEST(fp8_half_tiles)
         masked_case(CASES[i], 40);
         masked_case(CASES[i], 64);
     }
+    /* 144 gate column blocks: more half tiles than an H100 or H200 has SMs */
+    routed_case((fp8_case){MOEFUSE_F32, MOEFUSE_BF16, 0, 1, 144 * 128}, 20, 50);
 }
 END_TEST
 

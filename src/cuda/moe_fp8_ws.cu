@@ -23,9 +23,10 @@
  *    small expert's) is split by waves instead: both warpgroups take its rows 0..63, warpgroup
  *    w wave w only, the same wgmma and promotion for every output on half the tensor work and
  *    with neither warpgroup idle; the gate's two halves meet for each row's amax.
- * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (all in
- *    one warpgroup: a quad of threads holds a row), the scale, the codes, and the scale stored
- *    in the caller's layout; final: bias and y in the output dtype (or f32 for the reduction).
+ * Epilogue: gate: bias, clamp and activation, the amax of each row's 128 h columns (a quad
+ *    of threads holds a row in a full tile; in a half tile each warpgroup's quad holds 64 of
+ *    them, and the two meet in shared memory), the scale, the codes, and the scale stored in
+ *    the caller's layout; final: bias and y in the output dtype (or f32 for the reduction).
  * Scheduler: as moe_ws.cu, tiles from a counter in the route's order.
  */
 #include "cuda/moe_fp8_ws.h"
