@@ -411,16 +411,37 @@ L void columns32_groups(const float *a, int64_t lda, int64_t ms, const char *con
 }
 #endif
 
+/*
+ * The first GS_PREFETCH panels of weight columns [n1, n1 + w) (w <= 32), asked for in L2 while
+ * the group before them runs: a group's own loop asks for each panel GS_PREFETCH ahead, so
+ * its first ones would come cold from DRAM.
+ */
+L void prefetch_group_head(const char *wbase, int64_t wrow_bytes, const int64_t *b_rows,
+                           int64_t n1, int64_t w, int64_t ncols, int64_t kc, int64_t esz)
+{
+    const int64_t len = (kc < GS_PREFETCH * GS_PANEL_K ? kc : GS_PREFETCH * GS_PANEL_K) * esz;
+    for (int64_t j = n1; j < n1 + w && j < ncols; j++) {
+        if (b_rows[j] < 0)
+            continue;
+        const char *row = wbase + b_rows[j] * wrow_bytes;
+        for (int64_t b = 0; b < len; b += 64)
+            _mm_prefetch(row + b, _MM_HINT_T1);
+        _mm_prefetch(row + len - 1, _MM_HINT_T1);
+    }
+}
+
 void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t wrow_bytes,
            moefuse_dtype wdt, const int64_t *b_rows, int64_t ncols, int64_t kc, float *c,
            int64_t ldc)
 {
     const int bf16 = wdt == MOEFUSE_BF16;
+    const int64_t esz = bf16 ? 2 : 4;
     for (int64_t n0 = 0; n0 < ncols; n0 += 16) {
 #ifdef GS_ZMM
         /* more than 16 columns left (c's rows have room up to the next multiple of 16), and
          * rows enough that the products, not the weights' stream, set the pace */
         if (ms > GS_WIDE_ROWS && ncols - n0 > 16) {
+            prefetch_group_head(wbase, wrow_bytes, b_rows, n0 + 32, 32, ncols, kc, esz);
             const char *wide[32];
             for (int j = 0; j < 32; j++) {
                 const int64_t id = n0 + j < ncols ? b_rows[n0 + j] : -1;
@@ -437,6 +458,7 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
             rows[j] = id >= 0 ? wbase + id * wrow_bytes : (const char *)zero_row;
         }
         if (ms > GS_MS) {
+            prefetch_group_head(wbase, wrow_bytes, b_rows, n0 + 16, 16, ncols, kc, esz);
             columns16_groups(a, lda, ms, rows, bf16, kc, c + n0, ldc);
             continue;
         }
