@@ -414,7 +414,8 @@ L void columns32_groups(const float *a, int64_t lda, int64_t ms, const char *con
 /*
  * The first GS_PREFETCH panels of weight columns [n1, n1 + w) (w <= 32), asked for in L2 while
  * the group before them runs: a group's own loop asks for each panel GS_PREFETCH ahead, so
- * its first ones would come cold from DRAM.
+ * its first ones would come cold from DRAM. (The few-row groups ask for nothing ahead and
+ * leave the rest to the hardware, which needs a row's first lines to find its stream.)
  */
 L void prefetch_group_head(const char *wbase, int64_t wrow_bytes, const int64_t *b_rows,
                            int64_t n1, int64_t w, int64_t ncols, int64_t kc, int64_t esz)
@@ -462,6 +463,7 @@ void GS_FN(const float *a, int64_t lda, int64_t ms, const char *wbase, int64_t w
             columns16_groups(a, lda, ms, rows, bf16, kc, c + n0, ldc);
             continue;
         }
+        prefetch_group_head(wbase, wrow_bytes, b_rows, n0 + 16, 16, ncols, kc, esz);
         /* the row count fixed at compile time: the accumulators stay in registers */
 #define GS_CASE(n)                                                                                \
     case n: GS_COLUMNS(a, lda, rows, bf16, kc, c + n0, ldc, n); break;
