@@ -421,13 +421,13 @@ L void prefetch_group_head(const char *wbase, int64_t wrow_bytes, const int64_t 
                            int64_t n1, int64_t w, int64_t ncols, int64_t kc, int64_t esz)
 {
     const int64_t len = (kc < GS_PREFETCH * GS_PANEL_K ? kc : GS_PREFETCH * GS_PANEL_K) * esz;
-    for (int64_t j = n1; j < n1 + w && j < ncols; j++) {
-        if (b_rows[j] < 0)
-            continue;
-        const char *row = wbase + b_rows[j] * wrow_bytes;
-        for (int64_t b = 0; b < len; b += 64)
-            _mm_prefetch(row + b, _MM_HINT_T1);
-        _mm_prefetch(row + len - 1, _MM_HINT_T1);
+    for (int64_t h = n1; h < n1 + w && h < ncols; h += 16) {
+        const char *rows[16];
+        for (int j = 0; j < 16; j++) {
+            const int64_t id = h + j < ncols ? b_rows[h + j] : -1;
+            rows[j] = id >= 0 ? wbase + id * wrow_bytes : (const char *)zero_row;
+        }
+        prefetch_panel(rows, 0, len);
     }
 }
 

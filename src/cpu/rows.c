@@ -6,11 +6,11 @@
  * writes the scales in the requested layout. Work is a flattened loop over the
  * valid (expert, row) pairs, so it scales with the number of valid tokens.
  */
+#include "cpu/activation.h" /* mf_gate_at, mf_up_at */
 #include "cpu/cpu_internal.h"
 #include "cpu/numerics.h"
 #include "cpu/rows_isa.h"
 #include "cpu/tensor_cpu.h"
-#include "numerics/mf_activation.h"
 
 #include <stdbool.h>
 #include <string.h>
