@@ -27,6 +27,11 @@
  *    of threads holds a row in a full tile; in a half tile each warpgroup's quad holds 64 of
  *    them, and the two meet in shared memory), the scale, the codes, and the scale stored in
  *    the caller's layout; final: bias and y in the output dtype (or f32 for the reduction).
+ *    With A by TMA, producer warps 2 and 3 have nothing to do: there the gate's consumers stop
+ *    after the activation, leave h in shared memory and go on to the next tile, and those two
+ *    warps (the coders, moe_fp8_ws_codes.cuh) take the amax, the scales and the codes while
+ *    the tensor cores run. That costs the pipeline its fourth stage, which measured the same
+ *    (H200, stop 62: 3 and 4 stages within 1% on every FP8 layer).
  * Scheduler: as moe_ws.cu, tiles from a counter in the route's order.
  */
 #include "cuda/moe_fp8_ws.h"
@@ -69,14 +74,38 @@
 #define F8_CHUNK 16
 #define F8_BUF_BYTES (F8_CHUNK * F8_CONSUMERS * 4)
 #define F8_SMEM (F8_STAGES * F8_STAGE_BYTES + 1024 + F8_BUF_BYTES)
+/* the gate with coders (A by TMA): 3 stages and the staging buffer of moe_fp8_ws_codes.cuh,
+ * F8_STG_SLOTS floats a consumer thread */
+#define F8_STAGES_CODERS 3
+#define F8_STG_SLOTS 72
+#define F8_STG_BYTES (F8_STG_SLOTS * F8_CONSUMERS * 4)
+#define F8_SMEM_CODERS (F8_STAGES_CODERS * F8_STAGE_BYTES + 1024 + F8_STG_BYTES)
+#define F8_CODERS 64 /* producer warps 2 and 3 */
+
+/* Whether a kernel has coders, and its dynamic shared memory. */
+static constexpr bool f8_coders_on(bool gate, bool atma) { return gate && atma; }
+static constexpr size_t f8_smem(bool gate, bool atma)
+{
+    return f8_coders_on(gate, atma) ? F8_SMEM_CODERS : F8_SMEM;
+}
 
 /* Tiles taken by the producer for the consumers, with each row's id (-1 past the tile). */
 struct F8Tiles {
-    uint64_t full[F8_TILE_SLOTS];  /* 128 producer arrivals: tile and rows written */
+    uint64_t full[F8_TILE_SLOTS];  /* an arrival a producer thread: tile and rows written */
     uint64_t empty[F8_TILE_SLOTS]; /* 1 arrival: the consumers have read the slot */
     long long e[F8_TILE_SLOTS], nb[F8_TILE_SLOTS];
     int shift[F8_TILE_SLOTS]; /* A by TMA: the first row's scale at [shift] of a stage's */
     long long row[F8_TILE_SLOTS][F8_BM];
+};
+
+/* A tile's h handed from the consumers to the coders (moe_fp8_ws_codes.cuh). */
+struct F8Handoff {
+    uint64_t full;  /* F8_CONSUMERS arrivals: a tile's h, rows and column block staged */
+    uint64_t empty; /* F8_CODERS arrivals: the coders are done with them */
+    long long nb;
+    int half; /* a half tile: warpgroup w's slots hold h columns 64 w + [0, 64) of rows 0..63 */
+    int done; /* no tile is left */
+    long long row[F8_BM]; /* each tile row's slot row, -1: none */
 };
 
 typedef struct F8Params {
@@ -87,10 +116,20 @@ typedef struct F8Params {
 } F8Params;
 
 #define F8_STATIC_SMEM                                                                           \
-    (sizeof(F8Tiles) + 2 * F8_STAGES * 8 + 64 * 4 + F8_STAGES * (F8_SCA_BYTES + 8) + 2 * 64 * 4 + \
-     384)
+    (sizeof(F8Tiles) + sizeof(F8Handoff) + 2 * F8_STAGES * 8 + 64 * 4 +                           \
+     F8_STAGES * (F8_SCA_BYTES + 8) + 2 * 64 * 4 + 384)
 
 #ifdef MOE_WGMMA_DEVICE
+/* A kernel's stages and producer threads. */
+static constexpr int f8_stages(bool gate, bool atma)
+{
+    return f8_coders_on(gate, atma) ? F8_STAGES_CODERS : F8_STAGES;
+}
+static constexpr int f8_producers(bool gate, bool atma)
+{
+    return f8_coders_on(gate, atma) ? 128 - F8_CODERS : 128;
+}
+
 /* One stage: d = A (64 rows at a0) x B (128 rows at b0) over 128 bytes of depth, in order. */
 static __device__ __forceinline__ void f8_block(float (&d)[64], uint32_t a0, uint32_t b0)
 {
@@ -153,11 +192,12 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
     const Fp8Gemm &p = P.g;
     const Fp8WsExtra &x = P.x;
     const long long nkb = p.depth / F8_BK;
-    const int tid = threadIdx.x; /* 0..127 */
+    constexpr int PT = f8_producers(GATE, ATMA); /* 128, or 64 beside the coders (A by TMA) */
+    const int tid = threadIdx.x;                 /* 0..PT - 1 */
     const int crow = tid >> 3, chunk = tid & 7;
     const uint32_t dst = (uint32_t)crow * 128u + (uint32_t)((chunk ^ (crow & 7)) << 4);
-    constexpr int ROWS = F8_BM / 16; /* A rows per thread: crow + 16 i */
-    HpPipe<F8_STAGES> ps = {0, 0u};
+    constexpr int ROWS = F8_BM / (PT / 8); /* A rows per thread: crow + PT / 8 i */
+    HpPipe<f8_stages(GATE, ATMA)> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
     __shared__ long long first_s, count_s;
     for (;;) {
@@ -173,13 +213,13 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
             first_s = first;
             count_s = count;
         }
-        moe_sync<F8_BAR_PRODUCER, 128>();
+        moe_sync<F8_BAR_PRODUCER, PT>();
         const long long e = tl.e[slot], nb = tl.nb[slot], first = first_s, count = count_s;
         ts.advance();
         const uint8_t *arow[ROWS];
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
-            const int r = crow + 16 * i;
+            const int r = crow + PT / 8 * i;
             long long row = -1;
             if (r < count) {
                 row = x.list ? x.list[first + r] : first + r;
@@ -192,7 +232,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
                 tl.row[slot][r] = row;
         }
         hp_mbar_arrive(smem_u32(&tl.full[slot])); /* release: this thread's rows are visible */
-        moe_sync<F8_BAR_PRODUCER, 128>();         /* first_s, count_s read by all */
+        moe_sync<F8_BAR_PRODUCER, PT>();          /* first_s, count_s read by all */
         if (e < 0)
             break;
         /* A by TMA: the tile's rows are rows q0.. of block pp of the map (a tile never spans
@@ -281,6 +321,7 @@ static __device__ __forceinline__ void f8_produce(const F8Params &P, uint32_t sb
 }
 
 #include "cuda/moe_fp8_ws_epi.cuh"
+#include "cuda/moe_fp8_ws_codes.cuh"
 
 /* main[64 w + i] += block[i] * the scale of its row and of wave w's weight rows. */
 static __device__ __forceinline__ void f8_promote(float (&m)[128], const float (&acc)[64], int w,
@@ -358,18 +399,50 @@ static __device__ __forceinline__ void f8_stage_half(float (&m)[128], float (&ac
     }
 }
 
+/*
+ * The gate's consumers beside coders: h of the tile (rows row[], full or half) staged for them
+ * once they are done with the last tile's, and the rows and column block with it.
+ */
+static __device__ __forceinline__ void f8_gate_handoff(const Fp8Gemm &p, long long e, long long nb,
+                                                       bool half, const long long (&row)[2],
+                                                       const float (&m)[128], float *stg,
+                                                       F8Handoff &ho, unsigned phase,
+                                                       uint32_t tabs)
+{
+    const int ctid = (int)threadIdx.x - 128;
+    const int cw = ctid >> 7, lane = ctid & 31, rw = ((ctid >> 5) & 3) * 16 + (lane >> 2);
+    hp_mbar_wait(smem_u32(&ho.empty), phase ^ 1u);
+    float *col = stg + f8_stg_col(ctid);
+    if (half)
+        f8_gate_stage<1>(p, e, nb, m, col, lane, tabs, cw);
+    else
+        f8_gate_stage<2>(p, e, nb, m, col, lane, tabs, 0);
+    if ((lane & 3) == 0) { /* tile row cw * 64 + rw: a half tile has rows 0..63 only */
+        ho.row[cw * 64 + rw] = half && cw ? -1 : row[0];
+        ho.row[cw * 64 + rw + 8] = half && cw ? -1 : row[1];
+    }
+    if (ctid == 0) {
+        ho.nb = nb;
+        ho.half = half;
+    }
+    hp_mbar_arrive(smem_u32(&ho.full)); /* release: this thread's h and rows */
+}
+
 template <bool GATE, bool ATMA>
 static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsExtra &x,
                                                   uint32_t sbase, uint64_t *full, uint64_t *empty,
                                                   F8Tiles &tl, const float *sca,
-                                                  const float *scw, float *buf, uint32_t tabs,
-                                                  float (*amax_x)[64])
+                                                  const float *scw, float *bufs, uint32_t tabs,
+                                                  float (*amax_x)[64], F8Handoff &ho)
 {
     const int ctid = (int)threadIdx.x - 128; /* 0..255 */
+    float *buf = bufs + ctid;                /* the thread's column of the epilogue's chunks */
     const int cw = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
     const int rw = warp * 16 + (lane >> 2); /* the thread's first row of its warpgroup's 64 */
     const long long nkb = p.depth / F8_BK, div = x.div;
-    HpPipe<F8_STAGES> ps = {0, 0u};
+    constexpr bool CODERS = f8_coders_on(GATE, ATMA);
+    unsigned ho_phase = 0u; /* the handoff's, a tile staged */
+    HpPipe<f8_stages(GATE, ATMA)> ps = {0, 0u};
     HpPipe<F8_TILE_SLOTS> ts = {0, 0u};
     float acc[64], m[128];
 #pragma unroll
@@ -390,8 +463,15 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
         moe_sync<F8_BAR, F8_CONSUMERS>(); /* every consumer has read the slot */
         if (ctid == 0)
             hp_mbar_arrive(smem_u32(&tl.empty[slot]));
-        if (e < 0)
+        if (e < 0) {
+            if (CODERS) { /* the coders' last handoff: done */
+                hp_mbar_wait(smem_u32(&ho.empty), ho_phase ^ 1u);
+                if (ctid == 0)
+                    ho.done = 1;
+                hp_mbar_arrive(smem_u32(&ho.full));
+            }
             break;
+        }
 #pragma unroll
         for (int i = 0; i < 128; i++)
             m[i] = 0.0f;
@@ -413,7 +493,10 @@ static __device__ __forceinline__ void f8_consume(const Fp8Gemm &p, const Fp8WsE
                 f8_stage_full<GATE>(m, acc, a0, b0, s_lo, s_hi, swa, swb, empty_bar);
             ps.advance();
         }
-        if (GATE) {
+        if (CODERS) {
+            f8_gate_handoff(p, e, nb, half, row, m, bufs, ho, ho_phase, tabs);
+            ho_phase ^= 1u;
+        } else if (GATE) {
             if (half)
                 f8_gate_out<1>(p, div, e, nb, row, m, buf, lane, tabs, cw, amax_x, rw);
             else
@@ -442,19 +525,26 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     __shared__ __align__(16) float sca[F8_STAGES * F8_SCA_FLOATS]; /* stages' A rows' scales */
     __shared__ __align__(8) float scw[F8_STAGES * 2];       /* and weight blocks' */
     __shared__ float amax_x[2][64]; /* a half tile's gate: each warpgroup's rows' amax */
+    __shared__ F8Handoff ho;        /* the gate's coders (A by TMA) */
+    constexpr bool CODERS = f8_coders_on(GATE, ATMA);
+    constexpr int STAGES = f8_stages(GATE, ATMA);
     /* TMA with the 128-byte swizzle and the wgmma descriptors want 1024-byte aligned stages */
     const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    /* the epilogue's chunks, or the coders' staging buffer */
     float *buf = (float *)((char *)smem_raw + (sbase - smem_u32(smem_raw)) +
-                           F8_STAGES * F8_STAGE_BYTES);
+                           STAGES * F8_STAGE_BYTES);
     if (threadIdx.x == 0) {
-        for (int st = 0; st < F8_STAGES; st++) {
+        for (int st = 0; st < STAGES; st++) {
             hp_mbar_init(smem_u32(&full[st]), ATMA ? F8_FULL_ARRIVALS_TMA : F8_FULL_ARRIVALS);
             hp_mbar_init(smem_u32(&empty[st]), F8_EMPTY_ARRIVALS);
         }
         for (int st = 0; st < F8_TILE_SLOTS; st++) {
-            hp_mbar_init(smem_u32(&tl.full[st]), 128);
+            hp_mbar_init(smem_u32(&tl.full[st]), f8_producers(GATE, ATMA));
             hp_mbar_init(smem_u32(&tl.empty[st]), 1);
         }
+        hp_mbar_init(smem_u32(&ho.full), F8_CONSUMERS);
+        hp_mbar_init(smem_u32(&ho.empty), F8_CODERS);
+        ho.done = 0;
         hp_mbar_init_fence();
     }
     if (threadIdx.x == 32) {
@@ -470,12 +560,14 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
      * them in registers, and the producer, idle most of the time, spills a few instead. */
     if (threadIdx.x < 128) {
         hp_regs_dec<40>();
-        f8_produce<GATE, ATMA>(P, sbase, full, empty, tl, sca, scw);
+        if (CODERS && threadIdx.x >= 128 - F8_CODERS)
+            f8_coders(P.g, P.x.div, buf, ho, (int)threadIdx.x - (128 - F8_CODERS));
+        else
+            f8_produce<GATE, ATMA>(P, sbase, full, empty, tl, sca, scw);
     } else {
         hp_regs_inc<232>();
-        f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw,
-                               buf + (threadIdx.x - 128),
-                               (uint32_t)__cvta_generic_to_shared(exp_tab), amax_x);
+        f8_consume<GATE, ATMA>(P.g, P.x, sbase, full, empty, tl, sca, scw, buf,
+                               (uint32_t)__cvta_generic_to_shared(exp_tab), amax_x, ho);
     }
 #else
     (void)P; /* never launched: the host checks for sm_90a first */
@@ -540,7 +632,8 @@ int moe_fp8_ws_a_tma_ok(const cuda_state *s, const Fp8WsExtra *x, long long dept
 int moe_fp8_ws_usable(const cuda_state *s)
 {
     return moe_wgmma_usable(s) && s->tensor_map_encode &&
-           (size_t)F8_SMEM + F8_STATIC_SMEM <= s->smem_optin;
+           (size_t)F8_SMEM + F8_STATIC_SMEM <= s->smem_optin &&
+           (size_t)F8_SMEM_CODERS + F8_STATIC_SMEM <= s->smem_optin;
 }
 
 int moe_fp8_ws_weights_ok(const cuda_state *s, const Fp8Gemm *g, int gate)
@@ -553,7 +646,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                              const Fp8Gemm *g, const Fp8WsExtra *x)
 {
     void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE, ATMA>;
-    MF_TRY(moe_ready_smem(ctx, s, op, kern, F8_SMEM, F8_SMEM + F8_STATIC_SMEM,
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, f8_smem(GATE, ATMA), f8_smem(GATE, ATMA) + F8_STATIC_SMEM,
                           &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0) + (ATMA ? 2 : 0)),
                           "cudaFuncSetAttribute(moe_fp8_ws_kernel)"));
     if (!g)
@@ -574,7 +667,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     P.x = *x;
     const long long tiles = x->lin_bound;
     const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
-    kern<<<grid > 0 ? grid : 1, F8_THREADS, F8_SMEM, s->stream>>>(P);
+    kern<<<grid > 0 ? grid : 1, F8_THREADS, f8_smem(GATE, ATMA), s->stream>>>(P);
     return mf_cuda_launched(ctx, op,
                             GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
 }

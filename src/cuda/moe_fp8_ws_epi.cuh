@@ -17,15 +17,21 @@
 
 #define F8_BUF(j) buf[(j) * F8_CONSUMERS]
 
-/* One value pair's two codes (low byte: the first), stored at `at`, wherever h's rows start. */
+/* One value pair's two codes (low byte: the first); y = 1 / s, fast: s in mf_div_scale's
+ * range, where each finite value's h / s costs three instructions. */
+static __device__ __forceinline__ uint32_t f8_code2(float h0, float h1, float s, float y,
+                                                    bool fast)
+{
+    if (fast && mf_is_finite(h0) && mf_is_finite(h1))
+        return mf_e4m3x2(mf_div_scale(h0, s, y), mf_div_scale(h1, s, y));
+    return fp8_code(h0, s) | (fp8_code(h1, s) << 8);
+}
+
+/* f8_code2's pair stored at `at`, wherever h's rows start. */
 static __device__ __forceinline__ void f8_code_pair(uint8_t *at, float h0, float h1, float s,
                                                     float y, bool fast)
 {
-    uint32_t c;
-    if (fast && mf_is_finite(h0) && mf_is_finite(h1))
-        c = mf_e4m3x2(mf_div_scale(h0, s, y), mf_div_scale(h1, s, y));
-    else
-        c = fp8_code(h0, s) | (fp8_code(h1, s) << 8);
+    const uint32_t c = f8_code2(h0, h1, s, y, fast);
     if (((uintptr_t)at & 1u) == 0)
         *(uint16_t *)at = (uint16_t)c;
     else {
