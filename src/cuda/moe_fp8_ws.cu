@@ -646,7 +646,8 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
                              const Fp8Gemm *g, const Fp8WsExtra *x)
 {
     void (*kern)(const F8Params) = moe_fp8_ws_kernel<GATE, ATMA>;
-    MF_TRY(moe_ready_smem(ctx, s, op, kern, f8_smem(GATE, ATMA), f8_smem(GATE, ATMA) + F8_STATIC_SMEM,
+    const size_t smem = f8_smem(GATE, ATMA);
+    MF_TRY(moe_ready_smem(ctx, s, op, kern, smem, smem + F8_STATIC_SMEM,
                           &s->ws_smem_raised, 1u << (4 + (GATE ? 1 : 0) + (ATMA ? 2 : 0)),
                           "cudaFuncSetAttribute(moe_fp8_ws_kernel)"));
     if (!g)
@@ -667,7 +668,7 @@ static moefuse_status launch(moefuse_context *ctx, cuda_state *s, const char *op
     P.x = *x;
     const long long tiles = x->lin_bound;
     const unsigned grid = (unsigned)(tiles < s->sm_count ? tiles : s->sm_count);
-    kern<<<grid > 0 ? grid : 1, F8_THREADS, f8_smem(GATE, ATMA), s->stream>>>(P);
+    kern<<<grid > 0 ? grid : 1, F8_THREADS, smem, s->stream>>>(P);
     return mf_cuda_launched(ctx, op,
                             GATE ? "moe_fp8_ws_kernel (gate)" : "moe_fp8_ws_kernel (final)");
 }

@@ -31,27 +31,22 @@ static __device__ __forceinline__ void f8_gate_stage(const Fp8Gemm &p, long long
 {
     const long long c0 = nb * 128 + 64 * half + 2 * (lane & 3);
     const long long gb = e * p.bias_s0 + p.gate_row + c0, ub = e * p.bias_s0 + p.up_row + c0;
+    const int act = p.act, bias_dt = p.bias_dt;
+    const float alpha = p.alpha, limit = p.limit, beta = p.up_offset;
+    const void *bias = p.bias;
+    const long long ncols = p.ncols;
 #pragma unroll
-    for (int w = 0; w < WAVES; w++) {
+    for (int w = 0; w < WAVES; w++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float *buf = col + (32 * w + 8 * q) * F8_CONSUMERS;
-#pragma unroll
-            for (int x = 0; x < 8; x++) {
-                F8_BUF(x) = m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)];
-                F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
-            }
-            const long long off = 64 * w + 16 * q;
-            mfm_gate_chunk<F8_CONSUMERS>(p.act, p.alpha, p.limit, p.up_offset, p.bias, p.bias_dt,
-                                         gb + off, ub + off, c0 + off, p.ncols, tabs, buf);
-        }
-    }
+        for (int q = 0; q < 4; q++)
+            f8_act_chunk(m, w, q, col + (32 * w + 8 * q) * F8_CONSUMERS, act, alpha, limit, beta,
+                         bias, bias_dt, gb, ub, c0, ncols, tabs);
 }
 
 /*
- * Value t (0..15) of 16-column group j (h columns 16 j + t) of a coder's row: at[] of the
- * consumer thread that staged it. base: the row's slots and column of its consumer warp and
- * lane quad (f8_coders); x: the column's lane within the quad permuted by f8_stg_col.
+ * Value t (0..15) of 16-column group j (h columns 16 j + t) of a coder's row, where the
+ * consumer thread that holds it staged it. base: the row's slot and column of its consumer warp
+ * and lane quad (f8_coders); x: each lane of the quad as f8_stg_col permutes it.
  */
 static __device__ __forceinline__ float f8_stg_value(const float *base, int half, int j, int t,
                                                      const int (&x)[4])
@@ -79,16 +74,9 @@ static __device__ __noinline__ void f8_code_row_staged(const Fp8Gemm &p, long lo
                 amax = a;
         }
     }
-    uint32_t ue;
-    const float s = fp8_group_scale(amax, p.h.eps, p.h.ue8m0, &ue);
-    const float y = __fdiv_rn(1.0f, s);
+    float s, y;
+    uint8_t *dst = f8_h_row(p, div, row, nb, amax, true, &s, &y);
     const bool fast = mf_scale_fast_ok(s) != 0;
-    const long long pp = row / div, q = row % div;
-    uint8_t *dst = p.h.q + pp * p.o_s0 + q * p.o_s1 + nb * 128;
-    const long long blk = p.masked ? pp : 0, tok = p.masked ? q : row;
-    fp8_put_scale(p.h, blk, tok, nb, s, ue);
-    if (nb == p.h.groups - 1)
-        fp8_put_scale_tail(p.h, blk, tok);
     const bool vec = ((uintptr_t)dst & 15u) == 0;
 #pragma unroll 1
     for (int j = 0; j < 8; j++) {

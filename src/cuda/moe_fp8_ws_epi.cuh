@@ -61,6 +61,50 @@ static __device__ __noinline__ void f8_code_chunk(uint8_t *dst0, uint8_t *dst1, 
 }
 
 /*
+ * The gate's bias and activation of chunk (w, q) of m: its 8 gate values (i = 2 q, 2 q + 1)
+ * and their 8 up values (i + 8) into buf, h back in F8_BUF(0..7). gb, ub, c0: the bias elements
+ * and the h column of the thread's first value of wave 0 (mfm_gate_chunk).
+ */
+static __device__ __forceinline__ void f8_act_chunk(const float (&m)[128], int w, int q,
+                                                    float *buf, int act, float alpha,
+                                                    float limit, float beta, const void *bias,
+                                                    int bias_dt, long long gb, long long ub,
+                                                    long long c0, long long ncols, uint32_t tabs)
+{
+#pragma unroll
+    for (int x = 0; x < 8; x++) {
+        F8_BUF(x) = m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)];
+        F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
+    }
+    const long long off = 64 * w + 16 * q;
+    mfm_gate_chunk<F8_CONSUMERS>(act, alpha, limit, beta, bias, bias_dt, gb + off, ub + off,
+                                 c0 + off, ncols, tabs, buf);
+}
+
+/*
+ * Slot row `row`'s h group scale of column block nb from its amax: *s and *y = 1 / s, the
+ * scale stored in the caller's layout where `store`; returns the row's codes at column
+ * nb * 128.
+ */
+static __device__ __forceinline__ uint8_t *f8_h_row(const Fp8Gemm &p, long long div,
+                                                    long long row, long long nb, float amax,
+                                                    bool store, float *s, float *y)
+{
+    uint32_t ue;
+    *s = fp8_group_scale(amax, p.h.eps, p.h.ue8m0, &ue);
+    *y = __fdiv_rn(1.0f, *s);
+    const long long pp = row / div, q = row % div;
+    if (store) {
+        /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
+        const long long blk = p.masked ? pp : 0, t = p.masked ? q : row;
+        fp8_put_scale(p.h, blk, t, nb, *s, ue);
+        if (nb == p.h.groups - 1)
+            fp8_put_scale_tail(p.h, blk, t);
+    }
+    return p.h.q + pp * p.o_s0 + q * p.o_s1 + nb * 128;
+}
+
+/*
  * The gate's epilogue of WAVES waves of m (main accumulator 64 w + ...). A full tile: both
  * waves, h columns nb * 128 + [0, 128) (half = 0). A half tile: m[0, 64) holds wave `half`'s
  * of this warpgroup, h columns + 64 half, and the two warpgroups of the tile's rows meet at the
@@ -92,14 +136,8 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     for (int w = 0; w < WAVES; w++) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-#pragma unroll
-            for (int x = 0; x < 8; x++) {
-                F8_BUF(x) = m[64 * w + 4 * (2 * q + (x >> 2)) + (x & 3)];
-                F8_BUF(8 + x) = m[64 * w + 4 * (2 * q + 8 + (x >> 2)) + (x & 3)];
-            }
-            const long long off = 64 * w + 16 * q;
-            mfm_gate_chunk<F8_CONSUMERS>(act, alpha, limit, beta, bias, bias_dt, gb + off,
-                                         ub + off, c0 + off, ncols, tabs, buf);
+            f8_act_chunk(m, w, q, buf, act, alpha, limit, beta, bias, bias_dt, gb, ub, c0, ncols,
+                         tabs);
 #pragma unroll
             for (int x = 0; x < 8; x++) {
                 const float h = F8_BUF(x);
@@ -129,20 +167,10 @@ static __device__ __forceinline__ void f8_gate_out(const Fp8Gemm &p, long long d
     uint8_t *dst[2] = {nullptr, nullptr};
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        if (row[h] < 0)
-            continue;
-        uint32_t ue;
-        sc[h] = fp8_group_scale(amax[h], p.h.eps, p.h.ue8m0, &ue);
-        y[h] = __fdiv_rn(1.0f, sc[h]);
-        const long long pp = row[h] / div, q = row[h] % div;
-        dst[h] = p.h.q + pp * p.o_s0 + q * p.o_s1 + c0;
-        if ((lane & 3) == 0 && half == 0) {
-            /* routed: row t = m * k + j of the one expert block; masked: row t of block e */
-            const long long blk = p.masked ? pp : 0, t = p.masked ? q : row[h];
-            fp8_put_scale(p.h, blk, t, nb, sc[h], ue);
-            if (nb == p.h.groups - 1)
-                fp8_put_scale_tail(p.h, blk, t);
-        }
+        if (row[h] >= 0)
+            dst[h] = f8_h_row(p, div, row[h], nb, amax[h], (lane & 3) == 0 && half == 0, &sc[h],
+                              &y[h]) +
+                     (c0 - nb * 128);
     }
     /* chunk (w, q): h of i = 4 q .. 4 q + 3 (gate slots), 16 values */
 #pragma unroll
